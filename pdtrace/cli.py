@@ -1,0 +1,178 @@
+"""The `pdtrace` command line: the typer app only.
+
+Each subcommand lives in ``pdtrace/commands/<name>.py`` and exposes ``run(...) -> int``
+(the exit code). Modules are imported when their command runs, so ``pdtrace --help`` and
+``pdtrace check`` never import Textual, Plotly, torch or vLLM. Commands raise
+``PdtraceError``; ``main()`` prints it and exits with its code, in one place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import EXIT_INTERNAL, PdtraceError
+
+app = typer.Typer(
+    name="pdtrace",
+    help="Trace and debug vLLM prefill/decode disaggregation (NIXL) with speculative decoding.\n\n"
+    "Record with `pdtrace record -- vllm serve ...`, then `pdtrace check`, `view`, `report`.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+
+
+def _run(name: str, **kwargs) -> None:
+    mod = importlib.import_module(f"pdtrace.commands.{name}")
+    code = mod.run(**kwargs)
+    raise typer.Exit(code or 0)
+
+
+LENIENT = typer.Option(False, "--lenient", help="Keep every valid event of a damaged or newer trace instead of failing.")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def record(
+    ctx: typer.Context,
+    output: Path = typer.Option(Path("trace.jsonl"), "-o", "--output", help="Trace file to write."),
+    no_redact: bool = typer.Option(False, "--no-redact", help="Keep token ids in the trace (off by default: traces are for bug reports)."),
+    instance: Optional[str] = typer.Option(None, "--instance", help="Force the instance id (P, D, ...) instead of reading vLLM's kv_role."),
+    keep_shards: bool = typer.Option(False, "--keep-shards", help="Keep the per-process shard directory next to the trace."),
+    flush_interval: float = typer.Option(0.2, "--flush-interval", help="Seconds between writer flushes (the most a SIGKILLed process loses)."),
+) -> None:
+    """Run CMD unmodified with pdtrace hooks in every Python process it starts: pdtrace record [-o trace.jsonl] -- CMD ...
+
+    The exit code is CMD's. Ctrl-C / SIGTERM are forwarded to CMD and the trace is still written.
+    """
+    _run("record", cmd=list(ctx.args), output=output, no_redact=no_redact, instance=instance,
+         keep_shards=keep_shards, flush_interval=flush_interval)
+
+
+@app.command()
+def check(
+    trace: Path = typer.Argument(..., help="Trace file (.jsonl)."),
+    format: str = typer.Option("text", "--format", "-f", help="text | markdown | json"),
+    only: Optional[List[str]] = typer.Option(None, "--only", help="Only this detector (repeatable)."),
+    request: Optional[str] = typer.Option(None, "--request", help="Only findings about this request id."),
+    what_if: Optional[str] = typer.Option(None, "--what-if", help="Replay the recorded block lists through a corrected rule: fixed-trim."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the report here instead of stdout."),
+    lenient: bool = LENIENT,
+) -> None:
+    """Run the detectors. Exit 0: no findings, 1: findings, 2: unusable trace."""
+    _run("check", trace=trace, format=format, only=only or [], request=request, what_if=what_if,
+         output=output, lenient=lenient)
+
+
+@app.command()
+def view(
+    trace: Optional[Path] = typer.Argument(None, help="Trace file, or a directory of shards to merge."),
+) -> None:
+    """Open the trace in the terminal viewer (Textual TUI). Press ? for help."""
+    _run("view", trace=trace)
+
+
+@app.command()
+def report(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write (self-contained, works offline)."),
+    lenient: bool = LENIENT,
+) -> None:
+    """Write a self-contained Plotly HTML report: findings, timeline, block maps, accepted counts."""
+    _run("report", trace=trace, output=output, lenient=lenient)
+
+
+@app.command()
+def export(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    perfetto: Path = typer.Option(..., "--perfetto", help="Chrome/Perfetto trace-event JSON to write."),
+    lenient: bool = LENIENT,
+) -> None:
+    """Export to Chrome/Perfetto trace-event JSON (open in ui.perfetto.dev next to nsys traces)."""
+    _run("export", trace=trace, perfetto=perfetto, lenient=lenient)
+
+
+@app.command()
+def bundle(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    output: Path = typer.Option(Path("pdtrace-bug.tar.gz"), "-o", "--output", help="Archive to write (.tar.gz or .zip)."),
+    allow_unredacted: bool = typer.Option(False, "--allow-unredacted", help="Bundle a trace recorded with --no-redact."),
+    lenient: bool = LENIENT,
+) -> None:
+    """Pack a bug-report bundle: trace, check (markdown), report.html, doctor output, versions."""
+    _run("bundle", trace=trace, output=output, allow_unredacted=allow_unredacted, lenient=lenient)
+
+
+@app.command()
+def merge(
+    inputs: List[Path] = typer.Argument(..., help="Traces to join (e.g. P.jsonl D.jsonl), or shard directories."),
+    output: Path = typer.Option(Path("trace.jsonl"), "-o", "--output", help="Merged trace to write."),
+    lenient: bool = LENIENT,
+) -> None:
+    """Join traces recorded on two hosts (prefill and decode) into one, aligning their clocks."""
+    _run("merge", inputs=list(inputs), output=output, lenient=lenient)
+
+
+@app.command()
+def doctor(
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+) -> None:
+    """Show, for the vLLM installed here, which hooks apply and which are skipped, and why."""
+    _run("doctor", json_out=json_out)
+
+
+@app.command()
+def info(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    lenient: bool = LENIENT,
+) -> None:
+    """Summarize a trace: header, versions, processes, event counts, drops, hook errors."""
+    _run("info", trace=trace, lenient=lenient)
+
+
+@app.command()
+def repro(
+    trace: Path = typer.Argument(..., help="Trace file."),
+    request: str = typer.Option(..., "--request", help="Request id whose situation to rebuild."),
+    output: Path = typer.Option(Path("test_repro.py"), "-o", "--output", help="Pytest file to write."),
+    lenient: bool = LENIENT,
+) -> None:
+    """Write a standalone pytest that rebuilds the recorded scheduler/connector situation on real vLLM (CPU)."""
+    _run("repro", trace=trace, request=request, output=output, lenient=lenient)
+
+
+@app.command()
+def demo() -> None:
+    """Check the bundled buggy sample trace and show what pdtrace finds (no GPU, no arguments)."""
+    _run("demo")
+
+
+def main() -> None:
+    try:
+        rc = app(standalone_mode=False)
+    except PdtraceError as exc:
+        print(f"pdtrace: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        print("pdtrace: aborted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
+    sys.exit(EXIT_INTERNAL)

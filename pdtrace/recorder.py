@@ -1,0 +1,209 @@
+"""The recorder: the only code that writes trace events.
+
+One ``Recorder`` per process. Hooks call ``emit(kind, **fields)`` on the caller's thread;
+that call only reads the clock, builds a tuple and appends it to a bounded deque (no I/O,
+no locks, no CUDA calls). A daemon writer thread wakes every ``flush_interval`` seconds,
+serializes the batch with orjson and appends it to this process's shard file, so a
+SIGKILLed process loses at most its last interval. When the queue is full new events are
+dropped and counted (the footer reports them); memory stays bounded.
+
+Sinks:
+- ``Recorder.to_shard_dir(dir)``: one ``<pid>.jsonl`` shard per process (used by
+  ``pdtrace record``; shards are merged into one trace at the end).
+- ``Recorder.in_memory()``: events kept in a list (tests, scenario builder), written out
+  with ``write_trace``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import orjson
+
+from . import schema
+
+_current: "Recorder | None" = None
+
+
+def get() -> "Recorder | None":
+    """The process's active recorder, or None when not recording."""
+    return _current
+
+
+def set_current(rec: "Recorder | None") -> "Recorder | None":
+    global _current
+    prev, _current = _current, rec
+    return prev
+
+
+class Recorder:
+    def __init__(
+        self,
+        sink: Callable[[list[dict]], None] | None,
+        *,
+        role: str = schema.ROLE_MAIN,
+        inst: str = schema.INST_NONE,
+        rank: int | None = None,
+        redact: bool = True,
+        max_queue: int = 1_000_000,
+        flush_interval: float = 0.2,
+        threaded: bool = True,
+    ):
+        self.pid = os.getpid()
+        self.role = role
+        self.inst = os.environ.get("PDTRACE_INSTANCE") or inst
+        self._inst_forced = bool(os.environ.get("PDTRACE_INSTANCE"))
+        self.rank = rank
+        self.redact = redact
+        self.max_queue = max_queue
+        self.flush_interval = flush_interval
+        self._sink = sink
+        self._q: collections.deque = collections.deque()
+        self.dropped = 0
+        self.emitted = 0
+        self.hook_errors: dict[str, int] = {}
+        self.step: int | None = None  # current engine step, set by the scheduler hook
+        self.phase: str = ""  # current model phase, set by runner hooks
+        self._mono0 = time.monotonic_ns()
+        self._wall_off = time.time_ns() - self._mono0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.events: list[dict] | None = None  # in-memory sink storage
+        if threaded and sink is not None:
+            self._start_thread()
+
+    # -- construction helpers ---------------------------------------------------------
+    @classmethod
+    def in_memory(cls, **kw: Any) -> "Recorder":
+        rec = cls(None, threaded=False, **kw)
+        rec.events = []
+        rec._sink = rec.events.extend
+        return rec
+
+    @classmethod
+    def to_shard_dir(cls, directory: str, **kw: Any) -> "Recorder":
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"{os.getpid()}.jsonl")
+        fh = open(path, "ab", buffering=0)
+
+        def sink(batch: list[dict]) -> None:
+            fh.write(b"".join(orjson.dumps(e) + b"\n" for e in batch))
+
+        rec = cls(sink, **kw)
+        rec.shard_path = path  # type: ignore[attr-defined]
+        rec._fh = fh  # type: ignore[attr-defined]
+        return rec
+
+    # -- hot path ---------------------------------------------------------------------
+    def emit(self, kind: str, req: str | None = None, step: int | None = None, **fields: Any) -> None:
+        """Record one event. Cheap, non-blocking, never raises into the caller."""
+        q = self._q
+        if len(q) >= self.max_queue:
+            self.dropped += 1
+            return
+        q.append((kind, time.monotonic_ns(), req, self.step if step is None else step, fields))
+        self.emitted += 1
+
+    def hook_error(self, hook: str, exc: BaseException) -> None:
+        n = self.hook_errors.get(hook, 0) + 1
+        self.hook_errors[hook] = n
+        if n <= 5:
+            self.emit("hook.error", hook=hook, error=f"{type(exc).__name__}: {exc}"[:500])
+
+    def set_role(self, role: str | None = None, inst: str | None = None, rank: int | None = None, why: str = "") -> None:
+        changed = False
+        if role and role != self.role:
+            self.role, changed = role, True
+        if inst and inst != self.inst and not self._inst_forced:
+            self.inst, changed = inst, True
+        if rank is not None and rank != self.rank:
+            self.rank, changed = rank, True
+        if changed:
+            self.emit("proc.role", new_role=self.role, new_inst=self.inst, why=why)
+
+    # -- writer side ------------------------------------------------------------------
+    def _materialize(self, items: Iterable[tuple]) -> list[dict]:
+        pid, role, inst, rank, off = self.pid, self.role, self.inst, self.rank, self._wall_off
+        out = []
+        for kind, t, req, step, fields in items:
+            ev = {"ev": kind, "t": t, "w": t + off, "pid": pid, "role": role, "inst": inst}
+            if rank is not None:
+                ev["rank"] = rank
+            if step is not None:
+                ev["step"] = step
+            if req is not None:
+                ev["req"] = req
+            ev.update(fields)
+            out.append(ev)
+        return out
+
+    def flush(self) -> None:
+        q = self._q
+        n = len(q)
+        if not n or self._sink is None:
+            return
+        items = [q.popleft() for _ in range(n)]
+        try:
+            self._sink(self._materialize(items))
+        except Exception as exc:  # disk full, closed file: count, never raise into the app
+            self.dropped += n
+            print(f"pdtrace: writer failed for pid {self.pid}: {exc}", file=sys.stderr)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.flush_interval):
+            self.flush()
+        self.flush()
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="pdtrace-writer", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Emit proc.exit, flush everything and stop the writer. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.emit("proc.exit", events=self.emitted + 1, dropped=self.dropped, hook_errors=dict(self.hook_errors))
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.flush()
+        fh = getattr(self, "_fh", None)
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError:
+                pass
+
+    def proc_start(self, session: str = "") -> None:
+        from .redact import mask_argv
+
+        self.emit("proc.start", argv=mask_argv(sys.argv), ppid=os.getppid(),
+                  python=sys.version.split()[0], session=session)
+
+
+def start_process_recording(directory: str, session: str, redact: bool = True, **kw: Any) -> Recorder:
+    """Start recording this process into ``directory`` (called by the bootstrap)."""
+    rec = Recorder.to_shard_dir(directory, redact=redact, **kw)
+    set_current(rec)
+    rec.proc_start(session)
+    atexit.register(rec.close)
+
+    def _after_fork_in_child() -> None:  # a forked child gets its own shard and thread
+        old = get()
+        if old is None:
+            return
+        new = Recorder.to_shard_dir(directory, redact=old.redact, role=old.role, inst=old.inst, rank=old.rank)
+        set_current(new)
+        new.proc_start(session)
+        atexit.register(new.close)
+
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    return rec

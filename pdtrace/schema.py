@@ -1,0 +1,378 @@
+"""The pdtrace event schema: the single source of truth for every event kind.
+
+A trace is JSON Lines. Line 1 is the header (``ev == "trace.header"``), the last line
+is the footer (``ev == "trace.footer"``), and every line in between is one event.
+Every event is a flat JSON object with the COMMON fields below plus the fields of its
+kind. Nothing else in pdtrace defines event kinds: hooks emit through
+``Recorder.emit(kind, ...)`` with a name from ``KINDS``, the loader validates against
+``KINDS``, detectors and viewers read the field names documented here, and
+docs/trace-format.md is generated from this module (``python -m pdtrace.schema``)
+and checked against it by a test.
+
+Conventions
+- Times: ``t`` is ``time.monotonic_ns()`` of the emitting process (CLOCK_MONOTONIC is
+  shared by all processes of one host); ``w`` is the wall-clock anchor of the same
+  instant in ns since the epoch (the process's wall/monotonic offset is taken once at
+  start, so ``w - t`` is constant per process). ``pdtrace merge`` aligns two hosts on
+  ``w``.
+- ``id`` is the event's ordinal in the merged trace (0 = first event after the header).
+  Findings cite events by ``id``.
+- Per KV cache group values are lists indexed by group: ``block_ids[g]``.
+- ``sim: true`` marks an event produced by a documented simulation (worker-side code
+  that needs a GPU), never by a live hook. Absent means live.
+- Redaction (default): no prompt text and no token ids are stored, only lengths and
+  a short hash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+SCHEMA_NAME = "pdtrace"
+SCHEMA_VERSION = 1
+
+HEADER = "trace.header"
+FOOTER = "trace.footer"
+
+# Process roles.
+ROLE_MAIN = "main"  # the launched command before vLLM says what it is
+ROLE_API = "api"
+ROLE_ENGINE = "engine-core"
+ROLE_WORKER = "worker"
+ROLES = (ROLE_MAIN, ROLE_API, ROLE_ENGINE, ROLE_WORKER)
+
+# Instance ids: which side of a P/D deployment a process belongs to.
+INST_P = "P"
+INST_D = "D"
+INST_BOTH = "PD"  # kv_both
+INST_NONE = "-"  # no KV connector configured
+
+# Model phases for connector metadata / spec decode events.
+PHASE_TARGET = "target"
+PHASE_DRAFTER = "drafter"
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str
+    type: str  # documentation type: int, str, bool, float, list[int], list[list[int]], dict, ...
+    doc: str
+    required: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    name: str
+    doc: str
+    fields: tuple[Field, ...] = ()
+    hook: str = ""  # which hook module emits it ("" = recorder / tools)
+
+    @property
+    def required(self) -> frozenset[str]:
+        return frozenset(f.name for f in self.fields if f.required)
+
+
+def F(name: str, type: str, doc: str, required: bool = True) -> Field:
+    return Field(name, type, doc, required)
+
+
+COMMON: tuple[Field, ...] = (
+    F("ev", "str", "event kind, one of the kinds below"),
+    F("t", "int", "monotonic ns (time.monotonic_ns) of the emitting process"),
+    F("w", "int", "wall-clock ns since the epoch for the same instant (anchor + t)"),
+    F("pid", "int", "emitting process id"),
+    F("role", "str", "process role: main | api | engine-core | worker"),
+    F("inst", "str", "instance: P | D | PD (kv_both) | - (no connector); env PDTRACE_INSTANCE overrides"),
+    F("rank", "int", "TP rank of a worker process", required=False),
+    F("step", "int", "engine step number where known (scheduler's schedule() count, per instance)", required=False),
+    F("req", "str", "request id where the event concerns one request", required=False),
+    F("id", "int", "ordinal of the event in the merged trace (assigned by merge)", required=False),
+    F("sim", "bool", "true when the event was produced by a documented simulation, not a live hook", required=False),
+)
+
+_KINDS: tuple[Kind, ...] = (
+    # --- process / recorder ------------------------------------------------------------
+    Kind("proc.start", "A traced Python process started recording.", (
+        F("argv", "list[str]", "process argv, secrets masked"),
+        F("ppid", "int", "parent pid"),
+        F("python", "str", "Python version"),
+        F("session", "str", "recording session id"),
+    )),
+    Kind("proc.role", "The process learned its role / instance (from vLLM objects it constructs).", (
+        F("new_role", "str", "the role from now on"),
+        F("new_inst", "str", "the instance from now on", required=False),
+        F("why", "str", "what revealed it (class constructed)", required=False),
+    )),
+    Kind("proc.exit", "The process stopped recording (atexit or signal).", (
+        F("events", "int", "events this process emitted"),
+        F("dropped", "int", "events dropped because the queue was full"),
+        F("hook_errors", "dict[str,int]", "hook name -> number of exceptions swallowed"),
+    )),
+    Kind("hooks.status", "Which hooks this process applied or skipped, with reasons.", (
+        F("vllm", "str", "vLLM version seen by the process ('' if not importable)"),
+        F("applied", "list[str]", "hook names patched in"),
+        F("skipped", "dict[str,str]", "hook name -> reason (missing target, signature drift, import error)"),
+    )),
+    Kind("hook.error", "A hook raised; the exception was swallowed and vLLM went on (first 5 per hook).", (
+        F("hook", "str", "hook name"),
+        F("error", "str", "exception type and message"),
+    )),
+    Kind("mark", "A free-form marker: scenario boundaries, fault-injection labels, notes.", (
+        F("label", "str", "short label"),
+        F("detail", "str", "longer text", required=False),
+    )),
+    Kind("fault.inject", "A test fixture re-introduced an old vLLM rule (fault injection). Never emitted in production.", (
+        F("rule", "str", "which old rule: e.g. 'p-sends-full-allocation', 'clear-before-drafter'"),
+        F("detail", "str", "what was patched and which upstream fix it undoes"),
+    )),
+    # --- scheduler ------------------------------------------------------------------------
+    Kind("sched.config", "Scheduler constructed: static facts the detectors need.", (
+        F("block_sizes", "list[int]", "block size of each KV cache group"),
+        F("group_kinds", "list[str]", "spec class of each group: FullAttentionSpec, SlidingWindowSpec, MambaSpec, ..."),
+        F("num_lookahead_tokens", "int", "scheduler.num_lookahead_tokens"),
+        F("num_spec_tokens", "int", "speculative tokens per step (0 = no spec decode)"),
+        F("spec_method", "str", "speculative method ('' if none): eagle, eagle3, mtp, dflash, ngram, draft_model"),
+        F("kv_role", "str", "KVTransferConfig.kv_role ('' if no connector)"),
+        F("connector", "str", "connector class on the scheduler ('' if none)"),
+        F("async_scheduling", "bool", "scheduler_config.async_scheduling"),
+        F("num_blocks", "int", "KV cache blocks in the pool"),
+    ), hook="scheduler"),
+    Kind("sched.step", "One Scheduler.schedule() call returned.", (
+        F("num_reqs", "int", "requests scheduled this step"),
+        F("num_tokens", "int", "total tokens scheduled"),
+        F("tokens", "dict[str,int]", "request id -> tokens scheduled"),
+        F("spec", "dict[str,int]", "request id -> draft tokens scheduled for verification", required=False),
+        F("finished", "list[str]", "requests finished since the previous step", required=False),
+    ), hook="scheduler"),
+    Kind("req.add", "A request entered the scheduler.", (
+        F("prompt_len", "int", "number of prompt tokens"),
+        F("prompt_hash", "str", "blake2b-64 of the prompt token ids (redacted form)"),
+        F("max_tokens", "int", "sampling max_tokens", required=False),
+        F("kv", "dict", "kv_transfer_params summary: do_remote_prefill, do_remote_decode, remote_engine_id, remote_request_id, n_remote_blocks", required=False),
+        F("prompt_ids", "list[int]", "prompt token ids, only with --no-redact", required=False),
+    ), hook="scheduler"),
+    Kind("req.finish", "A request left the scheduler (finished, aborted).", (
+        F("status", "str", "RequestStatus name"),
+        F("num_computed_tokens", "int", "request.num_computed_tokens at finish"),
+        F("num_output_tokens", "int", "generated tokens"),
+    ), hook="scheduler"),
+    Kind("sched.alloc", "KVCacheManager.allocate_slots for one request (one event for all groups).", (
+        F("ok", "bool", "False when allocation failed (no free blocks)"),
+        F("block_ids", "list[list[int]]", "all block ids the request holds per group after the call"),
+        F("new_block_ids", "list[list[int]]", "block ids newly allocated by this call, per group"),
+        F("num_computed_tokens", "int", "request.num_computed_tokens before the step"),
+        F("num_new_tokens", "int", "tokens scheduled this step"),
+        F("num_lookahead_tokens", "int", "lookahead slots asked for (after the P/D 'effective lookahead' rule)"),
+        F("sched_lookahead_tokens", "int", "scheduler.num_lookahead_tokens (before the rule)"),
+        F("num_external_computed_tokens", "int", "tokens to load from a remote instance"),
+        F("num_new_computed_tokens", "int", "local prefix-cache hit tokens"),
+        F("delay_cache_blocks", "bool", "True while a remote KV load is pending"),
+        F("prompt_len", "int", "request.num_prompt_tokens"),
+    ), hook="scheduler"),
+    Kind("sched.free", "The scheduler freed a request's blocks.", (
+        F("block_ids", "list[list[int]]", "block ids held per group just before the free"),
+    ), hook="scheduler"),
+    # --- NIXL connector: scheduler side ---------------------------------------------------
+    Kind("nixl.request_finished", "Connector request_finished on a finished request (P side: what it reports to D).", (
+        F("side", "str", "P when do_remote_decode (producer) else D"),
+        F("allocated_block_ids", "list[list[int]]", "all blocks the request holds on this instance, per group"),
+        F("arg_block_ids", "list[list[int]]", "block ids the scheduler passed to request_finished, per group"),
+        F("block_ids", "list[list[int]]", "remote_block_ids reported in kv_transfer_params, per group"),
+        F("remote_num_tokens", "int", "remote_num_tokens reported"),
+        F("num_computed_tokens", "int", "request.num_computed_tokens"),
+        F("prompt_len", "int", "request.num_prompt_tokens"),
+        F("delay_free", "bool", "blocks held for the remote read"),
+    ), hook="nixl"),
+    Kind("nixl.remote_alloc", "D side: update_state_after_alloc for a request whose KV comes from P.", (
+        F("local_block_ids", "list[list[int]]", "blocks D allocated, per group"),
+        F("remote_block_ids", "list[list[int]]", "remote_block_ids from P's kv_transfer_params, per group"),
+        F("remote_num_tokens", "int", "remote_num_tokens from P", required=False),
+        F("num_external_tokens", "int", "tokens D will load"),
+        F("remote_req", "str", "P's request id (remote_request_id)", required=False),
+        F("remote_engine", "str", "P's engine id", required=False),
+    ), hook="nixl"),
+    Kind("nixl.trim", "D side: _apply_prefix_caching decided which local and remote blocks pair up.", (
+        F("local_in", "list[list[int]]", "decode (local) block ids in"),
+        F("remote_in", "list[list[int]]", "prefill (remote) block ids in"),
+        F("local_out", "list[list[int]]", "decode block ids out"),
+        F("remote_out", "list[list[int]]", "prefill block ids out: local_out[g][i] <- remote_out[g][i]"),
+        F("mamba", "bool", "the worker has Mamba/state groups (trim skipped for them)", required=False),
+    ), hook="nixl"),
+    Kind("nixl.read", "D side: a NIXL read was issued.", (
+        F("local_block_ids", "list[list[int]]", "destination (local) blocks"),
+        F("remote_block_ids", "list[list[int]]", "source (remote) blocks, pairwise with local_block_ids"),
+        F("bytes", "int", "bytes requested (0 if unknown)"),
+        F("handle", "str", "transfer handle (repr)"),
+        F("remote_engine", "str", "P's engine id", required=False),
+        F("remote_req", "str", "P's request id", required=False),
+    ), hook="nixl"),
+    Kind("nixl.read_done", "D side: a NIXL read completed or failed.", (
+        F("status", "str", "DONE | ERR | TIMEOUT"),
+        F("handle", "str", "transfer handle (repr)", required=False),
+        F("dur_ns", "int", "time from issue to completion", required=False),
+    ), hook="nixl"),
+    Kind("nixl.send_done", "P side: D's read of this request finished (blocks can be freed).", (), hook="nixl"),
+    # --- connector metadata lifecycle in the model runner ----------------------------------
+    Kind("kvmeta.bind", "bind_connector_metadata on the worker-side connector.", (
+        F("connector", "str", "connector class"),
+        F("n_recv", "int", "requests to receive"),
+        F("n_save", "int", "requests to save"),
+        F("n_send", "int", "requests to send"),
+        F("reqs", "list[str]", "request ids named in the metadata", required=False),
+    ), hook="connector_metadata"),
+    Kind("kvmeta.clear", "clear_connector_metadata.", (
+        F("phase", "str", "phase at the time: target | drafter | '' (between)"),
+    ), hook="connector_metadata"),
+    Kind("kvmeta.has", "has_connector_metadata() answered (the per-layer save/load decorators ask it).", (
+        F("result", "bool", "what it returned"),
+        F("phase", "str", "target | drafter | ''"),
+    ), hook="connector_metadata"),
+    Kind("kvmeta.save_layer", "save_kv_layer for one attention layer.", (
+        F("layer", "str", "layer name"),
+        F("phase", "str", "target | drafter"),
+    ), hook="connector_metadata"),
+    Kind("kvmeta.wait_for_save", "wait_for_save.", (
+        F("phase", "str", "target | drafter | ''"),
+    ), hook="connector_metadata"),
+    Kind("spec.phase", "A model phase began or ended in the runner (target forward, drafter propose).", (
+        F("phase", "str", "target | drafter"),
+        F("edge", "str", "begin | end"),
+        F("method", "str", "drafter method for the drafter phase", required=False),
+        F("layers", "list[str]", "attention layer names of this phase's model", required=False),
+    ), hook="connector_metadata"),
+    Kind("spec.window", "The drafter's KV write window for one request in this step.", (
+        F("start", "int", "first token position the drafter writes KV for"),
+        F("end", "int", "one past the last position written"),
+        F("method", "str", "drafter method"),
+        F("group", "int", "KV cache group", required=False),
+    ), hook="accepted_counts"),
+    # --- accepted-token counts (async spec decode) ------------------------------------------
+    Kind("d2h.issue", "Non-blocking D2H copy of num_accepted_tokens issued, then event.record().", (
+        F("buf", "str", "destination buffer name"),
+        F("rows", "list[str]", "request id held by each row at issue time ('' = empty row)"),
+        F("event", "str", "id of the CUDA event recorded after the copy"),
+    ), hook="accepted_counts"),
+    Kind("d2h.done", "The copy's event was observed complete (event.query() is True, no sync).", (
+        F("event", "str", "event id"),
+    ), hook="accepted_counts"),
+    Kind("acc.read", "The CPU read num_accepted_tokens for a request row in _prepare_inputs.", (
+        F("row", "int", "InputBatch row read"),
+        F("value", "int", "value read"),
+        F("event", "str", "event id of the last copy into the buffer", required=False),
+        F("event_done", "bool", "event.query() at read time (None if no event)", required=False),
+        F("synced", "bool", "the runner called event.synchronize() before reading", required=False),
+    ), hook="accepted_counts"),
+    Kind("acc.truth", "The GPU-authoritative accepted count for a request, obtained without a sync.", (
+        F("value", "int", "authoritative value"),
+        F("for_step", "int", "step whose verification produced it"),
+    ), hook="accepted_counts"),
+    # --- input batch ----------------------------------------------------------------------
+    Kind("batch.add", "InputBatch.add_request put a request in a row.", (
+        F("row", "int", "row index"),
+    ), hook="input_batch"),
+    Kind("batch.remove", "InputBatch.remove_request emptied a row.", (
+        F("row", "int", "row index (-1 if not present)"),
+    ), hook="input_batch"),
+    Kind("batch.swap", "InputBatch.swap_states(i1, i2).", (
+        F("i1", "int", "first row"),
+        F("i2", "int", "second row"),
+        F("req1", "str", "request in i1 before the swap"),
+        F("req2", "str", "request in i2 before the swap"),
+    ), hook="input_batch"),
+    Kind("batch.condense", "InputBatch.condense() moved requests into empty rows.", (
+        F("moves", "list[list]", "[request id, old row, new row] for each moved request"),
+    ), hook="input_batch"),
+)
+
+KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
+COMMON_NAMES = frozenset(f.name for f in COMMON)
+REQUIRED_COMMON = frozenset(f.name for f in COMMON if f.required)
+
+HEADER_FIELDS: tuple[Field, ...] = (
+    F("ev", "str", "'trace.header'"),
+    F("schema", "str", "'pdtrace'"),
+    F("schema_version", "int", "format version; a reader refuses a higher major version"),
+    F("pdtrace", "str", "pdtrace version that wrote it"),
+    F("versions", "dict[str,str]", "vllm, torch, nixl, python versions ('' if absent)"),
+    F("cmd", "list[str]", "recorded command line, secrets masked"),
+    F("host", "str", "host name"),
+    F("created", "str", "ISO-8601 UTC time the trace was written"),
+    F("redacted", "bool", "prompt text / token ids left out"),
+    F("origin", "str", "how it was produced: 'record' (live), 'scenario' (real vLLM scheduler on CPU + simulated worker side), 'merge', 'synthetic' (generated for benchmarks)"),
+    F("instances", "list[str]", "instances present (P, D, ...)", required=False),
+    F("clock", "dict", "merge only: per-instance offset_ns applied and residual skew", required=False),
+)
+
+FOOTER_FIELDS: tuple[Field, ...] = (
+    F("ev", "str", "'trace.footer'"),
+    F("events", "int", "number of event lines"),
+    F("counts", "dict[str,int]", "events per kind"),
+    F("dropped", "int", "events dropped by full queues, all processes"),
+    F("hook_errors", "dict[str,int]", "hook -> exceptions swallowed, all processes"),
+    F("hooks", "dict", "{'applied': [...], 'skipped': {hook: reason}} over all processes"),
+    F("processes", "list[dict]", "pid, role, inst, events, dropped, complete (False: shard ended without proc.exit)"),
+    F("exit_code", "int", "exit code of the recorded command", required=False),
+)
+
+
+def new_kind_error(kind: str) -> str:
+    return f"unknown event kind {kind!r} (not in schema v{SCHEMA_VERSION})"
+
+
+def validate_event(ev: dict[str, Any]) -> str | None:
+    """Return None if ``ev`` is a valid event of a known kind, else a reason."""
+    kind = ev.get("ev")
+    if not isinstance(kind, str):
+        return "missing 'ev' (event kind)"
+    spec = KINDS.get(kind)
+    if spec is None:
+        return new_kind_error(kind)
+    missing = (REQUIRED_COMMON | spec.required) - ev.keys()
+    if missing:
+        return f"{kind}: missing field(s) {', '.join(sorted(missing))}"
+    return None
+
+
+def render_markdown() -> str:
+    """The body of docs/trace-format.md, generated from this module."""
+    out: list[str] = []
+    out.append(f"# pdtrace trace format (schema version {SCHEMA_VERSION})\n")
+    out.append("<!-- generated by `python -m pdtrace.schema > docs/trace-format.md`; "
+               "tests/test_schema.py fails when this file and pdtrace/schema.py disagree -->\n")
+    out.append((__doc__ or "").strip() + "\n")
+    out.append("## Header (line 1)\n")
+    out.extend(_table(HEADER_FIELDS))
+    out.append("## Common fields (every event)\n")
+    out.extend(_table(COMMON))
+    out.append("## Event kinds\n")
+    for k in _KINDS:
+        who = f" Emitted by `pdtrace.hooks.{k.hook}`." if k.hook else ""
+        out.append(f"### `{k.name}`\n\n{k.doc}{who}\n")
+        if k.fields:
+            out.extend(_table(k.fields))
+        else:
+            out.append("No fields beyond the common ones.\n")
+    out.append("## Footer (last line)\n")
+    out.extend(_table(FOOTER_FIELDS))
+    out.append(
+        "## Compatibility\n\n"
+        f"A reader of schema version {SCHEMA_VERSION} refuses a trace whose header has a higher "
+        "`schema_version` (error names line 1) unless `--lenient`, in which case it reads the "
+        "known kinds and counts the rest. Unknown kinds in a trace of the same version are an "
+        "error naming the line (a warning with `--lenient`). Fields may be added within a "
+        "version; readers ignore fields they do not know.\n"
+    )
+    return "\n".join(out)
+
+
+def _table(fields: tuple[Field, ...]) -> list[str]:
+    rows = ["| field | type | required | meaning |", "| --- | --- | --- | --- |"]
+    for f in fields:
+        rows.append(f"| `{f.name}` | {f.type} | {'yes' if f.required else 'no'} | {f.doc} |")
+    rows.append("")
+    return ["\n".join(rows)]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(render_markdown())
