@@ -1,0 +1,32 @@
+"""`pdtrace merge P.jsonl D.jsonl -o trace.jsonl`: join traces of two hosts, aligning clocks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..errors import PdtraceError
+from ..shards import merge_traces
+
+
+def _fmt_ns(ns: int | None) -> str:
+    if ns is None:
+        return "unbounded"
+    return f"{ns / 1e6:.3f} ms"
+
+
+def run(inputs: list[Path], output: Path, lenient: bool = False) -> int:
+    if len(inputs) < 1:
+        raise PdtraceError("give at least one trace or shard directory")
+    for p in inputs:
+        if not Path(p).exists():
+            raise PdtraceError(f"{p}: no such file or directory")
+    res = merge_traces([str(p) for p in inputs], str(output), lenient=lenient)
+    print(f"pdtrace: wrote {output} ({res['events']} events)", file=sys.stderr)
+    for t in res["clock"]["traces"]:
+        print(f"pdtrace: clock of {t['trace']} vs {res['clock']['reference']}: offset {_fmt_ns(t['offset_ns'])}, "
+              f"residual skew <= {_fmt_ns(t['residual_ns'])} ({t['pairs']} KV hand-overs matched; {t['note']})",
+              file=sys.stderr)
+    for p in res["problems"]:
+        print(f"pdtrace: warning: {p}", file=sys.stderr)
+    return 0

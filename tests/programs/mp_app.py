@@ -1,0 +1,74 @@
+"""A program recorded by tests/test_record.py: spawn children, a fork child and a subprocess.
+
+It knows nothing of pdtrace except that, when a recorder is active in a process, it marks
+what it does through the public recorder API (so the test can check which process wrote
+what). Usage: mp_app.py [--sleep S] [--exit N] [--kill-child]
+"""
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def mark(label, **kw):
+    try:
+        from pdtrace import recorder
+    except ImportError:
+        return
+    rec = recorder.get()
+    if rec is not None:
+        rec.emit("mark", label=label, detail=str(kw))
+
+
+def child(i):
+    try:
+        from pdtrace import recorder
+
+        rec = recorder.get()
+        if rec is not None:  # what a vLLM hook does when it sees a worker being built
+            rec.set_role("worker", rank=i, why="test program")
+    except ImportError:
+        pass
+    mark("child", i=i)
+    return i * i
+
+
+def doomed(q):
+    mark("doomed-before-kill")
+    time.sleep(0.6)  # > flush interval: the mark above reaches disk
+    q.put(os.getpid())
+    time.sleep(60)
+
+
+def main():
+    args = sys.argv[1:]
+    mark("main-start")
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        squares = pool.map(child, [1, 2, 3])
+    mark("squares", value=squares)
+    if "--kill-child" in args:
+        q = ctx.Queue()
+        p = ctx.Process(target=doomed, args=(q,))
+        p.start()
+        pid = q.get(timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        p.join()
+    out = subprocess.run([sys.executable, "-c",
+                          "from pdtrace import recorder; r = recorder.get(); "
+                          "r and r.emit('mark', label='subprocess'); print('sub-ok')"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    mark("subprocess-output", value=out)
+    if "--sleep" in args:
+        mark("sleeping")
+        time.sleep(float(args[args.index("--sleep") + 1]))
+    print("result", squares, out, flush=True)
+    code = int(args[args.index("--exit") + 1]) if "--exit" in args else 0
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
