@@ -1,0 +1,175 @@
+"""`pdtrace bundle TRACE -o bug.tar.gz|bug.zip`: everything a bug report needs, in one archive.
+
+Contents (under ``pdtrace-bug/``): the trace, ``check.md`` (``pdtrace check --format
+markdown``), ``report.html`` (``pdtrace report``), ``doctor.txt`` (``pdtrace doctor`` run
+here), ``versions.json`` (versions in the trace header and on this machine) and
+``README.txt`` saying what each file is. A trace recorded with ``--no-redact`` (header
+``redacted: false``, or token ids present) is refused unless ``--allow-unredacted``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import platform
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import EXIT_UNUSABLE, PdtraceError
+
+ROOT = "pdtrace-bug"
+
+
+def _archive_kind(output: Path) -> str:
+    name = output.name.lower()
+    if name.endswith(".zip"):
+        return "zip"
+    if name.endswith((".tar.gz", ".tgz")):
+        return "tar.gz"
+    raise PdtraceError(f"cannot tell the archive format from {output.name!r}: use a .tar.gz, .tgz or .zip name")
+
+
+def _captured(fn: Callable[[], Any]) -> tuple[str, str]:
+    """Run fn with stdout/stderr captured. Returns (output, status line); never raises."""
+    out, err = io.StringIO(), io.StringIO()
+    status = ""
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = fn()
+        status = f"exit code {rc if isinstance(rc, int) else 0}"
+    except PdtraceError as exc:
+        status = f"error (exit code {exc.exit_code}): {exc}"
+    except SystemExit as exc:
+        status = f"exit code {exc.code}"
+    except BaseException as exc:  # noqa: BLE001 - an optional part failing must not lose the bundle
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        status = f"failed: {type(exc).__name__}: {exc}"
+    text = out.getvalue()
+    if err.getvalue().strip():
+        text += ("\n" if text and not text.endswith("\n") else "") + "--- stderr ---\n" + err.getvalue()
+    return text, status
+
+
+def _doctor() -> str:
+    try:
+        from . import doctor
+    except ImportError as exc:
+        return f"pdtrace doctor is not available in this pdtrace ({exc}).\n"
+    text, status = _captured(lambda: doctor.run(json_out=False))
+    return f"$ pdtrace doctor   ({status})\n\n{text}"
+
+
+def _check_md(trace: Path, dest: Path, lenient: bool) -> str:
+    try:
+        from . import check
+    except ImportError as exc:
+        dest.write_text(f"pdtrace check is not available ({exc}).\n", encoding="utf-8")
+        return "unavailable"
+    text, status = _captured(lambda: check.run(trace=trace, format="markdown", only=[], request=None,
+                                               what_if=None, output=dest, lenient=lenient))
+    if not dest.exists():
+        dest.write_text(f"pdtrace check --format markdown did not produce a report: {status}\n\n{text}",
+                        encoding="utf-8")
+    return status
+
+
+def _versions(header: dict[str, Any]) -> dict[str, Any]:
+    from ..versions import collect_versions
+
+    return {"trace": dict(header.get("versions") or {}), "trace_pdtrace": header.get("pdtrace", ""),
+            "trace_origin": header.get("origin", ""), "trace_created": header.get("created", ""),
+            "here": collect_versions(), "platform": platform.platform(), "python": sys.version.split()[0]}
+
+
+def _readme(trace_name: str, header: dict[str, Any], check_status: str, n_findings: int, note: str) -> str:
+    return f"""pdtrace bug-report bundle
+=========================
+
+Made {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `pdtrace bundle` from the trace {trace_name}
+(origin: {header.get('origin', '?')}, recorded {header.get('created', '?')}, redacted: {header.get('redacted')}).
+
+Files
+-----
+{trace_name:<16} the pdtrace trace itself (JSON Lines: header line, events, footer line;
+                 format: docs/trace-format.md). Re-run everything below from it.
+check.md         `pdtrace check --format markdown` on the trace: the findings, ready to
+                 paste into a GitHub issue ({check_status}).
+report.html      `pdtrace report`: a self-contained Plotly report (open it in a browser,
+                 works offline): findings, timeline of P/D steps with KV transfers,
+                 block maps, accepted-count reads, connector-metadata phases
+                 ({n_findings} finding(s){'; ' + note if note else ''}).
+doctor.txt       `pdtrace doctor` run on the machine that made this bundle: which pdtrace
+                 hooks apply to the vLLM installed there (it says so when vLLM is absent;
+                 that machine may not be the one that recorded the trace).
+versions.json    vLLM / torch / NIXL / Python versions from the trace header ("trace")
+                 and on the machine that made this bundle ("here").
+README.txt       this file.
+
+To look at it yourself: `pdtrace check {trace_name}`, `pdtrace view {trace_name}`,
+`pdtrace export {trace_name} --perfetto out.json` (open in https://ui.perfetto.dev).
+"""
+
+
+def run(trace: Path, output: Path, allow_unredacted: bool = False, lenient: bool = False) -> int:
+    from ..viewers.html import report as html_report
+    from .report import load_with_findings
+
+    trace, output = Path(trace), Path(output)
+    kind = _archive_kind(output)
+    tr, findings, note = load_with_findings(trace, lenient)
+    unredacted = tr.header.get("redacted") is False
+    has_ids = any("prompt_ids" in e for e in tr.events)
+    if (unredacted or has_ids) and not allow_unredacted:
+        why = "its header says redacted: false (recorded with --no-redact)" if unredacted else \
+            "it contains prompt token ids (prompt_ids)"
+        raise PdtraceError(
+            f"refusing to bundle {trace}: {why}, so it may contain prompt token ids that reveal user "
+            f"prompts. Re-record without --no-redact, or pass --allow-unredacted if the bundle stays private.",
+            EXIT_UNUSABLE)
+
+    trace_name = trace.name if trace.name.endswith(".jsonl") else "trace.jsonl"
+    with tempfile.TemporaryDirectory(prefix="pdtrace-bundle-") as tmp:
+        d = Path(tmp) / ROOT
+        d.mkdir()
+        shutil.copyfile(trace, d / trace_name)
+        check_status = _check_md(trace, d / "check.md", lenient)
+        try:
+            html_report.write(tr, d / "report.html", findings, findings_note=note)
+        except Exception as exc:  # noqa: BLE001 - keep the rest of the bundle
+            (d / "report.html").write_text(f"<!DOCTYPE html><p>report failed: {type(exc).__name__}: {exc}</p>",
+                                           encoding="utf-8")
+        (d / "doctor.txt").write_text(_doctor(), encoding="utf-8")
+        (d / "versions.json").write_text(json.dumps(_versions(tr.header), indent=2) + "\n", encoding="utf-8")
+        (d / "README.txt").write_text(_readme(trace_name, tr.header, check_status, len(findings), note),
+                                      encoding="utf-8")
+        names = [trace_name, "check.md", "report.html", "doctor.txt", "versions.json", "README.txt"]
+        part = output.with_name(output.name + ".part")
+        try:
+            if kind == "zip":
+                with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+                    for n in names:
+                        zf.write(d / n, f"{ROOT}/{n}")
+            else:
+                with tarfile.open(part, "w:gz", compresslevel=6) as tf:
+                    for n in names:
+                        tf.add(d / n, f"{ROOT}/{n}")
+            os.replace(part, output)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                part.unlink()
+            raise PdtraceError(f"cannot write {output}: {exc.strerror or exc}") from None
+    print(f"wrote {output} ({output.stat().st_size / 1e6:.2f} MB): {', '.join(names)}; "
+          f"{len(findings)} finding(s)", file=sys.stderr)
+    if unredacted or has_ids:
+        print("pdtrace: warning: the bundle holds an UNREDACTED trace (--allow-unredacted); do not post it publicly",
+              file=sys.stderr)
+    return 0
