@@ -1,0 +1,101 @@
+"""Benchmark: cost of the scheduler + NIXL hooks on a real vLLM Scheduler loop (CPU).
+
+256 requests (prompt 64 tokens, 48 output tokens), EAGLE k=3 speculative decoding, NIXL
+connector configured (kv_producer; requests carry no kv_transfer_params, so it is plain
+serving through a connector-enabled scheduler). Each step: Scheduler.schedule(), a
+ModelRunnerOutput (one accepted draft token per request), update_from_output(),
+update_draft_token_ids(). Untraced: hooks not installed. Traced: hooks installed and a
+shard-file recorder with its writer thread (the production path). Best of N alternating
+runs; prints the traced/untraced ratio (goal <= 1.03).
+
+    python bench/hooks.py [--reqs 256] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def loop(h, cfg, n_reqs: int, prompt_len: int, out_len: int, tag: str) -> tuple[float, int]:
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+    sched = h.build_scheduler("P", cfg)
+    for i in range(n_reqs):
+        sched.add_request(h._make_request(f"{tag}-{i}", [10 + (i * 7 + j) % 900 for j in range(prompt_len)],
+                                          out_len, None, cfg.block_size))
+    k = cfg.num_spec_tokens
+    steps = 0
+    t0 = time.perf_counter()
+    while sched.has_requests() and steps < 10_000:
+        out = sched.schedule()
+        spec = out.scheduled_spec_decode_tokens
+        ids, toks = [], []
+        for rid in out.num_scheduled_tokens:
+            req = sched.requests.get(rid)
+            if req is None:
+                continue
+            ids.append(rid)
+            if req.num_computed_tokens + out.num_scheduled_tokens[rid] < req.num_prompt_tokens:
+                toks.append([])  # partial prefill: nothing sampled
+            else:
+                toks.append([5, 6] if spec.get(rid) else [5])
+        sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                        sampled_token_ids=toks))
+        running = [r.request_id for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
+        if running:
+            sched.update_draft_token_ids(DraftTokenIds(running, [[7] * k for _ in running]))
+        steps += 1
+    return time.perf_counter() - t0, steps
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reqs", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--out", type=int, default=48)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+
+    from pdtrace import hooks, recorder
+    from pdtrace.recorder import Recorder
+    from pdtrace.testing import pd_harness as h
+
+    cfg = h.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16, num_blocks=16384,
+                     max_num_seqs=256, max_num_batched_tokens=8192)
+    h.build_vllm_config("P", cfg)
+    loop(h, cfg, 16, a.prompt, 8, "warm")  # warm-up (imports, caches)
+    base, traced, events = [], [], 0
+    with tempfile.TemporaryDirectory() as d:
+        for r in range(a.repeat):
+            hooks.uninstall_all()
+            dt, steps = loop(h, cfg, a.reqs, a.prompt, a.out, f"u{r}")
+            base.append(dt)
+            h.install_scheduler_hooks()
+            rec = Recorder.to_shard_dir(os.path.join(d, str(r)))
+            prev = recorder.set_current(rec)
+            try:
+                dt2, steps2 = loop(h, cfg, a.reqs, a.prompt, a.out, f"t{r}")
+            finally:
+                recorder.set_current(prev)
+                rec.close()
+            traced.append(dt2)
+            events = rec.emitted
+            assert steps == steps2, (steps, steps2)
+    hooks.uninstall_all()
+    b, t = min(base), min(traced)
+    print(f"scheduler loop: {a.reqs} requests, {steps} steps, EAGLE k=3, NIXL connector configured")
+    print(f"untraced best {b * 1e3:.1f} ms ({b / steps * 1e6:.0f} us/step)  runs: {[round(x * 1e3, 1) for x in base]}")
+    print(f"traced   best {t * 1e3:.1f} ms ({t / steps * 1e6:.0f} us/step)  runs: {[round(x * 1e3, 1) for x in traced]}")
+    print(f"events per traced run: {events}")
+    print(f"ratio traced/untraced: {t / b:.3f} (goal <= 1.03)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""NIXL KV connector hooks, vLLM 0.32.0 package ``vllm.distributed.kv_transfer.kv_connector.v1.nixl``.
+
+Scheduler side (engine-core process), on the facade ``connector.NixlBaseConnector`` (it
+defines request_finished / request_finished_all_groups / update_state_after_alloc for both
+pull and push modes and holds the scheduler's KV cache manager):
+- ``request_finished_all_groups`` / ``request_finished`` -> ``nixl.request_finished``
+- ``update_state_after_alloc`` (D, do_remote_prefill)     -> ``nixl.remote_alloc``
+
+Worker side (needs a GPU worker in production; tested on the real functions with a
+minimal caller, see tests/test_hooks_nixl.py):
+- ``base_worker.NixlBaseConnectorWorker._apply_prefix_caching`` -> ``nixl.trim``
+- ``pull_worker.NixlPullConnectorWorker._read_blocks``          -> ``nixl.read``
+- ``base_worker.NixlBaseConnectorWorker.get_transfer_results``  -> ``nixl.read_done`` / ``nixl.send_done``
+  (push mode's override calls it through ``super()``; ``get_finished`` calls it too).
+
+Older vLLM layouts (single-file ``nixl_connector.py``) are registered as optional hooks:
+absent in 0.32.0, skipped without counting as a failure.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from . import around, register
+from .scheduler import inst_for_kv_role, sched_inst, sched_step
+
+PKG = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+CONN_MOD = PKG + ".connector"
+BASE_WORKER_MOD = PKG + ".base_worker"
+PULL_WORKER_MOD = PKG + ".pull_worker"
+OLD_MOD = "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"
+
+
+def _groups(ids: Any) -> list[list[int]]:
+    """BlockIds (tuple/list of per-group lists, or one flat list) -> list[list[int]]."""
+    if ids is None:
+        return []
+    ids = list(ids)
+    if ids and not isinstance(ids[0], (list, tuple)):
+        return [[int(x) for x in ids]]
+    return [[int(x) for x in g] for g in ids]
+
+
+def _conn_where(conn: Any, rec: Any) -> tuple[str, int | None]:
+    sched = getattr(conn, "_pdtrace_sched", None)
+    if sched is not None:
+        return sched_inst(sched), sched_step(sched)
+    ktc = getattr(conn, "kv_transfer_config", None) or getattr(conn, "_kv_transfer_config", None)
+    if ktc is not None:
+        return inst_for_kv_role(getattr(ktc, "kv_role", None)), None
+    return rec.inst, None
+
+
+def _worker_where(worker: Any, rec: Any) -> str:
+    return getattr(worker, "_pdtrace_inst", None) or rec.inst
+
+
+# --- request_finished (P: what it reports to D) ---------------------------------------------
+
+def _rf_before(rec: Any, self: Any, request: Any, block_ids: Any, *a: Any, **kw: Any) -> dict:
+    params = request.kv_transfer_params or {}
+    # allocated_block_ids: everything the request holds on this instance, lookahead blocks
+    # included. The scheduler's KV cache manager (bound to the connector by
+    # Scheduler.__init__ via bind_kv_cache_manager) knows it; blocks are not freed yet at
+    # this point (the scheduler frees after request_finished returns). Without a bound
+    # manager (older layouts, bare connectors) the connector's own view is the block ids
+    # the scheduler passed in, which may already be clipped to the computed tokens.
+    kvm = getattr(self, "_kv_cache_manager", None)
+    if kvm is not None:
+        allocated = [list(g) for g in kvm.get_block_ids(request.request_id)]
+        src = "kv_cache_manager"
+    else:
+        allocated = _groups(block_ids)
+        src = "connector"
+    return {
+        "side": "P" if params.get("do_remote_decode") else "D",
+        "allocated": allocated,
+        "src": src,
+        "arg": _groups(block_ids),
+    }
+
+
+def _rf_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
+    if st is None or result is None:
+        return
+    delay_free, params = result
+    params = params or {}
+    inst, step = _conn_where(self, rec)
+    rec.emit(
+        "nixl.request_finished", req=request.request_id, step=step, inst=inst,
+        side=st["side"],
+        allocated_block_ids=st["allocated"],
+        arg_block_ids=st["arg"],
+        block_ids=_groups(params.get("remote_block_ids")),
+        remote_num_tokens=int(params.get("remote_num_tokens") or 0),
+        num_computed_tokens=int(request.num_computed_tokens),
+        prompt_len=int(request.num_prompt_tokens),
+        delay_free=bool(delay_free),
+        allocated_from=st["src"],
+    )
+
+
+register("nixl.request_finished", CONN_MOD, "NixlBaseConnector.request_finished_all_groups",
+         ("request", "block_ids"),
+         around("nixl.request_finished", _rf_before, _rf_after),
+         doc="nixl.request_finished (HMA path, all KV cache groups)")
+register("nixl.request_finished_1g", CONN_MOD, "NixlBaseConnector.request_finished",
+         ("request", "block_ids"),
+         around("nixl.request_finished_1g", _rf_before, _rf_after),
+         doc="nixl.request_finished (single-group path)")
+register("nixl.request_finished_old", OLD_MOD, "NixlConnector.request_finished",
+         ("request", "block_ids"),
+         around("nixl.request_finished_old", _rf_before, _rf_after),
+         optional=True, doc="pre-0.32 single-file layout")
+
+
+# --- update_state_after_alloc (D) --------------------------------------------------------------
+
+def _usa_before(rec: Any, self: Any, request: Any, blocks: Any, num_external_tokens: int,
+                *a: Any, **kw: Any) -> dict | None:
+    params = request.kv_transfer_params
+    if not params or not params.get("do_remote_prefill"):
+        return None  # only the first (transfer-planning) call on D is of interest
+    return {
+        "local": _groups(blocks.get_block_ids()) if hasattr(blocks, "get_block_ids") else _groups(blocks),
+        "remote": _groups(params.get("remote_block_ids")),
+        "rnt": params.get("remote_num_tokens"),
+        "rreq": params.get("remote_request_id"),
+        "reng": params.get("remote_engine_id"),
+        "n_ext": int(num_external_tokens),
+    }
+
+
+def _usa_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
+    if not st:
+        return
+    inst, step = _conn_where(self, rec)
+    fields: dict[str, Any] = {}
+    if st["rnt"] is not None:
+        fields["remote_num_tokens"] = int(st["rnt"])
+    if st["rreq"] is not None:
+        fields["remote_req"] = str(st["rreq"])
+    if st["reng"] is not None:
+        fields["remote_engine"] = str(st["reng"])
+    rec.emit("nixl.remote_alloc", req=request.request_id, step=step, inst=inst,
+             local_block_ids=st["local"], remote_block_ids=st["remote"],
+             num_external_tokens=st["n_ext"], **fields)
+
+
+register("nixl.remote_alloc", CONN_MOD, "NixlBaseConnector.update_state_after_alloc",
+         ("request", "blocks", "num_external_tokens"),
+         around("nixl.remote_alloc", _usa_before, _usa_after),
+         doc="nixl.remote_alloc: D's local blocks vs P's reported blocks")
+
+
+# --- _apply_prefix_caching (D worker) ------------------------------------------------------------
+
+def _trim_before(rec: Any, self: Any, decode_block_ids: Any, prefill_block_ids: Any, *a: Any, **kw: Any) -> tuple:
+    return _groups(decode_block_ids), _groups(prefill_block_ids)
+
+
+def _trim_after(rec: Any, st: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
+    if st is None or result is None:
+        return
+    local_out, remote_out = _groups(result[0]), _groups(result[1])
+    self._pdtrace_last_trim = (local_out, remote_out)
+    rec.emit("nixl.trim", req=getattr(self, "_pdtrace_cur_req", None), inst=_worker_where(self, rec),
+             local_in=st[0], remote_in=st[1], local_out=local_out, remote_out=remote_out,
+             mamba=bool(getattr(self, "_has_mamba", False)))
+
+
+register("nixl.trim", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching",
+         ("decode_block_ids", "prefill_block_ids", "decode_physical_per_logical", "prefill_physical_per_logical"),
+         around("nixl.trim", _trim_before, _trim_after),
+         doc="nixl.trim: which local/remote blocks pair up after prefix-cache trimming")
+register("nixl.trim_old", OLD_MOD, "NixlConnectorWorker._apply_prefix_caching", (),
+         around("nixl.trim_old", _trim_before, _trim_after), optional=True, doc="pre-0.32 single-file layout")
+
+
+# --- _read_blocks (D worker, pull mode) -------------------------------------------------------------
+
+def _read_before(rec: Any, self: Any, read_spec: Any, dst_engine_id: str, request_id: str,
+                 remote_request_id: str, *a: Any, **kw: Any) -> dict:
+    self._pdtrace_cur_req = request_id
+    self._pdtrace_last_trim = None
+    handles = getattr(self, "_recving_transfers", {}).get(request_id) or ()
+    return {"n": len(handles), "spec": read_spec, "eng": dst_engine_id, "rreq": remote_request_id,
+            "t": time.monotonic_ns()}
+
+
+def _read_after(rec: Any, st: Any, ok: Any, self: Any, read_spec: Any, dst_engine_id: str, request_id: str,
+                *a: Any, **kw: Any) -> None:
+    self._pdtrace_cur_req = None
+    if st is None:
+        return
+    trimmed = getattr(self, "_pdtrace_last_trim", None)
+    if trimmed is not None:
+        local, remote = trimmed
+    else:  # no trim ran (DCP / region path): the spec's lists are what was read
+        local, remote = _groups(read_spec.local_block_ids), _groups(read_spec.remote_block_ids)
+    if not any(local):
+        return  # full local prefix hit: notification only, nothing read
+    new = list((getattr(self, "_recving_transfers", {}).get(request_id) or ())[st["n"]:])
+    issued = getattr(self, "_pdtrace_issue", None)
+    if issued is None:
+        issued = self._pdtrace_issue = {}
+    issued[request_id] = st["t"]
+    # bytes: blocks x bytes per block summed over the registered KV regions, when the
+    # worker exposes its per-layer block lengths; 0 when it does not (unknown).
+    per_block = sum(getattr(self, "block_len_per_layer", None) or ())
+    nbytes = int(per_block) * sum(len(g) for g in local) if per_block else 0
+    rec.emit("nixl.read", req=request_id, inst=_worker_where(self, rec),
+             local_block_ids=local, remote_block_ids=remote, bytes=nbytes,
+             handle=",".join(repr(h) for h in new) if new else ("posted" if ok else "failed"),
+             remote_engine=str(st["eng"]), remote_req=str(st["rreq"]))
+
+
+register("nixl.read", PULL_WORKER_MOD, "NixlPullConnectorWorker._read_blocks",
+         ("read_spec", "dst_engine_id", "request_id", "remote_request_id"),
+         around("nixl.read", _read_before, _read_after),
+         doc="nixl.read: a READ was posted (local <- remote pairs after trimming)")
+register("nixl.read_old", OLD_MOD, "NixlConnectorWorker._read_blocks", (),
+         around("nixl.read_old", lambda rec, self, *a, **kw: None, lambda rec, st, r, *a, **kw: None),
+         optional=True, doc="pre-0.32 single-file layout (presence check only)")
+
+
+# --- get_transfer_results (completion, both sides) ---------------------------------------------------
+
+def _tr_before(rec: Any, self: Any, *a: Any, **kw: Any) -> None:
+    return None
+
+
+def _tr_after(rec: Any, _st: Any, res: Any, self: Any, *a: Any, **kw: Any) -> None:
+    if res is None:
+        return
+    inst = _worker_where(self, rec)
+    now = time.monotonic_ns()
+    issued = getattr(self, "_pdtrace_issue", None) or {}
+    for rid in getattr(res, "finished_recving", None) or ():
+        t0 = issued.pop(rid, None)
+        extra = {"dur_ns": now - t0} if t0 is not None else {}
+        rec.emit("nixl.read_done", req=rid, inst=inst, status="DONE", **extra)
+    for rid in getattr(res, "failed_recving", None) or ():
+        t0 = issued.pop(rid, None)
+        extra = {"dur_ns": now - t0} if t0 is not None else {}
+        rec.emit("nixl.read_done", req=rid, inst=inst, status="ERR", **extra)
+    for rid in getattr(res, "finished_sending", None) or ():
+        rec.emit("nixl.send_done", req=rid, inst=inst)
+
+
+register("nixl.transfer_results", BASE_WORKER_MOD, "NixlBaseConnectorWorker.get_transfer_results", (),
+         around("nixl.transfer_results", _tr_before, _tr_after),
+         doc="nixl.read_done (D) and nixl.send_done (P)")

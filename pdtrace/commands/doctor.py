@@ -1,0 +1,74 @@
+"""`pdtrace doctor`: which hooks apply to the vLLM installed here, which are skipped, and why.
+
+Checks every hook of every subsystem in ``pdtrace.hooks.SUBSYSTEMS`` with
+``hooks.check(spec)`` (imports the target module, resolves the attribute, compares the
+signature; patches nothing). Exit 0: all required hooks ok. 1: at least one required hook
+skipped (optional hooks for other vLLM layouts never count). 2: vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from typing import Any
+
+from pdtrace.versions import collect_versions
+
+
+def _rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from pdtrace import hooks
+
+    rows: list[dict[str, Any]] = []
+    broken: list[dict[str, Any]] = []
+    for sub in hooks.SUBSYSTEMS:
+        try:
+            importlib.import_module(f"pdtrace.hooks.{sub}")
+        except Exception as exc:
+            broken.append({"hook": f"{sub}.*", "subsystem": sub, "target": f"pdtrace.hooks.{sub}",
+                           "status": "skipped", "optional": False,
+                           "reason": f"hook module failed to import: {type(exc).__name__}: {exc}"[:300]})
+    for spec in hooks.REGISTRY.values():
+        status, reason = hooks.check(spec)
+        rows.append({"hook": spec.name, "subsystem": spec.subsystem, "target": f"{spec.module}:{spec.qualname}",
+                     "status": status, "optional": spec.optional, "reason": reason})
+    order = {s: i for i, s in enumerate(hooks.SUBSYSTEMS)}
+    rows.sort(key=lambda r: (order.get(r["subsystem"], 99), r["optional"], r["hook"]))
+    return rows + broken, broken
+
+
+def run(json_out: bool = False) -> int:
+    versions = collect_versions()
+    if importlib.util.find_spec("vllm") is None:
+        msg = ("vLLM is not installed in this Python environment, so there is nothing to hook. "
+               "Install the recording extra: pip install 'pdtrace[record]'")
+        if json_out:
+            print(json.dumps({"versions": versions, "error": msg, "hooks": []}, indent=2))
+        else:
+            print(f"pdtrace doctor: {msg}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    rows, _broken = _rows()
+    failed = [r for r in rows if r["status"] != "ok" and not r["optional"]]
+    if json_out:
+        print(json.dumps({"versions": versions, "hooks": rows,
+                          "ok": sum(r["status"] == "ok" for r in rows), "failed": len(failed)}, indent=2))
+    else:
+        print("pdtrace doctor")
+        print("  " + "  ".join(f"{k}={v or '-'}" for k, v in versions.items()))
+        print()
+        w_hook = max(len(r["hook"]) for r in rows) if rows else 10
+        w_tgt = min(max((len(r["target"]) for r in rows), default=10), 90)
+        print(f"  {'hook':<{w_hook}}  {'status':<18}  {'target':<{w_tgt}}  why")
+        for r in rows:
+            st = r["status"] if r["status"] == "ok" else ("skipped (optional)" if r["optional"] else "SKIPPED")
+            print(f"  {r['hook']:<{w_hook}}  {st:<18}  {r['target']:<{w_tgt}}  {r['reason']}")
+        print()
+        n_ok = sum(r["status"] == "ok" for r in rows)
+        n_opt = sum(r["status"] != "ok" and r["optional"] for r in rows)
+        print(f"  {n_ok} ok, {len(failed)} skipped, {n_opt} optional (other vLLM layouts) absent")
+        if failed:
+            print("  Skipped hooks record nothing; the detectors that need their events cannot run.")
+    return 1 if failed else 0

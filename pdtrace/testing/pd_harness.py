@@ -1,0 +1,486 @@
+"""A P/D + speculative-decoding harness on REAL vLLM 0.32.0 scheduler code, on CPU.
+
+What is real: ``vllm.v1.core.sched.scheduler.Scheduler`` (or ``AsyncScheduler``) for a
+prefill instance (kv_role ``kv_producer``) and a decode instance (``kv_consumer``), each
+with the real ``NixlConnector`` scheduler side, real ``KVCacheManager``, real speculative
+configs (EAGLE / DFlash from tiny local draft config dirs under ``configs/``; ngram), and
+the real ``_apply_prefix_caching`` of ``NixlBaseConnectorWorker``. The pdtrace hooks are
+installed, and an in-memory ``Recorder`` collects the events they emit.
+
+What is simulated (and marked ``sim: true`` in the trace): the GPU worker. Sampled tokens
+are fed back through a real ``ModelRunnerOutput``; the NIXL READ itself (``nixl.read`` /
+``nixl.read_done``, ``nixl.send_done`` on P) is emitted by the harness for the block
+pairs the real ``_apply_prefix_caching`` produced, because a real read needs registered
+KV caches on a worker.
+
+The worker used for ``_apply_prefix_caching`` is built with ``object.__new__`` (no
+``__init__``: that needs a device, a NIXL agent and registered caches) and given only the
+attributes that method reads: ``_has_mamba`` and, for hybrid models, ``_group_spec_types``.
+
+Fault injection (test fixtures, never production): ``old_p_block_rule`` and
+``old_dflash_lookahead`` re-introduce old vLLM rules on the real code path and emit a
+``fault.inject`` event, so clean and buggy traces can be produced side by side.
+
+Public API (see ``run_pd_request``): ``PDConfig``, ``build_vllm_config``,
+``build_kv_cache_config``, ``build_scheduler``, ``PDPair``, ``make_pair``,
+``run_pd_request`` -> ``PDResult``, ``old_p_block_rule``, ``old_dflash_lookahead``,
+``FAULTS``, ``new_recorder``, ``write_scenario_trace``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import os
+from typing import Any, Iterator
+
+from pdtrace import recorder as _recorder
+from pdtrace.recorder import Recorder
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+TARGET_DIR = os.path.join(CONFIG_DIR, "tiny-llama")
+DRAFT_DIRS = {"eagle": os.path.join(CONFIG_DIR, "tiny-eagle"), "dflash": os.path.join(CONFIG_DIR, "tiny-dflash")}
+SPEC_METHODS = ("", "ngram", "eagle", "dflash")
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@dataclasses.dataclass(frozen=True)
+class PDConfig:
+    """One P/D setup. Hashable: configs are built once per distinct value and cached.
+
+    spec_method: "" (none), "ngram" (lookahead 0), "eagle" (lookahead k), "dflash" (k+1).
+    num_spec_tokens: k. block_size: attention block size (tokens).
+    hybrid: add a Mamba (state) KV cache group after the attention group; mamba_block_size
+    is that group's block size (defaults to block_size).
+    async_scheduling: use vLLM's AsyncScheduler.
+    """
+
+    spec_method: str = "eagle"
+    num_spec_tokens: int = 3
+    block_size: int = 16
+    hybrid: bool = False
+    mamba_block_size: int | None = None
+    async_scheduling: bool = False
+    num_blocks: int = 1024
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+
+    def label(self) -> str:
+        spec = f"{self.spec_method}k{self.num_spec_tokens}" if self.spec_method else "nospec"
+        return (f"{spec}-bs{self.block_size}" + ("-hybrid" if self.hybrid else "")
+                + ("-async" if self.async_scheduling else ""))
+
+
+ROLE_KV = {"P": "kv_producer", "D": "kv_consumer", "PD": "kv_both"}
+
+
+@functools.lru_cache(maxsize=None)
+def _model_config(max_model_len: int) -> Any:
+    from vllm.config import ModelConfig
+
+    return ModelConfig(model=TARGET_DIR, tokenizer=TARGET_DIR, skip_tokenizer_init=True,
+                       dtype="float32", seed=0, max_model_len=max_model_len)
+
+
+@functools.lru_cache(maxsize=None)
+def build_vllm_config(inst: str, cfg: PDConfig) -> Any:
+    """A real VllmConfig for instance ``inst`` ("P" | "D" | "PD") with the NIXL connector."""
+    from vllm.config import (AttentionConfig, CacheConfig, DeviceConfig, KVTransferConfig, ParallelConfig,
+                             SchedulerConfig, SpeculativeConfig, VllmConfig)
+
+    mc = _model_config(cfg.max_model_len)
+    spec = None
+    if cfg.spec_method == "ngram":
+        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=cfg.num_spec_tokens,
+                                 prompt_lookup_max=4, prompt_lookup_min=2)
+    elif cfg.spec_method in DRAFT_DIRS:
+        spec = SpeculativeConfig(method=cfg.spec_method, model=DRAFT_DIRS[cfg.spec_method],
+                                 num_speculative_tokens=cfg.num_spec_tokens, target_model_config=mc,
+                                 target_parallel_config=ParallelConfig())
+    elif cfg.spec_method:
+        raise ValueError(f"unknown spec_method {cfg.spec_method!r}; one of {SPEC_METHODS}")
+    sc = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+                         max_model_len=cfg.max_model_len, enable_chunked_prefill=True,
+                         is_encoder_decoder=False, async_scheduling=cfg.async_scheduling)
+    cc = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=True)
+    kvt = KVTransferConfig(kv_connector="NixlConnector", kv_role=ROLE_KV[inst],
+                           engine_id=f"pdtrace-{inst}-{cfg.label()}")
+    vc = VllmConfig(model_config=mc, speculative_config=spec, scheduler_config=sc, cache_config=cc,
+                    kv_transfer_config=kvt, device_config=DeviceConfig("cpu"), attention_config=AttentionConfig())
+    # VllmConfig's CPU platform checks may turn async scheduling off; the harness asks for what it was told.
+    vc.scheduler_config.async_scheduling = cfg.async_scheduling
+    vc.cache_config.num_gpu_blocks = cfg.num_blocks
+    return vc
+
+
+def build_kv_cache_config(cfg: PDConfig) -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+
+    groups = [KVCacheGroupSpec(["model.layers.0.self_attn.attn"],
+                               FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=32,
+                                                 dtype=torch.float32))]
+    if cfg.hybrid:
+        groups.append(KVCacheGroupSpec(["model.layers.1.mixer"],
+                                       MambaSpec(block_size=cfg.mamba_block_size or cfg.block_size,
+                                                 shapes=((4, 8),), dtypes=(torch.float32,))))
+    return KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def build_scheduler(inst: str, cfg: PDConfig) -> Any:
+    """A fresh real Scheduler (AsyncScheduler when cfg.async_scheduling) for instance ``inst``."""
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    if cfg.async_scheduling:
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as cls
+    else:
+        from vllm.v1.core.sched.scheduler import Scheduler as cls
+    vc = build_vllm_config(inst, cfg)
+    return cls(vllm_config=vc, kv_cache_config=build_kv_cache_config(cfg),
+               structured_output_manager=StructuredOutputManager(vc), block_size=cfg.block_size, log_stats=False)
+
+
+@dataclasses.dataclass
+class PDPair:
+    cfg: PDConfig
+    p: Any  # Scheduler, kv_producer
+    d: Any  # Scheduler, kv_consumer
+    rec: Recorder
+    setup_events: list[dict] = dataclasses.field(default_factory=list)  # sched.config etc. from construction
+
+
+def new_recorder(redact: bool = True) -> Recorder:
+    return Recorder.in_memory(role="engine-core", redact=redact)
+
+
+def install_scheduler_hooks() -> dict[str, str]:
+    """Apply the scheduler-side hooks (subsystems 'scheduler' and 'nixl') now; {hook: status}.
+
+    Only these two: the worker-side subsystems target the GPU model runner, which the
+    harness does not run (importing it is slow and pointless here).
+    """
+    import importlib
+
+    from pdtrace import hooks
+
+    importlib.import_module("pdtrace.hooks.scheduler")
+    importlib.import_module("pdtrace.hooks.nixl")
+    out = {}
+    for spec in list(hooks.REGISTRY.values()):
+        if spec.subsystem not in ("scheduler", "nixl"):
+            continue
+        if spec.status != "applied":
+            try:
+                mod = importlib.import_module(spec.module)
+            except Exception as exc:
+                spec.status, spec.reason = "skipped", f"import {spec.module} failed: {type(exc).__name__}"
+            else:
+                hooks._apply(spec, mod)
+        out[spec.name] = spec.status
+    return out
+
+
+@contextlib.contextmanager
+def recording(rec: Recorder) -> Iterator[Recorder]:
+    """Make ``rec`` the process recorder (hooks installed) for the duration."""
+    install_scheduler_hooks()
+    prev = _recorder.set_current(rec)
+    try:
+        yield rec
+    finally:
+        _recorder.set_current(prev)
+
+
+def make_pair(cfg: PDConfig = PDConfig(), rec: Recorder | None = None) -> PDPair:
+    """Build a P scheduler and a D scheduler (hooks on, ``rec`` current while building)."""
+    rec = rec or new_recorder()
+    rec.flush()
+    start = len(rec.events or [])
+    with recording(rec):
+        p = build_scheduler("P", cfg)
+        d = build_scheduler("D", cfg)
+    rec.flush()
+    setup = [e for e in (rec.events or [])[start:] if e["ev"] in ("sched.config", "proc.role", "hooks.status")]
+    return PDPair(cfg, p, d, rec, setup)
+
+
+# ---------------------------------------------------------------------------------------
+# fault injection (fixtures: re-introduce old vLLM rules on the real code path)
+# ---------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def old_p_block_rule(scheduler: Any, rec: Recorder | None = None) -> Iterator[None]:
+    """FAULT: P reports its full allocation (lookahead blocks included).
+
+    0.32.0's ``Scheduler._connector_finished`` takes the block ids it hands to the
+    connector from ``kv_cache_manager.get_block_ids_for_computed_tokens(request_id,
+    num_computed_tokens)`` (clipped per attention group to cdiv(num_computed, block_size)).
+    Before the upstream fix it used ``kv_cache_manager.get_block_ids(request_id)``. This
+    patches exactly that call on this scheduler's manager instance.
+    """
+    kvm = scheduler.kv_cache_manager
+    (rec or _recorder.get() or new_recorder()).emit(
+        "fault.inject", rule="p-sends-full-allocation", sim=True,
+        inst=getattr(scheduler, "_pdtrace_inst", "P"),
+        detail="Scheduler._connector_finished: kv_cache_manager.get_block_ids_for_computed_tokens -> "
+               "get_block_ids (pre-fix rule: P reports lookahead blocks beyond its computed tokens)")
+
+    def full_allocation(request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
+        return kvm.get_block_ids(request_id)
+
+    kvm.get_block_ids_for_computed_tokens = full_allocation
+    try:
+        yield
+    finally:
+        del kvm.get_block_ids_for_computed_tokens  # back to the class method
+
+
+@contextlib.contextmanager
+def old_dflash_lookahead(scheduler: Any, rec: Recorder | None = None, variant: str = "k") -> Iterator[None]:
+    """FAULT (seed 003): DFlash reserves too few lookahead slots.
+
+    0.32.0's ``VllmConfig.num_lookahead_tokens`` is k+1 for DFlash (one bonus query plus
+    one query per draft token) and the scheduler copies it into
+    ``Scheduler.num_lookahead_tokens``, which every ``allocate_slots`` call uses (subject
+    to the P/D rule: 0 while a remote KV load is pending). ``variant="k"`` restores the
+    EAGLE-style k slots; ``variant="zero"`` reserves none (the first-prefill bug).
+    """
+    if variant not in ("k", "zero"):
+        raise ValueError("variant must be 'k' or 'zero'")
+    old = scheduler.num_lookahead_tokens
+    new = scheduler.num_spec_tokens if variant == "k" else 0
+    (rec or _recorder.get() or new_recorder()).emit(
+        "fault.inject", rule="dflash-lookahead-" + variant, sim=True,
+        inst=getattr(scheduler, "_pdtrace_inst", "-"),
+        detail=f"Scheduler.num_lookahead_tokens {old} -> {new} (DFlash needs k+1 = {scheduler.num_spec_tokens + 1})")
+    scheduler.num_lookahead_tokens = new
+    try:
+        yield
+    finally:
+        scheduler.num_lookahead_tokens = old
+
+
+FAULTS = ("old_p_block_rule", "old_dflash_lookahead")
+
+
+# ---------------------------------------------------------------------------------------
+# one P/D request, end to end
+# ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class PDResult:
+    events: list[dict]  # the pair's setup events (sched.config of P and D, ...) + this run's events
+    p_req: str
+    d_req: str
+    prompt_len: int
+    p_params: dict  # kv_transfer_params P returned (what D receives)
+    p_allocated: list[list[int]]  # blocks P held at finish, per group
+    p_reported: list[list[int]]  # remote_block_ids P reported, per group
+    d_local: list[list[int]]  # blocks D allocated for the load (connector's local_block_ids), per group
+    trim_local: list[list[int]]  # _apply_prefix_caching output: D blocks
+    trim_remote: list[list[int]]  # _apply_prefix_caching output: P blocks (trim_local[g][i] <- trim_remote[g][i])
+    d_first_alloc: dict | None  # sched.alloc event of D's first run step after the load
+    faults: tuple[str, ...]
+
+    def of(self, kind: str, inst: str | None = None) -> list[dict]:
+        return [e for e in self.events if e["ev"] == kind and (inst is None or e.get("inst") == inst)]
+
+
+_ids = itertools.count(1)
+
+
+def _make_request(rid: str, prompt: list[int], max_tokens: int, kv: dict | None, block_size: int) -> Any:
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    sp.update_from_generation_config({}, 2)
+    r = Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=sp, pooling_params=None,
+                mm_features=None, block_hasher=get_request_block_hasher(block_size, sha256))
+    r.kv_transfer_params = kv
+    return r
+
+
+def _mro(sched_out: Any, tokens: dict[str, list[int]], finished_sending: set | None = None,
+         finished_recving: set | None = None) -> Any:
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+    ids = [r for r in sched_out.num_scheduled_tokens if r in tokens]
+    kvo = None
+    if finished_sending or finished_recving:
+        kvo = KVConnectorOutput(finished_sending=finished_sending or None, finished_recving=finished_recving or None)
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=[tokens[r] for r in ids], kv_connector_output=kvo)
+
+
+def _tokens_for(sched_out: Any, req_id: str, next_tok: int) -> dict[str, list[int]]:
+    """Sampled tokens for a scheduled request: accept the first draft token, if any."""
+    if req_id not in sched_out.num_scheduled_tokens:
+        return {}
+    n_spec = len(sched_out.scheduled_spec_decode_tokens.get(req_id, ()))
+    return {req_id: [next_tok, next_tok + 1] if n_spec else [next_tok]}
+
+
+def _step(sched: Any, req_id: str | None, next_tok: int, **kvo: Any) -> tuple[Any, dict]:
+    out = sched.schedule()
+    toks = _tokens_for(out, req_id, next_tok) if req_id else {}
+    eco = sched.update_from_output(out, _mro(out, toks, **kvo))
+    return out, eco
+
+
+def _kv_params_from(eco: dict, req_id: str) -> dict | None:
+    for outs in eco.values():
+        for o in outs.outputs:
+            if o.request_id == req_id and o.kv_transfer_params:
+                return dict(o.kv_transfer_params)
+    return None
+
+
+def _worker_for_trim(cfg: PDConfig, kv_cache_config: Any) -> Any:
+    """A NixlPullConnectorWorker with only what ``_apply_prefix_caching`` reads."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    w = object.__new__(NixlPullConnectorWorker)
+    specs = [type(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
+    w._has_mamba = any(issubclass(s, MambaSpec) for s in specs)
+    w._group_spec_types = tuple(specs)
+    w._pdtrace_inst = "D"  # read by the nixl.trim hook (a real worker takes the process's instance)
+    return w
+
+
+def run_pd_request(
+    cfg: PDConfig = PDConfig(),
+    prompt_len: int = 16,
+    *,
+    faults: tuple[str, ...] | list[str] = (),
+    dflash_variant: str = "k",
+    decode_steps: int = 3,
+    pair: PDPair | None = None,
+    rec: Recorder | None = None,
+) -> PDResult:
+    """Run one disaggregated request through real P and D schedulers.
+
+    1. P: add (do_remote_decode), schedule, feed a ModelRunnerOutput with one sampled token
+       (max_tokens=1), so P's real ``_connector_finished`` -> ``request_finished`` produce
+       kv_transfer_params (``old_p_block_rule`` patches P here).
+    2. D: add with those params (do_remote_prefill), schedule (real
+       ``get_num_new_matched_tokens`` / ``allocate_slots`` / ``update_state_after_alloc``).
+    3. The real ``_apply_prefix_caching`` on D's local and P's remote block ids (nixl.trim).
+    4. Simulated nixl.read / nixl.read_done (sim=True) for the resulting pairs, then
+       finished_recving to D and ``decode_steps`` decode steps with spec tokens; P gets
+       finished_sending (simulated nixl.send_done) and frees its blocks.
+
+    ``faults``: names from FAULTS. ``old_dflash_lookahead`` applies to both schedulers
+    (``dflash_variant`` "k" or "zero"). ``pair``: reuse schedulers (and their recorder);
+    otherwise a fresh pair is built. Returns a PDResult with only this run's events.
+    """
+    for f in faults:
+        if f not in FAULTS:
+            raise ValueError(f"unknown fault {f!r}; one of {FAULTS}")
+    if pair is None:
+        pair = make_pair(cfg, rec)
+    cfg, rec = pair.cfg, pair.rec
+    n = next(_ids)
+    p_req, d_req = f"req-{n}-P", f"req-{n}-D"
+    base = 10 + (n * 97) % 500  # distinct prompts per run: no accidental prefix-cache hits
+    prompt = [base + i for i in range(prompt_len)]
+    rec.flush()
+    start = len(rec.events or [])
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(recording(rec))
+        rec.emit("mark", label="scenario", sim=True,
+                 detail=f"run_pd_request {cfg.label()} prompt_len={prompt_len} faults={list(faults)}")
+        if "old_p_block_rule" in faults:
+            stack.enter_context(old_p_block_rule(pair.p, rec))
+        if "old_dflash_lookahead" in faults:
+            stack.enter_context(old_dflash_lookahead(pair.p, rec, dflash_variant))
+            stack.enter_context(old_dflash_lookahead(pair.d, rec, dflash_variant))
+
+        # --- P: prefill, one token, finish -> kv_transfer_params
+        pr = _make_request(p_req, prompt, 1, {"do_remote_decode": True, "do_remote_prefill": False,
+                                              "remote_engine_id": None, "remote_block_ids": None,
+                                              "remote_host": None, "remote_port": None}, cfg.block_size)
+        pair.p.add_request(pr)
+        params = None
+        for _ in range(8):
+            out, eco = _step(pair.p, p_req, 100)
+            params = _kv_params_from(eco, p_req)
+            if params is not None:
+                break
+        if params is None:
+            raise RuntimeError("P did not finish the request / produced no kv_transfer_params")
+
+        # --- D: add with P's params, schedule: remote alloc
+        dr = _make_request(d_req, prompt, max(decode_steps + 1, 2), dict(params), cfg.block_size)
+        pair.d.add_request(dr)
+        out_d = pair.d.schedule()
+        meta = out_d.kv_connector_metadata
+        rmeta = getattr(meta, "reqs_to_recv", {}).get(d_req)
+        pair.d.update_from_output(out_d, _mro(out_d, {}))
+        d_local = [list(g) for g in rmeta.local_block_ids] if rmeta is not None else []
+        remote = [list(g) for g in rmeta.remote.block_ids] if rmeta is not None and rmeta.remote else \
+            [list(g) for g in params.get("remote_block_ids") or []]
+
+        # --- D worker: the real _apply_prefix_caching (nixl.trim), simulated read
+        worker = _worker_for_trim(cfg, pair.d.kv_cache_config)
+        worker._pdtrace_cur_req = d_req
+        trim_local, trim_remote = worker._apply_prefix_caching(d_local, remote, 1, 1)
+        trim_local = [list(g) for g in trim_local]
+        trim_remote = [list(g) for g in trim_remote]
+        worker._pdtrace_cur_req = None
+        d_step = getattr(pair.d, "_pdtrace_step", None)
+        rec.emit("nixl.read", req=d_req, step=d_step, inst="D", sim=True, local_block_ids=trim_local,
+                 remote_block_ids=trim_remote, bytes=0, handle=f"sim-{n}",
+                 remote_engine=str(params.get("remote_engine_id")), remote_req=p_req)
+        rec.emit("nixl.read_done", req=d_req, step=d_step, inst="D", sim=True, status="DONE",
+                 handle=f"sim-{n}", dur_ns=0)
+
+        # --- D: load finished, run, decode with spec tokens
+        _step(pair.d, None, 0, finished_recving={d_req})
+        tok = 200
+        for _ in range(decode_steps + 1):
+            out, eco = _step(pair.d, d_req, tok)
+            tok += 2
+            if cfg.spec_method and d_req in out.num_scheduled_tokens and d_req in pair.d.requests:
+                from vllm.v1.outputs import DraftTokenIds
+
+                pair.d.update_draft_token_ids(DraftTokenIds([d_req], [[tok + i for i in range(cfg.num_spec_tokens)]]))
+            if d_req not in pair.d.requests:
+                break
+
+        # --- P: D's read is done -> send_done, free
+        rec.emit("nixl.send_done", req=p_req, step=getattr(pair.p, "_pdtrace_step", None), inst="P", sim=True)
+        _step(pair.p, None, 0, finished_sending={p_req})
+        rec.emit("mark", label="scenario-end", sim=True)
+    rec.flush()
+    events = list(pair.setup_events) + list((rec.events or [])[start:])
+    rf = [e for e in events if e["ev"] == "nixl.request_finished" and e.get("req") == p_req]
+    d_allocs = [e for e in events if e["ev"] == "sched.alloc" and e.get("req") == d_req
+                and not e.get("delay_cache_blocks")]
+    return PDResult(
+        events=events, p_req=p_req, d_req=d_req, prompt_len=prompt_len, p_params=params,
+        p_allocated=rf[0]["allocated_block_ids"] if rf else [],
+        p_reported=[list(g) for g in params.get("remote_block_ids") or []],
+        d_local=d_local, trim_local=trim_local, trim_remote=trim_remote,
+        d_first_alloc=d_allocs[0] if d_allocs else None, faults=tuple(faults),
+    )
+
+
+def write_scenario_trace(path: str, events: list[dict], **header_extra: Any) -> dict:
+    """Write events (e.g. PDResult.events, or several runs concatenated) as a complete trace."""
+    from pdtrace.trace import make_header, write_trace
+
+    evs = [dict(e) for e in events]
+    for e in evs:
+        e.pop("id", None)
+    insts = sorted({e.get("inst") for e in evs if e.get("inst") in ("P", "D", "PD")})
+    header = make_header(origin="scenario", cmd=["pdtrace.testing.pd_harness"], instances=insts, **header_extra)
+    return write_trace(path, header, evs)

@@ -1,0 +1,123 @@
+"""`pdtrace doctor` on the installed vLLM, and `pdtrace repro` end to end (trace -> pytest file
+-> run it on real vLLM: passes on fixed code, fails with the fault the trace shows)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+
+def test_doctor_json_lists_every_subsystem(pd_harness, capsys):
+    from pdtrace import hooks
+    from pdtrace.commands import doctor
+
+    rc = doctor.run(json_out=True)
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["hook"]: r for r in data["hooks"]}
+    assert data["versions"]["vllm"] == "0.32.0"
+    assert data["versions"]["torch"].startswith("2.13")
+    subs = {r["subsystem"] for r in data["hooks"]}
+    assert subs == set(hooks.SUBSYSTEMS)
+    for name in ("scheduler.schedule", "scheduler.allocate_slots", "nixl.request_finished", "nixl.trim",
+                 "nixl.remote_alloc", "nixl.read", "nixl.transfer_results"):
+        assert rows[name]["status"] == "ok", rows[name]
+    opt = rows["nixl.request_finished_old"]
+    assert opt["optional"] is True and opt["status"] == "skipped" and "nixl_connector" in opt["reason"]
+    failed = [r for r in data["hooks"] if r["status"] != "ok" and not r["optional"]]
+    assert data["failed"] == len(failed)
+    assert rc == (1 if failed else 0)
+
+
+def test_doctor_reports_signature_drift(pd_harness, capsys, monkeypatch):
+    """A hook whose expected parameters no longer match is skipped with the reason, exit 1."""
+    from pdtrace import hooks
+    from pdtrace.commands import doctor
+
+    spec = hooks.REGISTRY["scheduler.add_request"]
+    monkeypatch.setattr(spec, "params", ("req",))
+    rc = doctor.run(json_out=False)
+    out = capsys.readouterr().out
+    assert rc == 1
+    line = [ln for ln in out.splitlines() if ln.strip().startswith("scheduler.add_request")][0]
+    assert "SKIPPED" in line and "signature drift" in line and "(request" in line
+
+
+def test_doctor_without_vllm(monkeypatch, capsys):
+    import importlib.util
+
+    from pdtrace.commands import doctor
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
+    assert doctor.run(json_out=False) == 2
+    assert "pdtrace[record]" in capsys.readouterr().err
+
+
+def _pytest(path, env_extra):
+    env = dict(os.environ, **env_extra)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=str(path.parent))
+
+
+def test_repro_p_block_rule(pd_harness, tmp_path):
+    from pdtrace.commands import repro
+    from pdtrace.trace import load
+
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
+    r = pd_harness.run_pd_request(cfg, 32, faults=("old_p_block_rule",))
+    trace = tmp_path / "buggy.jsonl"
+    pd_harness.write_scenario_trace(str(trace), r.events)
+    s = repro.situation(load(str(trace)).events, r.d_req)
+    assert s["p_req"] == r.p_req and s["prompt_len"] == 32 and s["block_sizes"] == [16]
+    assert s["p_reported"] == r.p_reported and len(s["p_reported"][0]) == 3 and s["remote_num_tokens"] == 32
+    assert repro.suspected_faults(s) == ["old_p_block_rule"]
+
+    out = tmp_path / "test_repro_p.py"
+    assert repro.run(trace, r.d_req, out, False) == 0
+    text = out.read_text()
+    assert "PDTRACE_REPRO_FAULTS=old_p_block_rule" in text and "block_size=16" in text
+
+    fixed = _pytest(out, {"PDTRACE_REPRO_FAULTS": ""})
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+    buggy = _pytest(out, {"PDTRACE_REPRO_FAULTS": "old_p_block_rule"})
+    assert buggy.returncode == 1, buggy.stdout[-3000:]
+    assert "FAILED" in buggy.stdout
+    assert "test_p_reports_only_blocks_covering_computed_tokens" in buggy.stdout
+    assert "test_d_block_i_maps_to_p_block_i" in buggy.stdout
+    assert "test_lookahead_reserved_for_drafter" not in buggy.stdout.split("short test summary")[-1]
+
+
+def test_repro_dflash_lookahead(pd_harness, tmp_path):
+    from pdtrace.commands import repro
+    from pdtrace.trace import load
+
+    cfg = pd_harness.PDConfig(spec_method="dflash", num_spec_tokens=3, block_size=16)
+    r = pd_harness.run_pd_request(cfg, 29, faults=("old_dflash_lookahead",))
+    trace = tmp_path / "dflash.jsonl"
+    pd_harness.write_scenario_trace(str(trace), r.events)
+    s = repro.situation(load(str(trace)).events, r.p_req)
+    assert s["spec_method"] == "dflash" and s["p_alloc_lookahead"] == 3
+    assert repro.suspected_faults(s) == ["old_dflash_lookahead"]
+    out = tmp_path / "test_repro_dflash.py"
+    repro.run(trace, r.p_req, out, False)
+    assert _pytest(out, {}).returncode == 0
+    buggy = _pytest(out, {"PDTRACE_REPRO_FAULTS": "old_dflash_lookahead"})
+    assert buggy.returncode == 1
+    assert "test_lookahead_reserved_for_drafter" in buggy.stdout
+
+
+def test_repro_unknown_request(pd_harness, tmp_path):
+    from pdtrace.commands import repro
+    from pdtrace.errors import PdtraceError
+
+    r = pd_harness.run_pd_request(pd_harness.PDConfig(), 16)
+    trace = tmp_path / "t.jsonl"
+    pd_harness.write_scenario_trace(str(trace), r.events)
+    with pytest.raises(PdtraceError, match="does not appear"):
+        repro.run(trace, "nope", tmp_path / "x.py", False)

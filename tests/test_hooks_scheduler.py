@@ -1,0 +1,177 @@
+"""Scheduler hooks on the real vLLM 0.32.0 Scheduler / KVCacheManager (CPU, no model).
+
+Every assertion is on values the hooks recorded while real scheduler code ran.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _one(events, kind, **match):
+    found = [e for e in events if e["ev"] == kind and all(e.get(k) == v for k, v in match.items())]
+    assert found, f"no {kind} event matching {match}"
+    return found
+
+
+def test_all_scheduler_hooks_apply(pd_harness):
+    status = pd_harness.install_scheduler_hooks()
+    sched = {k: v for k, v in status.items() if k.startswith("scheduler.")}
+    assert set(sched) == {"scheduler.init", "scheduler.schedule", "scheduler.add_request", "scheduler.finish",
+                          "scheduler.free", "scheduler.allocate_slots"}
+    assert all(v == "applied" for v in sched.values()), sched
+
+
+@pytest.mark.parametrize("method,k,lookahead", [("eagle", 3, 3), ("dflash", 3, 4), ("ngram", 3, 0)])
+def test_sched_config_per_instance(pd_harness, method, k, lookahead):
+    cfg = pd_harness.PDConfig(spec_method=method, num_spec_tokens=k, block_size=16)
+    rec = pd_harness.new_recorder()
+    pair = pd_harness.make_pair(cfg, rec)
+    rec.flush()
+    confs = [e for e in rec.events if e["ev"] == "sched.config"]
+    assert [c["inst"] for c in confs] == ["P", "D"]
+    for c, role in zip(confs, ("kv_producer", "kv_consumer")):
+        assert c["block_sizes"] == [16]
+        assert c["group_kinds"] == ["FullAttentionSpec"]
+        assert c["num_lookahead_tokens"] == lookahead
+        assert c["num_spec_tokens"] == k
+        assert c["spec_method"] == method
+        assert c["kv_role"] == role
+        assert c["connector"].startswith("Nixl")
+        assert c["async_scheduling"] is False
+        assert c["num_blocks"] == cfg.num_blocks
+    # the schedulers carry their own instance and a step counter starting at 0
+    assert (pair.p._pdtrace_inst, pair.d._pdtrace_inst) == ("P", "D")
+    assert pair.p._pdtrace_step == 0 == pair.d._pdtrace_step
+    roles = [e for e in rec.events if e["ev"] == "proc.role"]
+    assert roles and roles[0]["new_role"] == "engine-core"
+
+
+def test_hybrid_and_async_config(pd_harness):
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=2, block_size=16, hybrid=True,
+                              async_scheduling=True)
+    rec = pd_harness.new_recorder()
+    pd_harness.make_pair(cfg, rec)
+    rec.flush()
+    c = [e for e in rec.events if e["ev"] == "sched.config"][0]
+    assert c["group_kinds"] == ["FullAttentionSpec", "MambaSpec"]
+    assert c["block_sizes"] == [16, 16]
+    assert c["async_scheduling"] is True
+
+
+# prompt_len, block_size, k -> trailing lookahead blocks beyond the prompt's blocks on P
+CASES = [
+    (16, 16, 3, 1),  # block-aligned: one lookahead block
+    (32, 16, 3, 1),
+    (20, 16, 3, 0),  # not aligned: the lookahead fits in the last prompt block
+    (16, 4, 5, 2),   # two lookahead blocks
+    (16, 16, 1, 1),
+]
+
+
+@pytest.mark.parametrize("prompt_len,bs,k,trailing", CASES)
+def test_p_allocates_lookahead_blocks(pd_harness, pd_pair, prompt_len, bs, k, trailing):
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=k, block_size=bs)
+    r = pd_harness.run_pd_request(cfg, prompt_len, pair=pd_pair(cfg))
+    alloc = _one(r.events, "sched.alloc", inst="P", req=r.p_req)[0]
+    assert alloc["ok"] is True
+    assert alloc["num_computed_tokens"] == 0
+    assert alloc["num_new_tokens"] == prompt_len
+    assert alloc["prompt_len"] == prompt_len
+    assert alloc["num_lookahead_tokens"] == k == alloc["sched_lookahead_tokens"]
+    assert alloc["delay_cache_blocks"] is False
+    n = len(alloc["block_ids"][0])
+    assert n == cdiv(prompt_len + k, bs)
+    assert n - cdiv(prompt_len, bs) == trailing
+    assert alloc["new_block_ids"] == alloc["block_ids"]  # first allocation: all new
+    # P frees exactly what it allocated once D's read is done
+    free = _one(r.events, "sched.free", inst="P", req=r.p_req)[0]
+    assert free["block_ids"] == alloc["block_ids"]
+
+
+def test_d_effective_lookahead_is_zero_while_loading(pd_harness, pd_pair):
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
+    r = pd_harness.run_pd_request(cfg, 32, pair=pd_pair(cfg))
+    d_allocs = [e for e in r.events if e["ev"] == "sched.alloc" and e["req"] == r.d_req]
+    loading = d_allocs[0]
+    assert loading["delay_cache_blocks"] is True
+    assert loading["num_lookahead_tokens"] == 0 and loading["sched_lookahead_tokens"] == 3
+    assert loading["num_external_computed_tokens"] == 32
+    assert len(loading["block_ids"][0]) == 2  # the 32 loaded tokens, no lookahead block
+    running = d_allocs[1]
+    assert running["delay_cache_blocks"] is False and running["num_lookahead_tokens"] == 3
+    # block ids held grow monotonically and the first ones stay put
+    assert running["block_ids"][0][:2] == loading["block_ids"][0]
+
+
+def test_steps_are_per_scheduler_and_step_events(pd_harness, pd_pair):
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=2, block_size=16)
+    pair = pd_pair(cfg)
+    p0, d0 = pair.p._pdtrace_step, pair.d._pdtrace_step
+    r = pd_harness.run_pd_request(cfg, 20, pair=pair, decode_steps=3)
+    p_steps = [e["step"] for e in r.events if e["ev"] == "sched.step" and e["inst"] == "P"]
+    d_steps = [e["step"] for e in r.events if e["ev"] == "sched.step" and e["inst"] == "D"]
+    assert p_steps == list(range(p0 + 1, pair.p._pdtrace_step + 1))
+    assert d_steps == list(range(d0 + 1, pair.d._pdtrace_step + 1))
+    p_first = [e for e in r.events if e["ev"] == "sched.step" and e["inst"] == "P"][0]
+    assert p_first["tokens"] == {r.p_req: 20} and p_first["num_tokens"] == 20 and p_first["num_reqs"] == 1
+    # D verifies draft tokens once they were proposed
+    spec_steps = [e for e in r.events if e["ev"] == "sched.step" and e["inst"] == "D" and e.get("spec")]
+    assert spec_steps and all(s["spec"][r.d_req] == 2 for s in spec_steps)
+    assert all(s["tokens"][r.d_req] == 3 for s in spec_steps)
+    # every event of D's request carries a D step within D's range
+    for e in r.events:
+        if e.get("req") == r.d_req and e["ev"].startswith("sched."):
+            assert e["inst"] == "D" and d0 < e["step"] <= pair.d._pdtrace_step
+
+
+def test_req_add_finish_and_redaction(pd_harness):
+    from pdtrace.redact import token_hash
+
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
+    for redact in (True, False):
+        rec = pd_harness.new_recorder(redact=redact)
+        r = pd_harness.run_pd_request(cfg, 20, pair=pd_harness.make_pair(cfg, rec))
+        add_p = _one(r.events, "req.add", req=r.p_req)[0]
+        add_d = _one(r.events, "req.add", req=r.d_req)[0]
+        assert add_p["prompt_len"] == 20 and add_p["inst"] == "P"
+        assert add_p["prompt_hash"] == add_d["prompt_hash"] != ""
+        assert add_p["kv"]["do_remote_decode"] is True
+        assert add_d["kv"]["do_remote_prefill"] is True and add_d["kv"]["n_remote_blocks"] == [2]
+        assert add_d["kv"]["remote_request_id"] == r.p_req
+        if redact:
+            assert "prompt_ids" not in add_p
+        else:
+            assert len(add_p["prompt_ids"]) == 20 and token_hash(add_p["prompt_ids"]) == add_p["prompt_hash"]
+        fin_p = _one(r.events, "req.finish", req=r.p_req)[0]
+        assert fin_p["status"] == "FINISHED_LENGTH_CAPPED"
+        assert fin_p["num_computed_tokens"] == 20 and fin_p["num_output_tokens"] == 1
+
+
+def test_hook_errors_are_contained(pd_harness):
+    """A recorder that fails on sched.alloc: vLLM keeps scheduling, the error is counted."""
+    from pdtrace.recorder import Recorder
+
+    class Failing(Recorder):
+        def emit(self, kind, req=None, step=None, **fields):
+            if kind == "sched.alloc":
+                raise RuntimeError("boom")
+            return super().emit(kind, req=req, step=step, **fields)
+
+    rec = Failing(None, threaded=False, role="engine-core")
+    rec.events = []
+    rec._sink = rec.events.extend
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
+    r = pd_harness.run_pd_request(cfg, 16, pair=pd_harness.make_pair(cfg, rec))
+    assert rec.hook_errors.get("scheduler.allocate_slots", 0) >= 3
+    assert not [e for e in r.events if e["ev"] == "sched.alloc"]
+    errs = [e for e in r.events if e["ev"] == "hook.error"]
+    assert errs and errs[0]["hook"] == "scheduler.allocate_slots" and "boom" in errs[0]["error"]
+    # the request still went all the way through P and D
+    assert _one(r.events, "req.finish", req=r.d_req)[0]["num_output_tokens"] >= 2
