@@ -1,0 +1,79 @@
+"""Hooks on the worker's persistent batch (``vllm.v1.worker.gpu_input_batch.InputBatch``).
+
+Rows of the InputBatch move between steps (``swap_states`` during attention-backend
+reorder, ``condense`` after removals). Per-row CPU buffers that an in-flight non-blocking
+D2H copy targets (``num_accepted_tokens_cpu_tensor``) do not follow those moves, which is
+bug class 004; these events let a detector replay which request sat in which row when.
+
+InputBatch is plain Python + CPU tensors: it builds and runs on a CPU-only machine with
+``device=torch.device("cpu")``, so these hooks are live on CPU (tests drive the real class).
+
+Verified against vLLM 0.32.0 ``v1/worker/gpu_input_batch.py``:
+``add_request(self, request) -> int``, ``remove_request(self, req_id) -> int | None``,
+``swap_states(self, i1, i2) -> None``, ``condense(self) -> None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdtrace.hooks import after, around, register
+
+MODULE = "vllm.v1.worker.gpu_input_batch"
+
+
+def _rec_add(rec: Any, result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
+    req_id = request.req_id
+    row = result if isinstance(result, int) else self.req_id_to_index.get(req_id, -1)
+    rec.emit("batch.add", req=req_id, row=int(row))
+
+
+def _rec_remove(rec: Any, result: Any, self: Any, req_id: str, *a: Any, **kw: Any) -> None:
+    rec.emit("batch.remove", req=req_id, row=-1 if result is None else int(result))
+
+
+def _swap_before(rec: Any, self: Any, i1: int, i2: int, *a: Any, **kw: Any) -> tuple[str, str]:
+    ids = self._req_ids
+    return (ids[i1] or "", ids[i2] or "")
+
+
+def _swap_after(rec: Any, state: Any, result: Any, self: Any, i1: int, i2: int, *a: Any, **kw: Any) -> None:
+    if state is None:
+        return
+    rec.emit("batch.swap", i1=int(i1), i2=int(i2), req1=state[0], req2=state[1])
+
+
+def _condense_before(rec: Any, self: Any, *a: Any, **kw: Any) -> list | None:
+    # condense() returns at once when nothing was removed: skip the snapshot then.
+    if not self.batch_update_builder.removed:
+        return None
+    return list(self._req_ids)
+
+
+def _condense_after(rec: Any, state: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
+    if state is None:
+        return
+    old_rows = {r: i for i, r in enumerate(state) if r is not None}
+    moves = []
+    for new_row, req in enumerate(self._req_ids):
+        if req is None:
+            continue
+        old = old_rows.get(req)
+        if old is not None and old != new_row:
+            moves.append([req, old, new_row])
+    if moves:
+        rec.emit("batch.condense", moves=moves)
+
+
+ADD = register("input_batch.add", MODULE, "InputBatch.add_request", ("request",),
+               after("input_batch.add", _rec_add), doc="batch.add: request id + row")
+REMOVE = register("input_batch.remove", MODULE, "InputBatch.remove_request", ("req_id",),
+                  after("input_batch.remove", _rec_remove), doc="batch.remove: request id + row")
+SWAP = register("input_batch.swap", MODULE, "InputBatch.swap_states", ("i1", "i2"),
+                around("input_batch.swap", _swap_before, _swap_after),
+                doc="batch.swap: rows and the request ids in them before the swap")
+CONDENSE = register("input_batch.condense", MODULE, "InputBatch.condense", (),
+                    around("input_batch.condense", _condense_before, _condense_after),
+                    doc="batch.condense: [req, old_row, new_row] per moved request")
+
+SPECS = (ADD, REMOVE, SWAP, CONDENSE)
