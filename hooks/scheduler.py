@@ -189,14 +189,27 @@ register("scheduler.free", SCHED_MOD, "Scheduler._free_request_blocks", ("reques
 
 # --- KVCacheManager.allocate_slots ------------------------------------------------------------
 
-def _alloc_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> int:
-    return int(request.num_computed_tokens)
-
-
-def _alloc_after(rec: Any, num_computed: Any, result: Any, self: Any, request: Any, num_new_tokens: int,
+def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens: int,
                  num_new_computed_tokens: int = 0, new_computed_blocks: Any = None, num_lookahead_tokens: int = 0,
                  num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
                  *a: Any, **kw: Any) -> None:
+    """sched.alloc, emitted when the request's block list can have changed.
+
+    A decode-step call that succeeded, allocated no new block, and loaded nothing (no
+    prefix hit, no external tokens, not the first scheduling) leaves every group's block
+    list as the previous sched.alloc recorded it, so it is not recorded again: the latest
+    sched.alloc of a request is always its current allocation. This keeps the per-step cost
+    of the hook off the hot decode path (bench/hooks.py).
+    """
+    ok = result is not None
+    # allocate_slots does not change num_computed_tokens (the scheduler updates it after schedule())
+    num_computed = request.num_computed_tokens
+    if ok and num_computed and not num_external_computed_tokens and not num_new_computed_tokens:
+        for g in result.blocks:
+            if g:
+                break
+        else:
+            return
     sched = getattr(self, "_pdtrace_sched", None)
     if sched is not None:
         inst = sched_inst(sched)
@@ -205,25 +218,24 @@ def _alloc_after(rec: Any, num_computed: Any, result: Any, self: Any, request: A
     else:
         inst, step, sched_la = rec.inst, None, int(num_lookahead_tokens)
     rid = request.request_id
-    ok = result is not None
-    rec.emit(
-        "sched.alloc", req=rid, step=step, inst=inst,
-        ok=ok,
-        block_ids=[list(g) for g in self.get_block_ids(rid)] if ok else [],
-        new_block_ids=_ids(result) if ok else [],
-        num_computed_tokens=num_computed if num_computed is not None else int(request.num_computed_tokens),
-        num_new_tokens=int(num_new_tokens),
-        num_lookahead_tokens=int(num_lookahead_tokens),
-        sched_lookahead_tokens=sched_la,
-        num_external_computed_tokens=int(num_external_computed_tokens),
-        num_new_computed_tokens=int(num_new_computed_tokens),
-        delay_cache_blocks=bool(delay_cache_blocks),
-        prompt_len=int(request.num_prompt_tokens),
-    )
+    rec.put("sched.alloc", rid, step, {
+        "inst": inst,
+        "ok": ok,
+        "block_ids": [list(g) for g in self.get_block_ids(rid)] if ok else [],
+        "new_block_ids": _ids(result) if ok else [],
+        "num_computed_tokens": int(num_computed),
+        "num_new_tokens": int(num_new_tokens),
+        "num_lookahead_tokens": int(num_lookahead_tokens),
+        "sched_lookahead_tokens": sched_la,
+        "num_external_computed_tokens": int(num_external_computed_tokens),
+        "num_new_computed_tokens": int(num_new_computed_tokens),
+        "delay_cache_blocks": bool(delay_cache_blocks),
+        "prompt_len": int(request.num_prompt_tokens),
+    })
 
 
 register("scheduler.allocate_slots", KVM_MOD, "KVCacheManager.allocate_slots",
          ("request", "num_new_tokens", "num_new_computed_tokens", "new_computed_blocks", "num_lookahead_tokens",
           "num_external_computed_tokens", "delay_cache_blocks"),
-         around("scheduler.allocate_slots", _alloc_before, _alloc_after),
+         after("scheduler.allocate_slots", _alloc_after),
          doc="sched.alloc: blocks per group after the call, lookahead asked for vs the scheduler's")

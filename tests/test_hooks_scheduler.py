@@ -164,6 +164,11 @@ def test_hook_errors_are_contained(pd_harness):
                 raise RuntimeError("boom")
             return super().emit(kind, req=req, step=step, **fields)
 
+        def put(self, kind, req, step, fields):  # the hot-path form some hooks use
+            if kind == "sched.alloc":
+                raise RuntimeError("boom")
+            return super().put(kind, req, step, fields)
+
     rec = Failing(None, threaded=False, role="engine-core")
     rec.events = []
     rec._sink = rec.events.extend
