@@ -1,0 +1,232 @@
+"""Named, labelled scenarios: the detector corpus and the bundled sample traces.
+
+Every scenario runs REAL vLLM 0.32.0 scheduler and NIXL-connector code on CPU with the
+pdtrace hooks applied (``pd_harness``: a P and a D scheduler handing over
+kv_transfer_params, the real ``_apply_prefix_caching``), plus, where the bug lives in
+GPU-only code, the documented worker-side simulation (``worker_sim``: real InputBatch and
+connector classes on CPU driven in the order the GPU model runner calls them, GPU-only
+steps marked ``sim: true``). Faults are the labelled fixtures of ``pd_harness`` /
+``worker_sim`` re-introducing the pre-fix upstream rule.
+
+The expected findings of a scenario come from what was injected and from the real block
+lists the harness returned (an oracle independent of the detectors), never from running
+the detectors.
+
+    build(name) -> Scenario(events, expected kinds, provenance)
+    SCENARIOS: name -> (description, builder)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+from pdtrace.detectors.base import (
+    DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    LOOKAHEAD_MISALIGNMENT,
+    METADATA_CLEARED_BEFORE_DRAFTER,
+    STALE_ACCEPTED_COUNT_READ,
+)
+
+
+@dataclasses.dataclass
+class Scenario:
+    name: str
+    description: str
+    events: list[dict[str, Any]]
+    expected: list[str]  # detector kinds that must fire (sorted, unique)
+    provenance: dict[str, Any]
+
+
+def _pd():
+    from pdtrace.testing import pd_harness
+
+    return pd_harness
+
+
+def _ws():
+    from pdtrace.testing import worker_sim
+
+    return worker_sim
+
+
+REAL_SCHED = ("vLLM 0.32.0 Scheduler / KVCacheManager / NIXL connector scheduler side (P and D), "
+              "NixlBaseConnectorWorker._apply_prefix_caching, on CPU with pdtrace hooks")
+SIM_NIXL = "nixl.read / nixl.read_done / nixl.send_done (a real NIXL read needs the GPU worker)"
+
+
+def _misaligned(r: Any, block_size: int) -> bool:
+    """Oracle from the real block lists: did some D block get a P block other than the one
+    holding the same tokens? (attention group 0; P's block i holds tokens [i*B, (i+1)*B))."""
+    p_blocks = r.p_allocated[0]
+    need = math.ceil(r.prompt_len / block_size)
+    expected = p_blocks[:need]
+    local, remote = r.trim_local[0], r.trim_remote[0]
+    # D's blocks are the uncomputed suffix: the last len(local) blocks of the prompt
+    exp_tail = expected[len(expected) - len(local):] if local else []
+    return list(remote) != list(exp_tail)
+
+
+def _lookahead(prompt_len: int, k: int, fault: bool, *, hybrid: bool = False) -> Callable[[], Scenario]:
+    def build() -> Scenario:
+        pd = _pd()
+        cfg = pd.PDConfig(spec_method="eagle", num_spec_tokens=k, block_size=16, hybrid=hybrid)
+        r = pd.run_pd_request(cfg, prompt_len, faults=("old_p_block_rule",) if fault else ())
+        extra = len(r.p_allocated[0]) - math.ceil(prompt_len / 16)
+        expected = [LOOKAHEAD_MISALIGNMENT] if fault and _misaligned(r, 16) else []
+        if fault and extra > 0:
+            assert expected, "oracle: P reported its lookahead block(s), D must be misaligned"
+        return Scenario("", "", r.events, expected, {
+            "real": [REAL_SCHED], "simulated": [SIM_NIXL],
+            "faults": ["old_p_block_rule: P reports its full allocation (pre-fix rule of vLLM PR #44151)"] if fault else [],
+            "facts": {"prompt_len": prompt_len, "num_spec_tokens": k, "block_size": 16, "hybrid": hybrid,
+                      "p_allocated": r.p_allocated, "p_reported": r.p_reported, "d_local": r.d_local,
+                      "trim_remote": r.trim_remote, "trailing_lookahead_blocks": max(extra, 0)},
+        })
+    return build
+
+
+def _dflash(fault: bool) -> Callable[[], Scenario]:
+    def build() -> Scenario:
+        pd, ws = _pd(), _ws()
+        k, prompt_len, bs = 3, 29, 16
+        cfg = pd.PDConfig(spec_method="dflash", num_spec_tokens=k, block_size=bs)
+        r = pd.run_pd_request(cfg, prompt_len, faults=("old_dflash_lookahead",) if fault else ())
+        p_alloc = [e for e in r.events if e["ev"] == "sched.alloc" and e.get("req") == r.p_req and e.get("ok")]
+        first = p_alloc[0]
+        rec = pd.new_recorder()
+        rec.set_role(role="worker", inst="P", why="worker simulation")
+        wins = ws.drafter_window(rec, [r.p_req], [prompt_len], "buggy" if fault else "fixed", method="dflash",
+                                 k=k, step=first.get("step", 0), block_ids={r.p_req: first["block_ids"][0]},
+                                 block_size=bs)
+        rec.flush()
+        held = len(first["block_ids"][0]) * bs
+        outside = any(w["end"] > held for w in wins)
+        expected = [DRAFTER_WINDOW_OUTSIDE_ALLOCATION] if outside else []
+        if fault:
+            assert outside, "oracle: with k (not k+1) lookahead slots the DFlash window must overflow"
+        return Scenario("", "", _merge(r.events, rec.events), expected, {
+            "real": [REAL_SCHED],
+            "simulated": [SIM_NIXL, "spec.window: the DFlash drafter's KV write window after the first prefill "
+                          "(start = prompt_len, end = start + k + 1), computed as vLLM 0.32.0's drafter does"],
+            "faults": ["old_dflash_lookahead: the scheduler reserves k instead of k+1 lookahead slots "
+                       "(pre-fix rule of vLLM PR #42971 / #43733)"] if fault else [],
+            "facts": {"prompt_len": prompt_len, "num_spec_tokens": k, "block_size": bs,
+                      "p_first_alloc": first["block_ids"], "windows": wins},
+        })
+    return build
+
+
+def _metadata(fault: bool) -> Callable[[], Scenario]:
+    def build() -> Scenario:
+        pd, ws = _pd(), _ws()
+        cfg = pd.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
+        r = pd.run_pd_request(cfg, 20)
+        rec = pd.new_recorder()
+        rec.set_role(role="worker", inst="P", why="worker simulation")
+        res = ws.connector_metadata_steps(rec, [r.p_req], 2, "buggy" if fault else "fixed", method="eagle")
+        rec.flush()
+        expected = [METADATA_CLEARED_BEFORE_DRAFTER] if res["has_false"]["drafter"] else []
+        if fault:
+            assert expected, "oracle: clearing before the drafter must leave drafter layers without metadata"
+        return Scenario("", "", _merge(r.events, rec.events), expected, {
+            "real": [REAL_SCHED, "KVConnectorBase_V1 bind/clear/has_connector_metadata/save_kv_layer/wait_for_save "
+                     "on a real NixlConnector instance (CPU)"],
+            "simulated": [SIM_NIXL, "the model runner's call order (target forward, drafter propose) and "
+                          "spec.phase events (GPU-only)"],
+            "faults": ["clear-before-drafter: clear_connector_metadata() right after the target forward "
+                       "(pre-fix rule of vLLM PR #34529)"] if fault else [],
+            "facts": {"saved": res["saved"], "has_false": res["has_false"]},
+        })
+    return build
+
+
+def _stale(fault: bool, row_moves: bool) -> Callable[[], Scenario]:
+    def build() -> Scenario:
+        pd, ws = _pd(), _ws()
+        cfg = pd.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16, async_scheduling=True)
+        pair = pd.make_pair(cfg)
+        runs = [pd.run_pd_request(cfg, n, pair=pair) for n in (16, 20, 33, 48)]
+        rec = pd.new_recorder()
+        rec.set_role(role="worker", inst="D", why="worker simulation")
+        res = ws.accepted_counts_steps(rec, [r.d_req for r in runs], 6, "buggy" if fault else "fixed",
+                                       row_moves=row_moves, k=3)
+        rec.flush()
+        events = [e for r in runs for e in r.events]
+        # the pair's setup events appear in every run's list: keep one copy
+        seen: set[int] = set()
+        uniq = []
+        for e in events:
+            if id(e) not in seen:
+                seen.add(id(e))
+                uniq.append(e)
+        stale = [x for x in res["reads"] if x["truth"] is not None and x["value"] != x["truth"]]
+        racy = fault  # buggy mode reads without waiting for the copy's event: a race even when the value matches
+        expected = [STALE_ACCEPTED_COUNT_READ] if (stale or racy) else []
+        return Scenario("", "", _merge(uniq, rec.events), expected, {
+            "real": [REAL_SCHED + " (AsyncScheduler)", "InputBatch add_request/swap_states/condense on CPU tensors"],
+            "simulated": [SIM_NIXL, "the D2H copy of num_accepted_tokens, its CUDA event and the CPU read in "
+                          "_prepare_inputs (GPU-only), acc.truth"],
+            "faults": ["racy-accepted-count-read: _prepare_inputs reads the CPU copy without waiting for the "
+                       "copy's event, after row moves (pre-fix behaviour of vLLM PR #45100)"] if fault else [],
+            "facts": {"row_moves": row_moves, "reads": res["reads"][:12], "mismatches": len(res.get("mismatches") or [])},
+        })
+    return build
+
+
+def _merge(a: list[dict], b: list[dict]) -> list[dict]:
+    return sorted(list(a) + list(b), key=lambda e: e["t"])
+
+
+SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
+    # seeds 000/001: lookahead blocks at block boundaries
+    "lookahead_aligned16_k1_buggy": ("prompt 16 = 1 block, EAGLE k=1: P reports its 1 trailing lookahead block, D end-trims it in",
+                                     _lookahead(16, 1, True)),
+    "lookahead_aligned16_k1_fixed": ("prompt 16, EAGLE k=1, fixed vLLM 0.32.0: P clips to computed tokens",
+                                     _lookahead(16, 1, False)),
+    "lookahead_aligned32_k17_buggy": ("prompt 32, EAGLE k=17: 2 trailing lookahead blocks reported",
+                                      _lookahead(32, 17, True)),
+    "lookahead_aligned32_k17_fixed": ("prompt 32, EAGLE k=17, fixed", _lookahead(32, 17, False)),
+    "lookahead_unaligned20_k3_buggy": ("prompt 20, EAGLE k=3: the lookahead fits in the last prompt block (0 trailing "
+                                       "blocks): the old rule is harmless here", _lookahead(20, 3, True)),
+    "lookahead_unaligned30_k3_buggy": ("prompt 30 (not aligned), EAGLE k=3: 33 slots spill into a 3rd block",
+                                       _lookahead(30, 3, True)),
+    "lookahead_unaligned30_k3_fixed": ("prompt 30, EAGLE k=3, fixed", _lookahead(30, 3, False)),
+    "lookahead_hybrid_mamba_buggy": ("hybrid attention + Mamba state group, prompt 16, k=3: attention group shifted, "
+                                     "state group untouched", _lookahead(16, 3, True, hybrid=True)),
+    "lookahead_hybrid_mamba_fixed": ("hybrid attention + Mamba, prompt 16, k=3, fixed", _lookahead(16, 3, False, hybrid=True)),
+    # seed 002
+    "metadata_cleared_before_drafter_buggy": ("EAGLE on P: connector metadata cleared before the drafter layers",
+                                              _metadata(True)),
+    "metadata_cleared_before_drafter_fixed": ("EAGLE on P: clear deferred until after the drafter (vLLM PR #34529)",
+                                              _metadata(False)),
+    # seed 003
+    "dflash_window_buggy": ("DFlash k=3, prompt 29: k lookahead slots instead of k+1, the drafter writes past the "
+                            "request's blocks", _dflash(True)),
+    "dflash_window_fixed": ("DFlash k=3, prompt 29, fixed: k+1 lookahead slots", _dflash(False)),
+    # seed 004
+    "stale_read_rowmoves_buggy": ("async spec decode on D, rows swapped/condensed between copy and read, racy read",
+                                  _stale(True, True)),
+    "stale_read_rowmoves_fixed": ("async spec decode on D with row moves, synchronized read", _stale(False, True)),
+    "stale_read_norowmoves_buggy": ("async spec decode on D, no row moves, read before the copy completed",
+                                    _stale(True, False)),
+    "stale_read_norowmoves_fixed": ("async spec decode on D, no row moves, synchronized read", _stale(False, False)),
+}
+
+# The bundled sample traces (sample_traces/): one buggy and one fixed per seed bug class.
+SAMPLES = (
+    "lookahead_aligned16_k1_buggy", "lookahead_aligned16_k1_fixed",
+    "metadata_cleared_before_drafter_buggy", "metadata_cleared_before_drafter_fixed",
+    "dflash_window_buggy", "dflash_window_fixed",
+    "stale_read_rowmoves_buggy", "stale_read_rowmoves_fixed",
+)
+DEMO_SAMPLE = "lookahead_aligned16_k1_buggy"
+
+
+def build(name: str) -> Scenario:
+    desc, fn = SCENARIOS[name]
+    sc = fn()
+    sc.name, sc.description = name, desc
+    sc.expected = sorted(set(sc.expected))
+    return sc
