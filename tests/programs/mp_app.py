@@ -38,7 +38,18 @@ def child(i):
 
 def doomed(q):
     mark("doomed-before-kill")
-    time.sleep(0.6)  # > flush interval: the mark above reaches disk
+    try:  # wait until the writer thread has flushed the mark (one flush interval, longer under load)
+        from pdtrace import recorder
+
+        rec = recorder.get()
+        deadline = time.time() + 30
+        while rec is not None and time.time() < deadline:
+            with open(rec.shard_path, "rb") as fh:
+                if b"doomed-before-kill" in fh.read():
+                    break
+            time.sleep(0.05)
+    except ImportError:
+        pass
     q.put(os.getpid())
     time.sleep(60)
 

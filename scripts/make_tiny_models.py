@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Build tiny random-weight models for the live CPU P/D run (no network).
+
+    python scripts/make_tiny_models.py OUT_DIR [--no-eagle]
+
+OUT_DIR/target   Llama-style target: hidden 64, 4 heads x head_dim 32 (the CPU attention
+                 backend needs head_dim >= 32: vllm/v1/attention/backends/cpu_attn.py
+                 get_supported_head_sizes), 2 layers, vocab 1000, float32, with a local
+                 WordLevel tokenizer.
+OUT_DIR/eagle    EAGLE-1 style drafter for it, in the layout vLLM's
+                 vllm/model_executor/models/llama_eagle.py EagleLlamaForCausalLM loads:
+                 embed_tokens, fc (2*hidden -> hidden), one decoder layer whose
+                 input_layernorm is dropped (layer 0), no final norm, no lm_head (shared
+                 with the target). config.json says LlamaForCausalLM; vLLM's
+                 SpeculativeConfig wraps it in EAGLEConfig, which renames the architecture
+                 to EagleLlamaForCausalLM when method == "eagle".
+
+The weights are random (seeded): outputs are meaningless but deterministic, which is all
+a P/D transfer trace needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+HIDDEN = 64
+HEADS = 4
+HEAD_DIM = 32
+LAYERS = 2
+VOCAB = 1000
+INTERMEDIATE = 128
+
+
+def _llama_config(num_layers: int) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": HEADS,
+        "head_dim": HEAD_DIM,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "torch_dtype": "float32",
+        "dtype": "float32",
+    }
+
+
+def _write_tokenizer(out: Path) -> None:
+    """A WordLevel tokenizer with exactly VOCAB entries, built locally."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(4, VOCAB):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+        "model_max_length": 2048, "clean_up_tokenization_spaces": False,
+    }, indent=1))
+    (out / "special_tokens_map.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+    }, indent=1))
+
+
+def _layer_tensors(gen, prefix: str, *, input_norm: bool) -> dict:
+    import torch
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32) * 0.05
+
+    q = HEADS * HEAD_DIM
+    t = {
+        f"{prefix}self_attn.q_proj.weight": rnd(q, HIDDEN),
+        f"{prefix}self_attn.k_proj.weight": rnd(q, HIDDEN),
+        f"{prefix}self_attn.v_proj.weight": rnd(q, HIDDEN),
+        f"{prefix}self_attn.o_proj.weight": rnd(HIDDEN, q),
+        f"{prefix}mlp.gate_proj.weight": rnd(INTERMEDIATE, HIDDEN),
+        f"{prefix}mlp.up_proj.weight": rnd(INTERMEDIATE, HIDDEN),
+        f"{prefix}mlp.down_proj.weight": rnd(HIDDEN, INTERMEDIATE),
+        f"{prefix}post_attention_layernorm.weight": torch.ones(HIDDEN),
+    }
+    if input_norm:
+        t[f"{prefix}input_layernorm.weight"] = torch.ones(HIDDEN)
+    return t
+
+
+def build(out_dir: str | os.PathLike, eagle: bool = True, seed: int = 0) -> dict[str, str]:
+    """Write the target (and the EAGLE drafter) under out_dir; return their paths."""
+    import torch
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    gen = torch.Generator().manual_seed(seed)
+    paths: dict[str, str] = {}
+
+    target = out / "target"
+    target.mkdir(parents=True, exist_ok=True)
+    tensors = {"model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, generator=gen) * 0.5,
+               "model.norm.weight": torch.ones(HIDDEN),
+               "lm_head.weight": torch.randn(VOCAB, HIDDEN, generator=gen) * 0.5}
+    for i in range(LAYERS):
+        tensors.update(_layer_tensors(gen, f"model.layers.{i}.", input_norm=True))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(target / "model.safetensors"),
+              metadata={"format": "pt"})
+    (target / "config.json").write_text(json.dumps(_llama_config(LAYERS), indent=1))
+    (target / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, indent=1))
+    _write_tokenizer(target)
+    paths["target"] = str(target)
+
+    if eagle:
+        drafter = out / "eagle"
+        drafter.mkdir(parents=True, exist_ok=True)
+        d = {"embed_tokens.weight": tensors["model.embed_tokens.weight"].clone(),
+             "fc.weight": torch.randn(HIDDEN, 2 * HIDDEN, generator=gen) * 0.05}
+        d.update(_layer_tensors(gen, "layers.0.", input_norm=False))
+        save_file({k: v.contiguous() for k, v in d.items()}, str(drafter / "model.safetensors"),
+                  metadata={"format": "pt"})
+        (drafter / "config.json").write_text(json.dumps(_llama_config(1), indent=1))
+        _write_tokenizer(drafter)
+        paths["eagle"] = str(drafter)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--no-eagle", action="store_true", help="target only (for ngram spec decode)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    print(json.dumps(build(a.out_dir, eagle=not a.no_eagle, seed=a.seed)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
