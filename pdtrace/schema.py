@@ -183,6 +183,7 @@ _KINDS: tuple[Kind, ...] = (
         F("num_computed_tokens", "int", "request.num_computed_tokens"),
         F("prompt_len", "int", "request.num_prompt_tokens"),
         F("delay_free", "bool", "blocks held for the remote read"),
+        F("allocated_from", "str", "where allocated_block_ids came from: kv_cache_manager | connector (the scheduler's arg)", required=False),
     ), hook="nixl"),
     Kind("nixl.remote_alloc", "D side: update_state_after_alloc for a request whose KV comes from P.", (
         F("local_block_ids", "list[list[int]]", "blocks D allocated, per group"),
