@@ -53,7 +53,8 @@ def _ws():
 
 REAL_SCHED = ("vLLM 0.32.0 Scheduler / KVCacheManager / NIXL connector scheduler side (P and D), "
               "NixlBaseConnectorWorker._apply_prefix_caching, on CPU with pdtrace hooks")
-SIM_NIXL = "nixl.read / nixl.read_done / nixl.send_done (a real NIXL read needs the GPU worker)"
+SIM_NIXL = ("nixl.read / nixl.read_done / nixl.send_done (the harness runs no worker process; "
+            "live_cpu_pd_eagle.jsonl has real ones)")
 
 
 def _misaligned(r: Any, block_size: int) -> bool:
