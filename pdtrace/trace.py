@@ -151,7 +151,86 @@ def scan(
             yield "problem", line_no + 1, reason
 
 
+def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
+    """The common case, a clean trace, in one tight loop (no per-line generator / tuples).
+
+    Returns None at the first line that needs a verdict (bad JSON, unknown kind, missing
+    fields, data after the footer, no footer, newer schema): ``load`` then re-reads the
+    file through ``scan``, which produces the exact errors / problems. Opening and header
+    errors are raised here exactly as ``scan`` raises them.
+    """
+    try:
+        total = os.path.getsize(path)
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise TraceError(path, 0, f"cannot open: {exc.strerror or exc}") from None
+    loads = orjson.loads
+    required = _KIND_REQUIRED
+    footer_kind = schema.FOOTER
+    events: list[dict[str, Any]] = []
+    append = events.append
+    footer = None
+    with fh:
+        first = fh.readline()
+        if not first:
+            raise TraceError(path, 0, "empty file: not a pdtrace trace")
+        try:
+            header = _check_header(path, loads(first))
+        except orjson.JSONDecodeError:
+            raise TraceError(path, 1, "not a pdtrace trace: line 1 is not JSON") from None
+        if header["schema_version"] > schema.SCHEMA_VERSION:
+            return None
+        pos = len(first)
+        next_progress = 0 if progress is not None else 1 << 62
+        n = 0
+        for raw in fh:
+            if footer is not None:
+                return None  # data after the footer
+            pos += len(raw)
+            if pos >= next_progress:
+                progress(pos, total)  # type: ignore[misc]
+                next_progress = pos + (1 << 24)
+            try:
+                obj = loads(raw)
+                req = required.get(obj["ev"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
+                return None
+            if req is None:
+                if obj["ev"] == footer_kind:
+                    footer = obj
+                    continue
+                return None
+            if not obj.keys() >= req:
+                return None
+            if "id" not in obj:
+                obj["id"] = n
+            n += 1
+            append(obj)
+        if progress is not None:
+            progress(total, total)
+    if footer is None:
+        return None
+    return Trace(path, header, events, footer, [])
+
+
 def load(path: str, *, lenient: bool = False, progress: ProgressFn | None = None) -> Trace:
+    import gc
+
+    # Parsing creates millions of small dicts; the cyclic GC would rescan them over and over
+    # while they can hold no cycles. Pause it for the load (restored even on errors).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        tr = _load_fast(path, progress)
+        if tr is not None:
+            return tr
+        return _load_scan(path, lenient=lenient, progress=progress)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _load_scan(path: str, *, lenient: bool = False, progress: ProgressFn | None = None) -> Trace:
     header: dict[str, Any] = {}
     footer = None
     events: list[dict[str, Any]] = []

@@ -1,0 +1,83 @@
+"""Detectors: pure functions over loaded events (no vLLM / torch import, no file I/O).
+
+``DETECTORS`` maps each finding kind (``pdtrace.detectors.base``) to a function
+``(events, header) -> list[Finding]``; ``run_all`` runs them and sorts the findings by
+(step, kind). Detectors share one per-trace index (``pdtrace.detectors.index.build``).
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Callable, Iterable
+
+from . import drafter_window, lookahead, metadata, stale_read
+from .base import (
+    ALL_KINDS,
+    DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    LOOKAHEAD_MISALIGNMENT,
+    METADATA_CLEARED_BEFORE_DRAFTER,
+    SEVERITY_ERROR,
+    SEVERITY_WARNING,
+    STALE_ACCEPTED_COUNT_READ,
+    Finding,
+)
+
+DetectorFn = Callable[[list[dict[str, Any]], dict], list[Finding]]
+
+DETECTORS: dict[str, DetectorFn] = {
+    LOOKAHEAD_MISALIGNMENT: lookahead.detect,
+    METADATA_CLEARED_BEFORE_DRAFTER: metadata.detect,
+    DRAFTER_WINDOW_OUTSIDE_ALLOCATION: drafter_window.detect,
+    STALE_ACCEPTED_COUNT_READ: stale_read.detect,
+}
+assert tuple(DETECTORS) == ALL_KINDS
+
+
+def unknown_kinds(only: Iterable[str]) -> list[str]:
+    return [k for k in only if k not in DETECTORS]
+
+
+def _about(f: Finding, request: str) -> bool:
+    if f.req == request:
+        return True
+    d = f.data or {}
+    return request in (d.get("p_req"), d.get("d_req")) or request in (d.get("reqs") or ())
+
+
+def sort_key(f: Finding) -> tuple:
+    return (f.step if f.step is not None else -1, f.kind, f.req or "", f.event_ids[:1])
+
+
+def run_all(events: list[dict[str, Any]], header: dict | None = None, only: Iterable[str] = (),
+            request: str | None = None) -> list[Finding]:
+    """Run the selected detectors (all when ``only`` is empty); findings sorted by (step, kind)."""
+    only = list(only or ())
+    bad = unknown_kinds(only)
+    if bad:
+        raise ValueError(f"unknown detector kind(s) {bad}; valid: {', '.join(DETECTORS)}")
+    header = header or {}
+    findings: list[Finding] = []
+    # The loaded events are millions of dicts without cycles; a cyclic-GC pass triggered by
+    # the detectors' own allocations would walk all of them. Pause it while detectors run.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for kind, fn in DETECTORS.items():
+            if only and kind not in only:
+                continue
+            findings.extend(fn(events, header))
+    finally:
+        if was_enabled:
+            gc.enable()
+    if request is not None:
+        findings = [f for f in findings if _about(f, request)]
+    findings.sort(key=sort_key)
+    return findings
+
+
+__all__ = [
+    "ALL_KINDS", "DETECTORS", "Finding", "run_all", "unknown_kinds", "sort_key",
+    "SEVERITY_ERROR", "SEVERITY_WARNING",
+    "LOOKAHEAD_MISALIGNMENT", "METADATA_CLEARED_BEFORE_DRAFTER",
+    "DRAFTER_WINDOW_OUTSIDE_ALLOCATION", "STALE_ACCEPTED_COUNT_READ",
+]

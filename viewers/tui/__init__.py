@@ -1,0 +1,1 @@
+"""Textual TUI for pdtrace traces (``pdtrace view``). Never imports vLLM or torch."""

@@ -1,0 +1,118 @@
+"""Benchmark `pdtrace check` logic (load + detectors) against a bare orjson.loads loop.
+
+    python bench/check.py [--events 1000000] [--repeat 3] [--keep DIR]
+
+Generates a schema-valid synthetic trace (bench/gen_trace.py) in a temp dir, then times
+(a) a bare loop of ``orjson.loads`` over the same lines (as is, and with the cyclic GC
+paused, since ``load`` pauses it) and (b) ``pdtrace.trace.load`` +
+``pdtrace.detectors.run_all``. Prints the ratio (goal <= 1.5) and the peak memory of the
+check (tracemalloc, in a separate pass so it does not slow the timed runs), plus the
+process's max RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import resource
+import sys
+import tempfile
+import time
+import tracemalloc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import orjson  # noqa: E402
+
+from gen_trace import generate  # noqa: E402
+from pdtrace.detectors import run_all  # noqa: E402
+from pdtrace.trace import load  # noqa: E402
+
+GOAL = 1.5
+
+
+def bare(path: str) -> int:
+    loads = orjson.loads
+    out = []
+    append = out.append
+    with open(path, "rb") as fh:
+        for line in fh:
+            append(loads(line))
+    return len(out)
+
+
+def check(path: str) -> tuple[int, int]:
+    tr = load(path)
+    fs = run_all(tr.events, tr.header)
+    return len(tr.events), len(fs)
+
+
+def bare_nogc(path: str) -> int:
+    gc.disable()
+    try:
+        return bare(path)
+    finally:
+        gc.enable()
+
+
+def best_of(fn, path: str, repeat: int) -> tuple[float, float]:
+    """Best wall time and best CPU time (process_time: steadier on a shared machine)."""
+    best = best_cpu = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn(path)
+        best = min(best, time.perf_counter() - t0)
+        best_cpu = min(best_cpu, time.process_time() - c0)
+    return best, best_cpu
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", help="write the trace in this directory and keep it")
+    a = ap.parse_args()
+
+    d = a.keep or tempfile.mkdtemp(prefix="pdtrace-bench-")
+    path = os.path.join(d, f"bench-{a.events}.jsonl")
+    t0 = time.perf_counter()
+    info = generate(path, a.events, seed=0, inject_bugs=True)
+    size = os.path.getsize(path)
+    print(f"trace: {path}: {info['events']} events, {size / 1e6:.1f} MB, {info['steps']} steps, "
+          f"injected {info['bugs']} (generated in {time.perf_counter() - t0:.1f}s)")
+
+    n_ev, n_f = check(path)  # warm-up + correctness line
+    print(f"check: {n_ev} events, {n_f} findings")
+    t_bare, c_bare = best_of(bare, path, a.repeat)
+    t_nogc, c_nogc = best_of(bare_nogc, path, a.repeat)
+    t_load, c_load = best_of(lambda p: load(p), path, a.repeat)
+    t_check, c_check = best_of(check, path, a.repeat)
+    ratio = t_check / t_bare
+    print("                          wall      cpu")
+    print(f"bare orjson.loads loop : {t_bare:7.3f}s {c_bare:7.3f}s  ({info['events'] / t_bare / 1e6:.2f} M lines/s)")
+    print(f"  same, GC paused      : {t_nogc:7.3f}s {c_nogc:7.3f}s")
+    print(f"pdtrace.trace.load     : {t_load:7.3f}s {c_load:7.3f}s")
+    print(f"load + detectors       : {t_check:7.3f}s {c_check:7.3f}s  (detectors {c_check - c_load:.3f}s cpu)")
+    print(f"ratio check / bare     : {ratio:.2f} wall, {c_check / c_bare:.2f} cpu  (goal <= {GOAL}) "
+          f"{'OK' if ratio <= GOAL else 'OVER GOAL'}")
+    print(f"ratio check / bare with GC paused: {t_check / t_nogc:.2f} wall, {c_check / c_nogc:.2f} cpu")
+
+    gc.collect()
+    tracemalloc.start()
+    check(path)
+    _cur, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"peak memory (tracemalloc, check): {peak / 1e6:.0f} MB ({peak / max(1, info['events']):.0f} B/event); "
+          f"process max RSS {rss_kb / 1024:.0f} MB")
+    if not a.keep:
+        os.remove(path)
+        os.rmdir(d)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

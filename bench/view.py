@@ -1,0 +1,120 @@
+"""Benchmark `pdtrace view` on a large trace: time to first screen and peak RSS.
+
+    python bench/view.py [--size-mb 1024] [--trace PATH] [--detect]
+
+Generates a synthetic trace of about ``--size-mb`` with bench/gen_trace.py (bugs
+injected) unless ``--trace`` is given, then runs the viewer headless (Textual
+``App.run_test``) in a fresh subprocess and prints:
+
+- first screen: seconds from creating the app to the first indexed batch on screen
+  (goal < 1 s);
+- index: seconds until the whole file is indexed;
+- peak RSS of the viewer process until the index is complete, and its ratio to the file
+  size (goal < 25%); with ``--detect`` also the time and peak RSS after the detectors ran
+  (``run_all`` takes a list of parsed events, so that number grows with the trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+CHILD = r"""
+import asyncio, json, resource, sys, time
+t0 = time.perf_counter()
+from pdtrace.index import TraceIndex
+from pdtrace.viewers.tui.app import PdtraceViewer
+
+def rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+async def main(path, detect):
+    out = {}
+    t_start = time.perf_counter()
+    app = PdtraceViewer(TraceIndex(path), use_default_detect=detect, batch_time=0.1)
+    async with app.run_test(size=(160, 45)) as pilot:
+        while app.first_screen_at is None:
+            await pilot.pause(0.01)
+        await pilot.pause()
+        out["first_screen_s"] = app.first_screen_at - t_start
+        out["rss_first_screen_mb"] = rss_mb()
+        while not app.indexed:
+            await pilot.pause(0.05)
+        out["index_s"] = time.perf_counter() - t_start
+        out["events"] = len(app.index)
+        out["requests"] = len(app.index.req_names)
+        out["columns_mb"] = app.index.memory_bytes() / 2**20
+        out["rss_indexed_mb"] = rss_mb()
+        if detect:
+            while not app.findings_done:
+                await pilot.pause(0.1)
+            out["detect_s"] = time.perf_counter() - t_start
+            out["findings"] = len(app.findings)
+            out["rss_detect_mb"] = rss_mb()
+    out["import_s"] = t_start - t0
+    print("RESULT " + json.dumps(out))
+
+asyncio.run(main(sys.argv[1], sys.argv[2] == "1"))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size-mb", type=float, default=1024.0, help="size of the generated trace")
+    ap.add_argument("--trace", help="use this trace instead of generating one")
+    ap.add_argument("--detect", action="store_true", help="also wait for the detectors")
+    ap.add_argument("--keep", action="store_true", help="keep the generated trace")
+    args = ap.parse_args()
+
+    tmpdir = None
+    path = args.trace
+    if path is None:
+        from bench.gen_trace import generate  # written alongside; ~200 bytes per event
+
+        tmpdir = tempfile.mkdtemp(prefix="pdtrace-bench-view-")
+        path = os.path.join(tmpdir, "big.jsonl")
+        probe = os.path.join(tmpdir, "probe.jsonl")
+        generate(probe, 20000, seed=0, inject_bugs=True)
+        per_event = os.path.getsize(probe) / 20000
+        os.unlink(probe)
+        n = int(args.size_mb * 2**20 / per_event)
+        t = time.perf_counter()
+        generate(path, n, seed=0, inject_bugs=True)
+        print(f"generated {n} events, {os.path.getsize(path) / 2**20:.0f} MiB in {time.perf_counter() - t:.1f}s")
+    size = os.path.getsize(path)
+    try:
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        r = subprocess.run([sys.executable, "-c", CHILD, path, "1" if args.detect else "0"],
+                           capture_output=True, text=True, env=env)
+        line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if r.returncode != 0 or line is None:
+            print(r.stdout[-2000:], r.stderr[-4000:], file=sys.stderr)
+            return 1
+        res = json.loads(line[7:])
+    finally:
+        if tmpdir and not args.keep:
+            for f in os.listdir(tmpdir):
+                os.unlink(os.path.join(tmpdir, f))
+            os.rmdir(tmpdir)
+    mb = size / 2**20
+    print(f"trace: {mb:.0f} MiB, {res['events']} events, {res['requests']} requests")
+    print(f"first screen: {res['first_screen_s']:.3f} s  (goal < 1 s; imports before that: {res['import_s']:.2f} s)")
+    print(f"index complete: {res['index_s']:.2f} s  (index columns {res['columns_mb']:.0f} MiB)")
+    print(f"peak RSS at first screen: {res['rss_first_screen_mb']:.0f} MiB")
+    print(f"peak RSS indexed: {res['rss_indexed_mb']:.0f} MiB = {100 * res['rss_indexed_mb'] / mb:.1f}% of the file (goal < 25%)")
+    if args.detect:
+        print(f"detectors done: {res['detect_s']:.2f} s, {res['findings']} findings, peak RSS "
+              f"{res['rss_detect_mb']:.0f} MiB = {100 * res['rss_detect_mb'] / mb:.1f}% of the file")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""`pdtrace check`: run the detectors over a trace.
+
+Exit codes: 0 no findings, 1 at least one finding (error or warning), 2 unusable trace or
+bad arguments (``PdtraceError``). Formats:
+
+- ``text``: for a terminal.
+- ``markdown``: ready to paste into a GitHub issue (summary table, one section per
+  finding, environment: pdtrace / vLLM / torch / nixl versions and the trace origin).
+- ``json``: a stable machine-readable shape::
+
+    {
+      "schema": "pdtrace-check", "version": 1,
+      "trace": {"path": str, "origin": str, "created": str, "host": str,
+                "versions": {"pdtrace", "vllm", "torch", "nixl", "python": str},
+                "events": int, "complete": bool,
+                "problems": [{"line": int, "reason": str}]},
+      "detectors": [kind, ...],                 # detectors that ran
+      "request": str | null,                    # --request filter
+      "summary": {"findings": int, "errors": int, "warnings": int, "by_kind": {kind: int}},
+      "findings": [{"kind", "severity", "req", "step", "inst", "event_ids", "title",
+                    "explanation", "data"}, ...],   # sorted by (step, kind)
+      "what_if": {"rule": str, "requests": [...]}   # only with --what-if (see pdtrace.whatif)
+    }
+
+  Fields may be added within version 1; none is removed or renamed.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .. import __version__
+from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
+from ..errors import EXIT_FINDINGS, EXIT_OK, PdtraceError
+from ..trace import Trace, load
+
+FORMATS = ("text", "markdown", "json")
+JSON_SCHEMA = "pdtrace-check"
+JSON_VERSION = 1
+
+
+def run(trace: Path | str, format: str = "text", only: list[str] | None = None, request: str | None = None,
+        what_if: str | None = None, output: Path | str | None = None, lenient: bool = False) -> int:
+    from .. import whatif as _whatif
+
+    if format not in FORMATS:
+        raise PdtraceError(f"unknown --format {format!r}; valid: {', '.join(FORMATS)}")
+    only = list(only or [])
+    bad = unknown_kinds(only)
+    if bad:
+        raise PdtraceError(f"unknown detector kind(s) for --only: {', '.join(bad)}; valid kinds: "
+                           f"{', '.join(DETECTORS)}")
+    if what_if is not None and what_if not in _whatif.RULES:
+        raise PdtraceError(f"unknown --what-if rule {what_if!r}; valid: {', '.join(_whatif.RULES)}")
+
+    tr = load(str(trace), lenient=lenient)
+    if tr.problems:
+        for p in tr.problems[:20]:
+            print(f"pdtrace: warning: {tr.path}:{p.line}: {p.reason}", file=sys.stderr)
+        if len(tr.problems) > 20:
+            print(f"pdtrace: warning: ... and {len(tr.problems) - 20} more problem line(s)", file=sys.stderr)
+    findings = run_all(tr.events, tr.header, only=only, request=request)
+    wi = _whatif.run(what_if, tr.events, request) if what_if else None
+
+    ran = only or list(DETECTORS)
+    if format == "json":
+        text = render_json(tr, findings, ran, request, what_if, wi)
+    elif format == "markdown":
+        text = render_markdown(tr, findings, ran, request)
+        if wi is not None:
+            text += "\n" + _whatif.render_markdown(wi)
+    else:
+        text = render_text(tr, findings, ran, request)
+        if wi is not None:
+            text += "\n" + _whatif.render_text(wi)
+    if output is not None:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    return EXIT_FINDINGS if findings else EXIT_OK
+
+
+# ---------------------------------------------------------------------------------------
+# renderers (also used by `bundle` / `demo`)
+# ---------------------------------------------------------------------------------------
+
+def _versions(tr: Trace) -> dict[str, str]:
+    v = dict(tr.header.get("versions") or {})
+    v.setdefault("pdtrace", tr.header.get("pdtrace", ""))
+    return {k: v.get(k, "") or "" for k in ("pdtrace", "vllm", "torch", "nixl", "python")}
+
+
+def _counts(findings: list[Finding]) -> dict[str, Any]:
+    by_kind: dict[str, int] = {}
+    for f in findings:
+        by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
+    return {"findings": len(findings), "errors": sum(f.severity == "error" for f in findings),
+            "warnings": sum(f.severity == "warning" for f in findings), "by_kind": by_kind}
+
+
+def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
+                what_if: str | None = None, wi: list | None = None) -> str:
+    h = tr.header
+    doc: dict[str, Any] = {
+        "schema": JSON_SCHEMA, "version": JSON_VERSION,
+        "trace": {"path": str(tr.path), "origin": h.get("origin", ""), "created": h.get("created", ""),
+                  "host": h.get("host", ""), "versions": _versions(tr), "events": len(tr.events),
+                  "complete": tr.complete,
+                  "problems": [{"line": p.line, "reason": p.reason} for p in tr.problems]},
+        "detectors": list(ran), "request": request, "summary": _counts(findings),
+        "findings": [f.to_dict() for f in findings],
+    }
+    if what_if is not None:
+        doc["what_if"] = {"rule": what_if, "requests": wi or []}
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
+
+
+def _summary_line(findings: list[Finding]) -> str:
+    c = _counts(findings)
+    if not c["findings"]:
+        return "no findings"
+    return f"{c['findings']} finding(s): {c['errors']} error(s), {c['warnings']} warning(s)"
+
+
+def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None) -> str:
+    v = _versions(tr)
+    out = [f"pdtrace check {tr.path}",
+           f"  origin {tr.header.get('origin', '?')}, {len(tr.events)} events, vLLM {v['vllm'] or '?'}, "
+           f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
+           + ("" if tr.complete else f"  [INCOMPLETE: {len(tr.problems)} problem line(s)]"),
+           f"  detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""),
+           "", _summary_line(findings)]
+    for n, f in enumerate(findings, 1):
+        where = " ".join(x for x in (f"step {f.step}" if f.step is not None else "",
+                                      f"inst {f.inst}" if f.inst else "", f"req {f.req}" if f.req else "") if x)
+        out.append("")
+        out.append(f"[{n}] {f.severity.upper()} {f.kind}  {where}")
+        out.append(f"    {f.title}")
+        out.extend(textwrap.wrap(f.explanation, width=100, initial_indent="    ", subsequent_indent="    "))
+        ids = f.event_ids[:12]
+        out.append(f"    events: {ids}" + (f" (+{len(f.event_ids) - 12})" if len(f.event_ids) > 12 else ""))
+    return "\n".join(out) + "\n"
+
+
+def _md_escape(s: Any) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None) -> str:
+    v = _versions(tr)
+    h = tr.header
+    out = [f"## pdtrace check: {_summary_line(findings)}", ""]
+    if findings:
+        out += ["| # | severity | kind | step | instance | request | summary |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        for n, f in enumerate(findings, 1):
+            out.append(f"| {n} | {f.severity} | `{f.kind}` | {'' if f.step is None else f.step} | "
+                       f"{f.inst or ''} | {('`' + _md_escape(f.req) + '`') if f.req else ''} | {_md_escape(f.title)} |")
+        out.append("")
+        for n, f in enumerate(findings, 1):
+            out += [f"### {n}. `{f.kind}` ({f.severity})", "", f"**{_md_escape(f.title)}**", "", f.explanation, "",
+                    f"Trace events: {', '.join(str(i) for i in f.event_ids[:40])}"
+                    + (f" (+{len(f.event_ids) - 40} more)" if len(f.event_ids) > 40 else ""), "",
+                    "<details><summary>details</summary>", "", "```json",
+                    orjson.dumps(f.data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode(),
+                    "```", "", "</details>", ""]
+    else:
+        out += [f"No findings from: {', '.join(f'`{k}`' for k in ran)}.", ""]
+    out += ["### Environment", "",
+            "| | |", "| --- | --- |",
+            f"| pdtrace (check) | {__version__} |",
+            f"| pdtrace (recorded) | {v['pdtrace'] or 'unknown'} |",
+            f"| vLLM | {v['vllm'] or 'unknown'} |",
+            f"| torch | {v['torch'] or 'unknown'} |",
+            f"| nixl | {v['nixl'] or 'not installed'} |",
+            f"| python | {v['python'] or 'unknown'} |",
+            f"| trace origin | {h.get('origin', 'unknown')} |",
+            f"| trace created | {h.get('created', '')} |",
+            f"| events | {len(tr.events)}{'' if tr.complete else f' (incomplete: {len(tr.problems)} problem line(s))'} |",
+            f"| instances | {', '.join(h.get('instances') or []) or '-'} |",
+            f"| detectors | {', '.join(ran)} |"]
+    if request:
+        out.append(f"| request filter | `{request}` |")
+    out.append("")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,37 @@
+"""The Finding type shared by detectors (producers) and viewers / reports (consumers)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+SEVERITY_ERROR = "error"  # data was corrupted / wrong value used
+SEVERITY_WARNING = "warning"  # latent: the bug's precondition holds, the damage did not (yet) happen
+
+# Detector kinds (names are part of the CLI: `pdtrace check --only KIND`, sidecar files).
+LOOKAHEAD_MISALIGNMENT = "lookahead-block-misalignment"
+METADATA_CLEARED_BEFORE_DRAFTER = "connector-metadata-cleared-before-drafter"
+DRAFTER_WINDOW_OUTSIDE_ALLOCATION = "drafter-window-outside-allocation"
+STALE_ACCEPTED_COUNT_READ = "stale-accepted-count-read"
+ALL_KINDS = (
+    LOOKAHEAD_MISALIGNMENT,
+    METADATA_CLEARED_BEFORE_DRAFTER,
+    DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    STALE_ACCEPTED_COUNT_READ,
+)
+
+
+@dataclasses.dataclass
+class Finding:
+    kind: str  # one of ALL_KINDS
+    severity: str  # error | warning
+    req: str | None  # request id
+    step: int | None  # engine step
+    inst: str | None  # P | D | ...
+    event_ids: list[int]  # the trace events (``id``) the finding rests on
+    title: str  # one line
+    explanation: str  # one paragraph for a human
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)  # detector-specific detail (block ids, rows, values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

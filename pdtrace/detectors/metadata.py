@@ -1,0 +1,150 @@
+"""connector-metadata-cleared-before-drafter (vLLM thread 002).
+
+The model runner cleared the KV connector metadata after the target forward but before
+the drafter forward, so ``has_connector_metadata()`` was False during the drafter's
+attention layers and their ``save_kv_layer`` never ran: the drafter's KV was never sent.
+
+Per worker process, a step runs from one ``kvmeta.bind`` to the next. The finding fires
+on an instance that saves KV (P or PD) when the drafter phase ran without metadata:
+a ``kvmeta.clear`` after the bind and before the drafter began, or ``kvmeta.has`` False
+during the drafter phase.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import METADATA_CLEARED_BEFORE_DRAFTER, SEVERITY_ERROR, SEVERITY_WARNING, Finding
+from .index import build
+
+Event = dict[str, Any]
+
+_KINDS = ("kvmeta.bind", "kvmeta.clear", "kvmeta.has", "kvmeta.save_layer", "spec.phase")
+_SAVING_ROLES = ("kv_producer", "kv_both")
+
+
+class _Step:
+    __slots__ = ("bind", "events", "clear_before_drafter", "drafter_begin", "drafter_end",
+                 "in_drafter", "has_false", "target_saved", "drafter_saved", "drafter_layers",
+                 "step", "cleared")
+
+    def __init__(self, bind: Event | None):
+        self.bind = bind
+        self.events: list[Event] = [bind] if bind is not None else []
+        self.clear_before_drafter: Event | None = None
+        self.cleared: Event | None = None
+        self.drafter_begin: Event | None = None
+        self.drafter_end: Event | None = None
+        self.in_drafter = False
+        self.has_false: list[Event] = []
+        self.target_saved: list[str] = []
+        self.drafter_saved: list[str] = []
+        self.drafter_layers: list[str] = []
+        self.step = bind.get("step") if bind is not None else None
+
+
+def _saves_kv(idx, inst: str) -> bool:
+    if inst in ("P", "PD"):
+        return True
+    cfg = idx.config(inst) if inst not in ("D", "-") else None
+    return bool(cfg and cfg.get("kv_role") in _SAVING_ROLES and cfg.get("inst") == inst)
+
+
+def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
+    idx = build(events)
+    if not idx.kind("spec.phase"):
+        return []
+    seq = idx.ordered(_KINDS)
+    by_proc: dict[tuple, list[_Step]] = {}
+    cur: dict[tuple, _Step] = {}
+    for e in seq:
+        key = (e["pid"], e.get("rank"))
+        k = e["ev"]
+        if k == "kvmeta.bind":
+            st = _Step(e)
+            cur[key] = st
+            by_proc.setdefault(key, []).append(st)
+            continue
+        st = cur.get(key)
+        if st is None:
+            st = cur[key] = _Step(None)
+            by_proc.setdefault(key, []).append(st)
+        st.events.append(e)
+        if st.step is None and e.get("step") is not None:
+            st.step = e["step"]
+        if k == "kvmeta.clear":
+            if st.drafter_begin is None and st.cleared is None:
+                st.cleared = e
+        elif k == "spec.phase":
+            if e["phase"] == "drafter":
+                if e["edge"] == "begin":
+                    st.drafter_begin = e
+                    st.in_drafter = True
+                    st.drafter_layers = list(e.get("layers") or [])
+                    if st.cleared is not None:
+                        st.clear_before_drafter = st.cleared
+                else:
+                    st.drafter_end = e
+                    st.in_drafter = False
+        elif k == "kvmeta.has":
+            if (st.in_drafter or e.get("phase") == "drafter") and e["result"] is False:
+                st.has_false.append(e)
+        elif k == "kvmeta.save_layer":
+            (st.drafter_saved if e["phase"] == "drafter" else st.target_saved).append(e["layer"])
+
+    findings: list[Finding] = []
+    seen: dict[tuple, Finding] = {}  # (inst, step) -> finding: TP ranks of one step fold into one
+    for (pid, rank), steps in by_proc.items():
+        for st in steps:
+            if st.drafter_begin is None:
+                continue
+            if st.clear_before_drafter is None and not st.has_false:
+                continue
+            inst = st.drafter_begin.get("inst", "")
+            if not _saves_kv(idx, inst):
+                continue
+            if st.step is not None and (inst, st.step) in seen:
+                seen[(inst, st.step)].data["ranks"].append(rank)
+                continue
+            n_save = (st.bind or {}).get("n_save")
+            missing = [l for l in st.drafter_layers if l not in set(st.drafter_saved)]
+            damaged = bool(st.target_saved) and not st.drafter_saved
+            severity = SEVERITY_ERROR if damaged and n_save != 0 else SEVERITY_WARNING
+            clear = st.clear_before_drafter
+            ids = [e["id"] for e in (st.bind, clear, st.drafter_begin, st.drafter_end) if e is not None and "id" in e]
+            ids += [e["id"] for e in st.has_false[:16] if "id" in e]
+            reqs = list((st.bind or {}).get("reqs") or [])
+            where = f"pid {pid}" + (f" rank {rank}" if rank is not None else "")
+            if clear is not None:
+                why = (f"kvmeta.clear (event {clear.get('id')}, phase {clear.get('phase')!r}) ran before the "
+                       f"drafter phase began (event {st.drafter_begin.get('id')})")
+            else:
+                why = "the connector metadata was gone when the drafter phase began"
+            layers_txt = (f"drafter layer(s) {missing[:8]}" + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
+                          if missing else f"{len(st.has_false)} drafter layer call(s)")
+            title = (f"step {st.step}: connector metadata cleared before the drafter ran on {inst} "
+                     f"({len(missing) or len(st.has_false)} drafter layer(s) did not save KV)")
+            expl = (
+                f"On {inst} ({where}, step {st.step}) {why}, so has_connector_metadata() answered False "
+                f"{len(st.has_false)} time(s) during the drafter forward and save_kv_layer never ran for "
+                f"{layers_txt}. The target model saved {len(st.target_saved)} layer(s) and the drafter "
+                f"{len(st.drafter_saved)}; {('the metadata named ' + str(n_save) + ' request(s) to save') if n_save is not None else ''}"
+                f"{(' ' + str(reqs[:8])) if reqs else ''}. The drafter's KV for these requests was never "
+                f"transferred to D. Clear the metadata only after the drafter proposes."
+            )
+            f = Finding(
+                kind=METADATA_CLEARED_BEFORE_DRAFTER, severity=severity, req=reqs[0] if len(reqs) == 1 else None,
+                step=st.step, inst=inst, event_ids=sorted(set(ids)), title=title, explanation=expl,
+                data={
+                    "pid": pid, "rank": rank, "clear_event": clear.get("id") if clear else None,
+                    "clear_phase": clear.get("phase") if clear else None,
+                    "drafter_begin_event": st.drafter_begin.get("id"),
+                    "has_false_events": [e.get("id") for e in st.has_false],
+                    "target_layers_saved": st.target_saved, "drafter_layers_saved": st.drafter_saved,
+                    "drafter_layers_not_saved": missing, "n_save": n_save, "reqs": reqs,
+                    "ranks": [rank],
+                })
+            findings.append(f)
+            if st.step is not None:
+                seen[(inst, st.step)] = f
+    return findings

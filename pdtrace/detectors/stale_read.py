@@ -1,0 +1,160 @@
+"""stale-accepted-count-read (vLLM thread 004).
+
+Async spec decode copies ``num_accepted_tokens`` GPU->CPU with a non-blocking copy and
+records a CUDA event. ``_prepare_inputs`` then reads the CPU copy per InputBatch row. The
+read is stale when (a) the row it reads held another request when the copy was issued
+(``swap_states`` / ``condense`` moved rows in between), or (b) the copy's event had not
+completed and the runner did not synchronize.
+
+Per worker process, events are replayed in trace order: ``d2h.issue`` (rows at issue
+time), ``d2h.done``, ``batch.*`` (row moves, kept as history), ``acc.read``, ``acc.truth``.
+A wrong value (differs from ``acc.truth``) is an error; a race whose value happened to be
+right is a warning.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import SEVERITY_ERROR, SEVERITY_WARNING, STALE_ACCEPTED_COUNT_READ, Finding
+from .index import build
+
+Event = dict[str, Any]
+
+_KINDS = ("d2h.issue", "d2h.done", "acc.read", "batch.add", "batch.remove", "batch.swap", "batch.condense")
+
+
+def _truth_for(truths: list[Event], read: Event) -> Event | None:
+    step = read.get("step")
+    if not truths:
+        return None
+    if step is not None:
+        for t in truths:
+            if t.get("step") == step:
+                return t
+        for t in truths:
+            if t.get("for_step") == step - 1:
+                return t
+    best = None
+    for t in truths:
+        if t["id"] < read["id"]:
+            best = t
+    return best
+
+
+def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
+    idx = build(events)
+    if not idx.kind("acc.read"):
+        return []
+    truths: dict[tuple, list[Event]] = {}
+    for t in idx.kind("acc.truth"):
+        truths.setdefault((t.get("inst"), t.get("req")), []).append(t)
+
+    issues: dict[Any, dict[str, Event]] = {}  # pid -> event id -> d2h.issue
+    last_issue: dict[Any, Event] = {}
+    done: dict[Any, set[str]] = {}
+    moves: dict[Any, list[Event]] = {}  # pid -> batch events in order (row history)
+    findings: list[Finding] = []
+    seen: dict[tuple, Finding] = {}
+    for e in idx.ordered(_KINDS):
+        pid = e["pid"]
+        k = e["ev"]
+        if k == "d2h.issue":
+            issues.setdefault(pid, {})[e["event"]] = e
+            last_issue[pid] = e
+        elif k == "d2h.done":
+            done.setdefault(pid, set()).add(e["event"])
+        elif k.startswith("batch."):
+            moves.setdefault(pid, []).append(e)
+        else:  # acc.read
+            req = e.get("req")
+            row = e["row"]
+            ev_id = e.get("event")
+            issue = issues.get(pid, {}).get(ev_id) if ev_id is not None else last_issue.get(pid)
+            if issue is None:
+                issue = last_issue.get(pid)
+            reasons = []
+            row_req_at_issue = None
+            if issue is not None:
+                rows = issue["rows"]
+                row_req_at_issue = rows[row] if 0 <= row < len(rows) else None
+                if row_req_at_issue != req:
+                    reasons.append("row-moved")
+            not_done = e.get("event_done") is False and e.get("synced") is not True
+            if not_done and ev_id is not None and ev_id in done.get(pid, ()):
+                not_done = False  # observed complete before the read
+            if not_done:
+                reasons.append("copy-not-complete")
+            if not reasons:
+                continue
+            truth = _truth_for(truths.get((e.get("inst"), req), []), e)
+            tval = truth["value"] if truth is not None else None
+            if tval is not None:
+                severity = SEVERITY_ERROR if tval != e["value"] else SEVERITY_WARNING
+            else:
+                severity = SEVERITY_ERROR if "row-moved" in reasons else SEVERITY_WARNING
+            dkey = (e.get("inst"), req, e.get("step"), row, e["value"])
+            if dkey in seen:  # another TP rank read the same thing
+                seen[dkey].data["ranks"].append(e.get("rank"))
+                continue
+            # row history between the issue and the read: moves touching this request or this row
+            hist = []
+            lo = issue["id"] if issue is not None else -1
+            for m in moves.get(pid, ()):
+                if m["id"] <= lo:
+                    continue
+                mk = m["ev"]
+                if mk == "batch.swap":
+                    if row in (m["i1"], m["i2"]) or req in (m["req1"], m["req2"]):
+                        hist.append({"event": m["id"], "op": "swap", "rows": [m["i1"], m["i2"]],
+                                     "reqs": [m["req1"], m["req2"]]})
+                elif mk == "batch.condense":
+                    mv = [list(x) for x in m["moves"] if x[0] == req or row in (x[1], x[2])]
+                    if mv:
+                        hist.append({"event": m["id"], "op": "condense", "moves": mv})
+                elif m.get("row") == row or m.get("req") == req:
+                    hist.append({"event": m["id"], "op": mk.split(".", 1)[1], "row": m.get("row"),
+                                 "req": m.get("req")})
+            issue_row_of_req = None
+            if issue is not None and req in issue["rows"]:
+                issue_row_of_req = issue["rows"].index(req)
+            ids = [x for x in (issue["id"] if issue is not None else None, e["id"],
+                               truth["id"] if truth is not None else None) if x is not None]
+            ids += [h["event"] for h in hist]
+            parts = []
+            if "row-moved" in reasons:
+                parts.append(
+                    f"the last D2H copy (event {issue.get('event')!r}, trace event {issue['id']}) was issued when row "
+                    f"{row} held {row_req_at_issue!r}" + (f" and {req} was in row {issue_row_of_req}" if issue_row_of_req is not None else f" and {req} was in no row")
+                    + (f"; then {len(hist)} row move(s): " + ", ".join(_fmt_move(h) for h in hist[:6]) if hist else ""))
+            if "copy-not-complete" in reasons:
+                parts.append(f"the copy's CUDA event {ev_id!r} had not completed (event.query() False) and the "
+                             f"runner did not synchronize")
+            vtxt = (f"read {e['value']}, authoritative value {tval}" if tval is not None
+                    else f"read {e['value']} (no acc.truth recorded)")
+            title = (f"request {req} step {e.get('step')}: accepted count read from row {row} "
+                     f"{'is another row' + chr(39) + 's' if 'row-moved' in reasons else 'raced the D2H copy'} ({vtxt})")
+            expl = (f"_prepare_inputs read num_accepted_tokens for {req} from row {row} on {e.get('inst')} "
+                    f"(pid {pid}, step {e.get('step')}), but " + "; and ".join(parts) + f". It {vtxt}. "
+                    + ("The request used a wrong accepted count (wrong recurrent-state slot / positions)."
+                       if severity == SEVERITY_ERROR else
+                       "The value happened to be right, but the read is a race that can return another count."))
+            f = Finding(
+                kind=STALE_ACCEPTED_COUNT_READ, severity=severity, req=req, step=e.get("step"),
+                inst=e.get("inst"), event_ids=sorted(set(ids)), title=title, explanation=expl,
+                data={"row": row, "value": e["value"], "truth": tval, "reasons": reasons,
+                      "d2h_event": ev_id if ev_id is not None else (issue or {}).get("event"),
+                      "event_done": e.get("event_done"), "synced": e.get("synced"),
+                      "row_req_at_issue": row_req_at_issue, "req_row_at_issue": issue_row_of_req,
+                      "row_history": hist, "pid": pid, "ranks": [e.get("rank")]})
+            seen[dkey] = f
+            findings.append(f)
+    return findings
+
+
+def _fmt_move(h: dict) -> str:
+    if h["op"] == "swap":
+        return f"swap rows {h['rows'][0]}<->{h['rows'][1]} ({h['reqs'][0]}<->{h['reqs'][1]})"
+    if h["op"] == "condense":
+        return "condense " + ", ".join(f"{q} {a}->{b}" for q, a, b in h["moves"])
+    return f"{h['op']} {h.get('req')} row {h.get('row')}"

@@ -1,0 +1,436 @@
+"""A byte-offset line index for large traces (no Textual, no vLLM).
+
+``TraceIndex(path)`` keeps, per event, only its byte span and a few small columns
+(kind, effective step, request, instance) in ``array`` objects -- about 30 bytes per
+event -- and reads an event's JSON lazily with ``os.pread`` when a viewer pane needs it.
+``scan(batch_time)`` builds the index from an ``mmap`` in batches and yields a
+``ScanProgress`` after each batch, so a UI thread can show progress and a first screen
+long before a multi-GB trace is indexed.
+
+Validation follows ``pdtrace.trace.scan``: same header rules, same problem texts
+(truncated / blank / corrupt line, unknown kind, missing fields, data after the footer,
+no footer), and every problem names its 1-based line. ``lenient=False`` raises
+``TraceError`` at the first problem; ``lenient=True`` records it in ``problems``.
+
+``TraceIndex.from_events(events, header)`` builds the same index over events already in
+memory (shards merged by ``load_shards``), so viewers see one interface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+import threading
+import time
+from array import array
+from collections import OrderedDict
+from typing import Any, Iterable, Iterator, Sequence
+
+import orjson
+
+from . import __version__, schema
+from .errors import TraceError
+from .trace import _KIND_REQUIRED, Problem, _check_header
+
+KIND_NAMES: tuple[str, ...] = tuple(schema.KINDS)
+KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(KIND_NAMES)}
+UNKNOWN_KIND = 255  # an unknown kind kept in a newer trace read leniently
+NO_STEP = -1
+NO_REQ = -1
+
+_CHUNK = 4 << 20
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanProgress:
+    scanned: int  # bytes indexed so far
+    total: int  # file size
+    events: int  # events indexed so far
+    requests: int  # distinct request ids so far
+    problems: int
+    done: bool = False
+
+    @property
+    def fraction(self) -> float:
+        return 1.0 if not self.total else min(1.0, self.scanned / self.total)
+
+
+class TraceIndex:
+    """Offsets + small columns per event; parsed events only on demand."""
+
+    def __init__(self, path: str | None = None, *, lenient: bool = True, cache_size: int = 4096):
+        self.path = path
+        self.lenient = lenient
+        self.header: dict[str, Any] = {}
+        self.footer: dict[str, Any] | None = None
+        self.problems: list[Problem] = []
+        self.starts = array("q")
+        self.lengths = array("I")
+        self.kinds = array("B")
+        self.steps = array("i")  # effective step: the event's step, else the last step seen on its instance
+        self.reqs = array("i")
+        self.insts = array("B")
+        self.req_names: list[str] = []
+        self.req_code: dict[str, int] = {}
+        self.req_events: dict[int, array] = {}
+        self.inst_names: list[str] = []
+        self.inst_code: dict[str, int] = {}
+        self.step_ranges: dict[tuple[int, int], list[int]] = {}  # (inst, step) -> [first, last] ordinal
+        self.first_of_kind: dict[tuple[int, int], int] = {}  # (inst, kind) -> first ordinal
+        self.remote_req: dict[str, str] = {}  # D request -> P request (nixl.remote_alloc / nixl.read)
+        self.id_to_ord: dict[int, int] = {}  # only where an event's ``id`` differs from its ordinal
+        self.ord_to_id: dict[int, int] = {}
+        self.size = 0
+        self.done = False
+        self._cur_step: dict[int, int] = {}
+        self._newer = False
+        self._fd: int | None = None
+        self._mm: mmap.mmap | None = None
+        self._memory: list[dict[str, Any]] | None = None
+        self._cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+        if path is not None:
+            try:
+                self._fd = os.open(path, os.O_RDONLY)
+                self.size = os.fstat(self._fd).st_size
+            except OSError as exc:
+                raise TraceError(path, 0, f"cannot open: {exc.strerror or exc}") from None
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_events(cls, events: list[dict[str, Any]], header: dict[str, Any], *,
+                    problems: Sequence[Problem] = (), source: str | None = None) -> "TraceIndex":
+        idx = cls(None)
+        idx.path = source
+        idx.header = header
+        idx.problems = list(problems)
+        idx._memory = events
+        for i, e in enumerate(events):
+            if "id" not in e:
+                e["id"] = i
+            idx._add(e, i, 0)
+        idx.done = True
+        return idx
+
+    def __len__(self) -> int:
+        return len(self.kinds)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a slice still alive in another thread; the OS frees it at exit
+                pass
+            self._mm = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _problem(self, line: int, reason: str) -> None:
+        if not self.lenient:
+            raise TraceError(self.path or "", line, reason)
+        self.problems.append(Problem(line, reason))
+
+    def _add(self, obj: dict[str, Any], start: int, length: int) -> None:
+        n = len(self.kinds)
+        kind = obj["ev"]
+        kc = KIND_CODE.get(kind, UNKNOWN_KIND)
+        inst = obj.get("inst", "-")
+        ic = self.inst_code.get(inst)
+        if ic is None:
+            ic = self.inst_code[inst] = len(self.inst_names)
+            self.inst_names.append(inst)
+        step = obj.get("step")
+        if isinstance(step, int):
+            self._cur_step[ic] = step
+        else:
+            step = self._cur_step.get(ic, NO_STEP)
+        req = obj.get("req")
+        rc = NO_REQ
+        if isinstance(req, str):
+            rc = self.req_code.get(req, NO_REQ)
+            if rc == NO_REQ:
+                rc = self.req_code[req] = len(self.req_names)
+                self.req_names.append(req)
+                self.req_events[rc] = array("i")
+            self.req_events[rc].append(n)
+            if kind in ("nixl.remote_alloc", "nixl.read") and obj.get("remote_req"):
+                self.remote_req.setdefault(req, obj["remote_req"])
+        eid = obj.get("id", n)
+        if eid != n:
+            self.id_to_ord[eid] = n
+            self.ord_to_id[n] = eid
+        self.starts.append(start)
+        self.lengths.append(length)
+        self.kinds.append(kc)
+        self.steps.append(step)
+        self.reqs.append(rc)
+        self.insts.append(ic)
+        if step != NO_STEP:
+            r = self.step_ranges.get((ic, step))
+            if r is None:
+                self.step_ranges[(ic, step)] = [n, n]
+            else:
+                r[1] = n
+        self.first_of_kind.setdefault((ic, kc), n)
+
+    def _check_line(self, obj: Any, raw: bytes, line_no: int, at_eof: bool) -> dict[str, Any] | None:
+        """Apply pdtrace.trace's rules to one parsed line; return the event or None."""
+        if obj is None:
+            if at_eof and not raw.endswith(b"\n"):
+                self._problem(line_no, "truncated line (no newline at end of file: the writer stopped mid-line)")
+            elif not raw.strip():
+                self._problem(line_no, "blank line")
+            else:
+                self._problem(line_no, "corrupt line: not valid JSON")
+            return None
+        kind = obj.get("ev") if isinstance(obj, dict) else None
+        if kind is None:
+            self._problem(line_no, "corrupt line: not a JSON object with an 'ev' field")
+            return None
+        if self.footer is not None:
+            self._problem(line_no, "data after the footer")
+            return None
+        if kind == schema.FOOTER:
+            self.footer = obj
+            return None
+        req = _KIND_REQUIRED.get(kind)
+        if req is None:
+            if not self._newer:
+                self._problem(line_no, schema.new_kind_error(kind))
+            return None
+        if not obj.keys() >= req:
+            self._problem(line_no, f"{kind}: missing field(s) {', '.join(sorted(req - obj.keys()))}")
+            return None
+        return obj
+
+    def scan(self, batch_time: float = 0.1) -> Iterator[ScanProgress]:
+        """Index the file; yield progress after each ~``batch_time`` seconds of work."""
+        path = self.path or ""
+        if self._fd is None:
+            raise TraceError(path, 0, "nothing to scan (index built from events)")
+        if self.size == 0:
+            raise TraceError(path, 0, "empty file: not a pdtrace trace")
+        mm = self._mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        size = self.size
+        nl = mm.find(b"\n")
+        first = mm[: nl + 1 if nl >= 0 else size]
+        try:
+            self.header = _check_header(path, orjson.loads(first))
+        except orjson.JSONDecodeError:
+            raise TraceError(path, 1, "not a pdtrace trace: line 1 is not JSON") from None
+        self._newer = self.header["schema_version"] > schema.SCHEMA_VERSION
+        if self._newer:
+            self._problem(1, f"trace schema_version {self.header['schema_version']} is newer than this pdtrace "
+                             f"reads ({schema.SCHEMA_VERSION}); known event kinds only")
+        pos = len(first)
+        dropped = 0
+        line_no = 1
+        loads = orjson.loads
+        JSONError = orjson.JSONDecodeError
+        clock = time.monotonic
+        while pos < size:
+            deadline = clock() + batch_time
+            first_chunk = True
+            while pos < size and (first_chunk or clock() < deadline):
+                first_chunk = False
+                end = min(size, pos + _CHUNK)
+                if end < size:
+                    cut = mm.rfind(b"\n", pos, end)
+                    if cut < 0:  # one line longer than a chunk
+                        cut = mm.find(b"\n", end)
+                        end = size if cut < 0 else cut + 1
+                    else:
+                        end = cut + 1
+                block = mm[pos:end]
+                lines = block.split(b"\n")
+                tail = lines.pop()  # b"" when the block ends with a newline
+                off = pos
+                for raw in lines:
+                    line_no += 1
+                    ln = len(raw) + 1
+                    try:
+                        obj = loads(raw)
+                    except JSONError:
+                        obj = None
+                    if obj is not None and type(obj) is dict and "ev" in obj and self.footer is None \
+                            and obj["ev"] in _KIND_REQUIRED and obj.keys() >= _KIND_REQUIRED[obj["ev"]]:
+                        self._add(obj, off, ln)  # fast path: a valid event
+                    else:
+                        ev = self._check_line(obj, raw + b"\n", line_no, False)
+                        if ev is not None:
+                            self._add(ev, off, ln)
+                    off += ln
+                if tail:  # the file ends without a newline
+                    line_no += 1
+                    try:
+                        obj = loads(tail)
+                    except JSONError:
+                        obj = None
+                    ev = self._check_line(obj, tail, line_no, True)
+                    if ev is not None:
+                        self._add(ev, off, len(tail))
+                    off += len(tail)
+                if _DONTNEED is not None and end - dropped >= _CHUNK:  # keep scanned pages out of our RSS
+                    try:
+                        mm.madvise(_DONTNEED, dropped, (end - dropped) & ~(mmap.PAGESIZE - 1))
+                    except (OSError, ValueError):
+                        pass
+                    dropped += (end - dropped) & ~(mmap.PAGESIZE - 1)
+                pos = end
+            yield self._progress(pos)
+        if self.footer is None:
+            self._problem(line_no + 1, "no footer: the trace ends early (recording killed, or file cut)")
+        self.done = True
+        yield self._progress(size, done=True)
+
+    def build(self) -> "TraceIndex":
+        for _ in self.scan(batch_time=1.0):
+            pass
+        return self
+
+    def _progress(self, pos: int, done: bool = False) -> ScanProgress:
+        return ScanProgress(pos, self.size, len(self.kinds), len(self.req_names), len(self.problems), done)
+
+    # ---------------------------------------------------------------- reading
+    def event_id(self, i: int) -> int:
+        return self.ord_to_id.get(i, i)
+
+    def ordinal(self, event_id: int) -> int:
+        return self.id_to_ord.get(event_id, event_id)
+
+    def kind(self, i: int) -> str:
+        kc = self.kinds[i]
+        return KIND_NAMES[kc] if kc != UNKNOWN_KIND else "?"
+
+    def event(self, i: int) -> dict[str, Any]:
+        """The parsed event at ordinal ``i`` (pread + orjson, LRU-cached)."""
+        if self._memory is not None:
+            return self._memory[i]
+        with self._lock:
+            hit = self._cache.get(i)
+            if hit is not None:
+                self._cache.move_to_end(i)
+                return hit
+        raw = os.pread(self._fd, self.lengths[i], self.starts[i])  # type: ignore[arg-type]
+        obj = orjson.loads(raw)
+        if "id" not in obj:
+            obj["id"] = self.event_id(i)
+        with self._lock:
+            self._cache[i] = obj
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return obj
+
+    def events(self, ordinals: Iterable[int]) -> list[dict[str, Any]]:
+        return [self.event(i) for i in ordinals]
+
+    def iter_events(self, ordinals: Iterable[int] | None = None) -> Iterator[dict[str, Any]]:
+        """Parse events in order without caching them (bulk passes: detectors)."""
+        if self._memory is not None:
+            yield from (self._memory if ordinals is None else (self._memory[i] for i in ordinals))
+            return
+        loads = orjson.loads
+        rng = range(len(self.kinds)) if ordinals is None else ordinals
+        starts, lengths, fd = self.starts, self.lengths, self._fd
+        for i in rng:
+            obj = loads(os.pread(fd, lengths[i], starts[i]))  # type: ignore[arg-type]
+            if "id" not in obj:
+                obj["id"] = self.event_id(i)
+            yield obj
+
+    # ---------------------------------------------------------------- queries on columns
+    def request_ordinals(self, req: str, kinds: Iterable[str] | None = None) -> list[int]:
+        rc = self.req_code.get(req)
+        if rc is None:
+            return []
+        ords = self.req_events[rc]
+        if kinds is None:
+            return list(ords)
+        want = {KIND_CODE[k] for k in kinds if k in KIND_CODE}
+        kc = self.kinds
+        return [i for i in ords if kc[i] in want]
+
+    def step_ordinals(self, step: int, inst: str | None = None, kinds: Iterable[str] | None = None) -> list[int]:
+        """Events whose effective step is ``step`` (on ``inst``, or on every instance)."""
+        want = None if kinds is None else {KIND_CODE[k] for k in kinds if k in KIND_CODE}
+        out: list[int] = []
+        codes = range(len(self.inst_names)) if inst is None else [self.inst_code.get(inst, -1)]
+        for ic in codes:
+            r = self.step_ranges.get((ic, step))
+            if r is None:
+                continue
+            st, ins, kc = self.steps, self.insts, self.kinds
+            for i in range(r[0], r[1] + 1):
+                if st[i] == step and ins[i] == ic and (want is None or kc[i] in want):
+                    out.append(i)
+        out.sort()
+        return out
+
+    def steps_of(self, inst: str | None = None) -> list[int]:
+        if inst is None:
+            return sorted({s for (_ic, s) in list(self.step_ranges)})
+        ic = self.inst_code.get(inst, -1)
+        return sorted(s for (c, s) in list(self.step_ranges) if c == ic)
+
+    def first(self, kind: str, inst: str) -> dict[str, Any] | None:
+        i = self.first_of_kind.get((self.inst_code.get(inst, -1), KIND_CODE.get(kind, -1)))
+        return None if i is None else self.event(i)
+
+    def request_insts(self, req: str) -> list[str]:
+        rc = self.req_code.get(req)
+        if rc is None:
+            return []
+        ins = self.insts
+        return sorted({self.inst_names[ins[i]] for i in self.req_events[rc]})
+
+    def memory_bytes(self) -> int:
+        """Approximate bytes held by the columns (not the cache)."""
+        cols = (self.starts, self.lengths, self.kinds, self.steps, self.reqs, self.insts)
+        n = sum(a.buffer_info()[1] * a.itemsize for a in cols)
+        n += sum(a.buffer_info()[1] * a.itemsize for a in self.req_events.values())
+        return n
+
+
+# ------------------------------------------------------------------------------ shards
+def load_shards(directory: str) -> TraceIndex:
+    """Merge a directory of per-process shards (``*.jsonl``, one event per line, no
+    header/footer) in memory, sorted by ``t``, and index the result. Bad lines become
+    problems naming ``file:line``."""
+    names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
+    if not names:
+        raise TraceError(directory, 0, "no *.jsonl shards in this directory")
+    events: list[dict[str, Any]] = []
+    problems: list[Problem] = []
+    for name in names:
+        p = os.path.join(directory, name)
+        with open(p, "rb") as fh:
+            for line_no, raw in enumerate(fh, 1):
+                try:
+                    obj = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    why = "truncated line" if not raw.endswith(b"\n") else (
+                        "blank line" if not raw.strip() else "corrupt line: not valid JSON")
+                    problems.append(Problem(line_no, f"{name}: {why}"))
+                    continue
+                if not isinstance(obj, dict) or obj.get("ev") in (schema.HEADER, schema.FOOTER):
+                    continue
+                reason = schema.validate_event(obj)
+                if reason is not None:
+                    problems.append(Problem(line_no, f"{name}: {reason}"))
+                    continue
+                obj.pop("id", None)
+                events.append(obj)
+    events.sort(key=lambda e: e["t"])
+    for i, e in enumerate(events):
+        e["id"] = i
+    header = {
+        "ev": schema.HEADER, "schema": schema.SCHEMA_NAME, "schema_version": schema.SCHEMA_VERSION,
+        "pdtrace": __version__, "versions": {}, "cmd": [], "host": "", "created": "",
+        "redacted": True, "origin": "merge",
+        "instances": sorted({e.get("inst", "-") for e in events}),
+    }
+    return TraceIndex.from_events(events, header, problems=problems, source=directory)

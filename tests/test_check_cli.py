@@ -1,0 +1,134 @@
+"""`pdtrace check` / `pdtrace info` through the real typer app (CliRunner) and the console script."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import eventlib as E  # noqa: E402
+
+from pdtrace.cli import app  # noqa: E402
+from pdtrace.detectors import ALL_KINDS, LOOKAHEAD_MISALIGNMENT  # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def buggy(tmp_path):
+    b = E.lookahead_scenario(prompt_len=16, lookahead=1, p_first_block=10, d_first_block=50)
+    E.stale_read_scenario(b, move="swap", step=9)
+    return b.write(tmp_path / "buggy.jsonl")
+
+
+@pytest.fixture
+def clean(tmp_path):
+    b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True)
+    E.metadata_scenario(b, fixed=True)
+    return b.write(tmp_path / "clean.jsonl")
+
+
+def _run(*args):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_clean_trace_exit_0(clean):
+    r = _run("check", clean)
+    assert r.exit_code == 0, r.output
+    assert "no findings" in r.output
+
+
+def test_buggy_trace_exit_1_text(buggy):
+    r = _run("check", buggy)
+    assert r.exit_code == 1
+    assert "lookahead-block-misalignment" in r.output and "stale-accepted-count-read" in r.output
+    assert "D block 50 read P block 11 instead of 10" in r.output
+
+
+def test_markdown_shape(buggy, tmp_path):
+    out = tmp_path / "issue.md"
+    r = _run("check", buggy, "--format", "markdown", "-o", str(out))
+    assert r.exit_code == 1
+    md = out.read_text()
+    lines = md.splitlines()
+    assert lines[0].startswith("## pdtrace check: 2 finding(s)")
+    assert "| # | severity | kind | step | instance | request | summary |" in lines
+    table_rows = [line for line in lines if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(table_rows) == 2
+    assert md.count("### 1. `") == 1 and md.count("### 2. `") == 1
+    assert "### Environment" in md
+    for v in ("| vLLM | 0.32.0 |", "| torch | 2.13.0 |", "| nixl | 1.5.1 |", "| trace origin | synthetic |"):
+        assert v in md
+    assert md.count("```json") == 2 and md.count("<details>") == md.count("</details>") == 2
+
+
+def test_json_stable_shape_and_filters(buggy):
+    r = _run("check", buggy, "--format", "json", "--only", LOOKAHEAD_MISALIGNMENT, "--what-if", "fixed-trim")
+    assert r.exit_code == 1
+    doc = json.loads(r.output)
+    assert doc["schema"] == "pdtrace-check" and doc["version"] == 1
+    assert set(doc) >= {"trace", "detectors", "request", "summary", "findings", "what_if"}
+    assert doc["detectors"] == [LOOKAHEAD_MISALIGNMENT]
+    assert doc["summary"]["by_kind"] == {LOOKAHEAD_MISALIGNMENT: 1}
+    f = doc["findings"][0]
+    assert set(f) == {"kind", "severity", "req", "step", "inst", "event_ids", "title", "explanation", "data"}
+    (w,) = doc["what_if"]["requests"]
+    assert w["groups"][0]["recorded"] == [[50, 11]] and w["groups"][0]["fixed"] == [[50, 10]]
+    r2 = _run("check", buggy, "--format", "json", "--request", "nobody")
+    assert r2.exit_code == 0 and json.loads(r2.output)["findings"] == []
+
+
+def test_what_if_text(buggy):
+    r = _run("check", buggy, "--what-if", "fixed-trim")
+    assert "recorded: 50<-11" in r.output and "fixed:    50<-10" in r.output
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--only", "nope"], "valid kinds: " + ", ".join(ALL_KINDS)),
+    (["--format", "yaml"], "unknown --format"),
+    (["--what-if", "magic"], "unknown --what-if"),
+])
+def test_bad_arguments_exit_2(buggy, args, needle):
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", buggy, *args], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert needle in r.stderr
+
+
+def test_truncated_trace_names_line_and_lenient_goes_on(buggy, tmp_path):
+    data = pathlib.Path(buggy).read_bytes().splitlines(keepends=True)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(b"".join(data[:6]) + data[6][: len(data[6]) // 2])  # killed mid-line 7
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(cut)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert f"{cut}:7:" in r.stderr and "truncated" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(cut), "--lenient"], capture_output=True, text=True)
+    assert r.returncode in (0, 1) and "warning" in r.stderr and ":7:" in r.stderr
+
+
+def test_corrupt_line_names_line(buggy, tmp_path):
+    lines = pathlib.Path(buggy).read_bytes().splitlines(keepends=True)
+    lines[3] = b"{not json\n"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"".join(lines))
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2 and f"{bad}:4: corrupt line" in r.stderr
+
+
+def test_not_a_trace_exit_2(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_text('{"hello": 1}\n')
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(p)], capture_output=True, text=True)
+    assert r.returncode == 2 and ":1:" in r.stderr
+
+
+def test_info(buggy):
+    r = _run("info", buggy)
+    assert r.exit_code == 0
+    assert "vllm 0.32.0" in r.output and "origin     synthetic" in r.output
+    assert "nixl.request_finished" in r.output and "processes  " in r.output

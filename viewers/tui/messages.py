@@ -1,0 +1,32 @@
+"""Messages the indexing worker posts to the app (small dataclasses, one module)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from textual.message import Message
+
+from pdtrace.index import ScanProgress
+
+
+@dataclasses.dataclass
+class IndexProgress(Message):
+    """A batch of lines was indexed (``progress.done`` on the last one)."""
+
+    progress: ScanProgress
+
+
+@dataclasses.dataclass
+class IndexFailed(Message):
+    """The trace cannot be read at all (bad header, unreadable file)."""
+
+    error: str
+
+
+@dataclasses.dataclass
+class FindingsReady(Message):
+    """The detectors ran over the whole trace (``error`` set when they could not)."""
+
+    findings: list[Any]
+    error: str = ""

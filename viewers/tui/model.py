@@ -1,0 +1,436 @@
+"""What each pane shows, computed from a ``TraceIndex`` (no Textual imports).
+
+Every function here takes the index (and the selection) and returns plain dataclasses;
+the widgets only turn them into text. Events are parsed on demand through the index,
+so a pane costs the events it shows, not the trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pdtrace.index import KIND_CODE, TraceIndex
+
+NIXL_KINDS = ("nixl.request_finished", "nixl.remote_alloc", "nixl.trim", "nixl.read")
+META_KINDS = ("kvmeta.bind", "kvmeta.clear", "kvmeta.has", "kvmeta.save_layer", "kvmeta.wait_for_save", "spec.phase")
+ACC_KINDS = ("d2h.issue", "d2h.done", "acc.read", "acc.truth")
+BATCH_KINDS = ("batch.add", "batch.remove", "batch.swap", "batch.condense")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b) if b > 0 else 0
+
+
+def _last(index: TraceIndex, req: str | None, kind: str, where=None) -> dict[str, Any] | None:
+    if not req:
+        return None
+    for i in reversed(index.request_ordinals(req, [kind])):
+        e = index.event(i)
+        if where is None or where(e):
+            return e
+    return None
+
+
+def _config(index: TraceIndex, inst: str | None) -> dict[str, Any]:
+    if inst:
+        e = index.first("sched.config", inst)
+        if e:
+            return e
+    for name in index.inst_names:
+        e = index.first("sched.config", name)
+        if e:
+            return e
+    return {}
+
+
+# ------------------------------------------------------------------------------ block map
+@dataclasses.dataclass
+class Cell:
+    block: int
+    pos: int | None  # index in the owner's block list
+    tokens: tuple[int, int] | None  # inclusive token range held, None for lookahead/state blocks
+    lookahead: bool = False
+    state: bool = False
+
+
+@dataclasses.dataclass
+class Pair:
+    local: Cell
+    remote: Cell
+    ok: bool
+    why: str = ""
+
+
+@dataclasses.dataclass
+class GroupMap:
+    group: int
+    kind: str
+    block_size: int
+    p_blocks: list[Cell]
+    d_blocks: list[Cell]
+    pairs: list[Pair]
+
+    @property
+    def mismatches(self) -> int:
+        return sum(not p.ok for p in self.pairs)
+
+
+@dataclasses.dataclass
+class BlockMap:
+    p_req: str | None
+    d_req: str | None
+    remote_num_tokens: int | None
+    prompt_len: int | None
+    groups: list[GroupMap]
+    source: str  # which D event gave the pairs: nixl.trim | nixl.read | ''
+    event_ids: list[int]
+
+    @property
+    def mismatches(self) -> int:
+        return sum(g.mismatches for g in self.groups)
+
+
+def _cells(ids: list[int], bs: int, ntok: int | None, state: bool, positions: dict[int, int] | None = None) -> list[Cell]:
+    out = []
+    ncover = _ceil_div(ntok, bs) if ntok is not None else None
+    for j, b in enumerate(ids):
+        pos = positions.get(b, j) if positions is not None else j
+        if state:
+            out.append(Cell(b, pos, None, state=True))
+        elif ncover is not None and pos >= ncover:
+            out.append(Cell(b, pos, None, lookahead=True))
+        else:
+            hi = (pos + 1) * bs - 1
+            if ntok is not None:
+                hi = min(hi, ntok - 1)
+            out.append(Cell(b, pos, (pos * bs, hi)))
+    return out
+
+
+def pair_requests(index: TraceIndex, req: str) -> tuple[str | None, str | None]:
+    """(P request, D request) for a selected request id on either side."""
+    if req in index.remote_req:
+        return index.remote_req[req], req
+    for d, p in index.remote_req.items():
+        if p == req:
+            return req, d
+    insts = index.request_insts(req)
+    return (req if "P" in insts else None), (req if "D" in insts else None)
+
+
+def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
+    if not req:
+        return None
+    p_req, d_req = pair_requests(index, req)
+    rf = _last(index, p_req, "nixl.request_finished", lambda e: e.get("side", "P") == "P")
+    ra = _last(index, d_req, "nixl.remote_alloc")
+    trim = _last(index, d_req, "nixl.trim")
+    read = _last(index, d_req, "nixl.read")
+    d_alloc = _last(index, d_req, "sched.alloc", lambda e: e.get("inst") == (ra or trim or {}).get("inst", "D"))
+    if rf is None and ra is None and trim is None and read is None:
+        return None
+    p_cfg = _config(index, rf.get("inst") if rf else "P")
+    d_cfg = _config(index, (ra or trim or read or {}).get("inst", "D"))
+    rnt = None
+    for src in (rf, ra):
+        if src and src.get("remote_num_tokens") is not None:
+            rnt = src["remote_num_tokens"]
+            break
+    prompt_len = (rf or {}).get("prompt_len")
+    p_ids = (rf or {}).get("block_ids") or (ra or {}).get("remote_block_ids") or []
+    if trim:
+        d_ids, pairs_l, pairs_r, source = trim["local_in"], trim["local_out"], trim["remote_out"], "nixl.trim"
+    elif read:
+        d_ids, pairs_l, pairs_r, source = read["local_block_ids"], read["local_block_ids"], read["remote_block_ids"], "nixl.read"
+    else:
+        d_ids, pairs_l, pairs_r, source = (ra or {}).get("local_block_ids") or [], [], [], ""
+    ngroups = max(len(p_ids), len(d_ids), len(pairs_l))
+    groups = []
+    for g in range(ngroups):
+        sizes = d_cfg.get("block_sizes") or p_cfg.get("block_sizes") or [16]
+        kinds = d_cfg.get("group_kinds") or p_cfg.get("group_kinds") or []
+        bs = sizes[g] if g < len(sizes) else sizes[-1]
+        gk = kinds[g] if g < len(kinds) else "FullAttentionSpec"
+        state = "mamba" in gk.lower() or "state" in gk.lower()
+        pg = list(p_ids[g]) if g < len(p_ids) else []
+        dg = list(d_ids[g]) if g < len(d_ids) else []
+        # D positions: the full list D holds (sched.alloc) gives each block's place in the
+        # request; without it, the blocks to load are the tail of the blocks covering the prompt.
+        d_full = (d_alloc or {}).get("block_ids") or []
+        if g < len(d_full) and set(dg) <= set(d_full[g]):
+            dpos = {b: k for k, b in enumerate(d_full[g])}
+        else:
+            ncover = _ceil_div(rnt, bs) if rnt is not None else len(dg)
+            base = max(0, ncover - len(dg))
+            dpos = {b: base + k for k, b in enumerate(dg)}
+        pcells = _cells(pg, bs, rnt, state)
+        dcells = _cells(dg, bs, rnt, state, dpos)
+        pmap = {c.block: c for c in pcells}
+        dmap = {c.block: c for c in dcells}
+        pairs = []
+        lo = pairs_l[g] if g < len(pairs_l) else []
+        ro = pairs_r[g] if g < len(pairs_r) else []
+        for lb, rb in zip(lo, ro):
+            lc = dmap.get(lb) or Cell(lb, dpos.get(lb), None)
+            rc = pmap.get(rb) or Cell(rb, None, None)
+            if state:
+                pairs.append(Pair(lc, rc, True, "state group: copied whole"))
+                continue
+            if rc.pos is None:
+                pairs.append(Pair(lc, rc, False, f"P never reported block {rb}"))
+            elif rc.lookahead:
+                pairs.append(Pair(lc, rc, False, f"P block {rb} is a lookahead block (holds no computed tokens)"))
+            elif lc.pos is not None and lc.pos != rc.pos:
+                want = pg[lc.pos] if lc.pos < len(pg) else "?"
+                pairs.append(Pair(lc, rc, False, f"D block {lb} holds tokens of P block {want}, not {rb} (shifted by {rc.pos - lc.pos})"))
+            else:
+                pairs.append(Pair(lc, rc, True))
+        if len(lo) != len(ro):
+            pairs.append(Pair(Cell(-1, None, None), Cell(-1, None, None), False,
+                              f"{len(lo)} local vs {len(ro)} remote blocks"))
+        groups.append(GroupMap(g, gk, bs, pcells, dcells, pairs))
+    ids = [e["id"] for e in (rf, ra, trim, read) if e]
+    return BlockMap(p_req, d_req, rnt, prompt_len, groups, source, ids)
+
+
+# ------------------------------------------------------------------------------ accepted counts
+@dataclasses.dataclass
+class AccRow:
+    row: int
+    req: str  # request the read was for
+    value: int
+    truth: int | None
+    owner_at_issue: str | None  # d2h.issue rows[row]
+    owner_now: str | None  # from batch.* replay at the read
+    issue_t: int | None
+    done_t: int | None
+    read_t: int
+    event_done: bool | None
+    synced: bool | None
+    status: str  # ok, or a comma list of: stale, wrong-row, wrong-value
+    event_ids: list[int]
+    history: list[tuple[int, str]]  # (step, owner) changes of this row up to the read
+
+    @property
+    def bad(self) -> bool:
+        return self.status != "ok"
+
+
+@dataclasses.dataclass
+class AccView:
+    step: int
+    inst: str
+    rows: list[AccRow]
+    owners: dict[int, str]  # row -> owner at the end of the step
+
+
+class RowTracker:
+    """Row owners from batch.add/remove/swap/condense, replayed with per-position checkpoints."""
+
+    def __init__(self, index: TraceIndex, inst: str):
+        self.index = index
+        ic = index.inst_code.get(inst, -1)
+        want = {KIND_CODE[k] for k in BATCH_KINDS}
+        kc, ins = index.kinds, index.insts
+        self.ords = [i for i in range(len(kc)) if kc[i] in want and ins[i] == ic]
+        self._check: dict[int, tuple[dict[int, str], list[tuple[int, int, str]]]] = {0: ({}, [])}
+        self._ic = ic
+        self._issues: tuple[dict[str, dict], dict[str, dict]] | None = None
+
+    def issue_maps(self) -> tuple[dict[str, dict], dict[str, dict]]:
+        """(CUDA event id -> d2h.issue, -> d2h.done) on this instance, parsed once."""
+        if self._issues is None:
+            ci, cd = KIND_CODE["d2h.issue"], KIND_CODE["d2h.done"]
+            issues: dict[str, dict] = {}
+            dones: dict[str, dict] = {}
+            kc, ins = self.index.kinds, self.index.insts
+            for i in range(len(kc)):
+                if ins[i] == self._ic and kc[i] in (ci, cd):
+                    e = self.index.event(i)
+                    (issues if kc[i] == ci else dones)[e["event"]] = e
+            self._issues = (issues, dones)
+        return self._issues
+
+    def state_before(self, ordinal: int) -> tuple[dict[int, str], list[tuple[int, int, str]]]:
+        """(row -> owner, [(row, step, owner) changes]) after every batch event before ``ordinal``."""
+        import bisect
+
+        n = bisect.bisect_left(self.ords, ordinal)
+        start = max(k for k in self._check if k <= n)
+        rows, hist = self._check[start]
+        rows, hist = dict(rows), list(hist)
+        for i in self.ords[start:n]:
+            e = self.index.event(i)
+            k, s = e["ev"], self.index.steps[i]
+            if k == "batch.add":
+                rows[e["row"]] = e.get("req") or "?"
+                hist.append((e["row"], s, rows[e["row"]]))
+            elif k == "batch.remove":
+                if e["row"] >= 0:
+                    rows.pop(e["row"], None)
+                    hist.append((e["row"], s, ""))
+            elif k == "batch.swap":
+                a, b = rows.get(e["i1"], ""), rows.get(e["i2"], "")
+                rows[e["i1"]], rows[e["i2"]] = b, a
+                hist.append((e["i1"], s, b))
+                hist.append((e["i2"], s, a))
+            elif k == "batch.condense":
+                for mv in e.get("moves") or []:
+                    rq, old, new = mv[0], mv[1], mv[2]
+                    rows.pop(old, None)
+                    rows[new] = rq
+                    hist.append((old, s, ""))
+                    hist.append((new, s, rq))
+        self._check[n] = (dict(rows), list(hist))
+        return rows, hist
+
+
+def acc_insts(index: TraceIndex) -> list[str]:
+    code = KIND_CODE["acc.read"]
+    return [name for ic, name in enumerate(index.inst_names) if (ic, code) in index.first_of_kind]
+
+
+def accepted(index: TraceIndex, step: int | None, trackers: dict[str, RowTracker] | None = None) -> list[AccView]:
+    if step is None:
+        return []
+    trackers = trackers if trackers is not None else {}
+    views = []
+    for inst in acc_insts(index):
+        ords = index.step_ordinals(step, inst, ACC_KINDS)
+        reads = [i for i in ords if index.kind(i) == "acc.read"]
+        if not reads:
+            continue
+        tr = trackers.get(inst)
+        if tr is None:
+            tr = trackers[inst] = RowTracker(index, inst)
+        issues, dones = tr.issue_maps()
+        rows = []
+        for i in reads:
+            e = index.event(i)
+            req = e.get("req") or "?"
+            owners, hist = tr.state_before(i)
+            iss = issues.get(e.get("event")) if e.get("event") else None
+            done = dones.get(e.get("event")) if e.get("event") else None
+            at_issue = None
+            if iss is not None:
+                rr = iss.get("rows") or []
+                at_issue = rr[e["row"]] if 0 <= e["row"] < len(rr) else ""
+            truth_ev = _truth(index, req, step)
+            truth = truth_ev["value"] if truth_ev else None
+            bad = []
+            if e.get("event_done") is False and not e.get("synced"):
+                bad.append("stale")
+            if (at_issue is not None and at_issue != req) or owners.get(e["row"], req) != req:
+                bad.append("wrong-row")
+            if truth is not None and e["value"] != truth:
+                bad.append("wrong-value")
+            status = ",".join(bad) or "ok"
+            ids = [e["id"]] + [x["id"] for x in (iss, done, truth_ev) if x]
+            rows.append(AccRow(e["row"], req, e["value"], truth, at_issue, owners.get(e["row"]),
+                               iss["t"] if iss else None, done["t"] if done else None, e["t"],
+                               e.get("event_done"), e.get("synced"), status, ids,
+                               [(s, o) for (r, s, o) in hist if r == e["row"]][-6:]))
+        end = max(ords) + 1 if ords else 0
+        owners_end, _ = tr.state_before(end)
+        views.append(AccView(step, inst, rows, owners_end))
+    return views
+
+
+def _truth(index: TraceIndex, req: str, step: int) -> dict[str, Any] | None:
+    best = None
+    for i in index.request_ordinals(req, ["acc.truth"]):
+        e = index.event(i)
+        fs = e.get("for_step")
+        if fs == step - 1:
+            return e
+        if fs is not None and fs <= step and (best is None or fs > best["for_step"]):
+            best = e
+    return best
+
+
+# ------------------------------------------------------------------------------ connector metadata
+@dataclasses.dataclass
+class MetaLine:
+    text: str
+    bad: bool
+    depth: int
+    event_id: int
+
+
+@dataclasses.dataclass
+class MetaView:
+    step: int
+    inst: str
+    lines: list[MetaLine]
+
+    @property
+    def gaps(self) -> int:
+        return sum(line.bad for line in self.lines)
+
+
+def metadata(index: TraceIndex, step: int | None) -> list[MetaView]:
+    if step is None:
+        return []
+    views = []
+    for inst in index.inst_names:
+        ords = index.step_ordinals(step, inst, META_KINDS)
+        if not ords:
+            continue
+        evs = index.events(ords)
+        drafter_later = [any(x["ev"] == "spec.phase" and x["phase"] == "drafter" and x["edge"] == "begin"
+                             for x in evs[k + 1:]) for k in range(len(evs))]
+        lines: list[MetaLine] = []
+        bound = False
+        phase = ""
+        phase_layers: list[str] = []
+        saved: list[str] = []
+        for k, e in enumerate(evs):
+            kind = e["ev"]
+            if kind == "kvmeta.bind":
+                bound = True
+                reqs = ", ".join(e.get("reqs") or [])
+                lines.append(MetaLine(f"bind  recv={e['n_recv']} save={e['n_save']} send={e['n_send']}"
+                                      + (f"  [{reqs}]" if reqs else ""), False, 0, e["id"]))
+            elif kind == "kvmeta.clear":
+                bad = bound and drafter_later[k]
+                bound = False
+                lines.append(MetaLine(f"clear (phase {e['phase'] or 'between'})"
+                                      + ("  <- before the drafter forward: drafter layers will not save" if bad else ""),
+                                      bad, 0, e["id"]))
+            elif kind == "spec.phase":
+                if e["edge"] == "begin":
+                    phase, phase_layers, saved = e["phase"], list(e.get("layers") or []), []
+                    lines.append(MetaLine(f"{phase} forward begin" + (f"  ({len(phase_layers)} layers)" if phase_layers else "")
+                                          + (f"  method={e['method']}" if e.get("method") else ""), False, 1, e["id"]))
+                else:
+                    missing = [x for x in phase_layers if x not in saved]
+                    if missing:
+                        lines.append(MetaLine(f"no save_kv_layer for {len(missing)} {phase} layer(s): {', '.join(missing)}",
+                                              True, 2, e["id"]))
+                    lines.append(MetaLine(f"{e['phase']} forward end", False, 1, e["id"]))
+                    phase, phase_layers = "", []
+            elif kind == "kvmeta.save_layer":
+                saved.append(e["layer"])
+                lines.append(MetaLine(f"save_kv_layer {e['layer']} ({e['phase']})", False, 2, e["id"]))
+            elif kind == "kvmeta.has":
+                bad = e["result"] is False and e["phase"] == "drafter"
+                lines.append(MetaLine(f"has_connector_metadata() -> {e['result']} ({e['phase'] or 'between'})",
+                                      bad, 2, e["id"]))
+            elif kind == "kvmeta.wait_for_save":
+                lines.append(MetaLine(f"wait_for_save ({e['phase'] or 'between'})", False, 1, e["id"]))
+        views.append(MetaView(step, inst, lines))
+    return views
+
+
+# ------------------------------------------------------------------------------ raw events
+def raw_ordinals(index: TraceIndex, req: str | None, step: int | None, limit: int = 200) -> list[int]:
+    if req:
+        ords = index.request_ordinals(req)
+        if step is not None:
+            at = [i for i in ords if index.steps[i] == step]
+            ords = at or ords
+        return ords[:limit]
+    if step is not None:
+        return index.step_ordinals(step)[:limit]
+    return list(range(min(limit, len(index))))

@@ -1,0 +1,77 @@
+"""The step scrubber: a one-line timeline of engine steps with finding markers."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+from rich.text import Text
+from textual import events
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import Widget
+
+
+class StepScrubber(Widget):
+    """Shows the selected step among all steps; red ticks mark steps with findings.
+
+    Keys live on the app (left/right/home/end) so they work whatever pane has focus;
+    a click on the bar jumps to the step under the mouse.
+    """
+
+    DEFAULT_CSS = """
+    StepScrubber { height: 2; padding: 0 1; background: $boost; }
+    """
+
+    step: reactive[int | None] = reactive(None)
+
+    class Scrubbed(Message):
+        def __init__(self, step: int) -> None:
+            super().__init__()
+            self.step = step
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.steps: list[int] = []
+        self.marks: set[int] = set()
+
+    def set_steps(self, steps: list[int]) -> None:
+        self.steps = steps
+        self.refresh()
+
+    def set_marks(self, marks: set[int]) -> None:
+        self.marks = marks
+        self.refresh()
+
+    def _bar_width(self) -> int:
+        return max(10, self.size.width - 2)
+
+    def render(self) -> Text:
+        n = len(self.steps)
+        head = Text()
+        if not n:
+            head.append("steps: none yet", style="dim")
+            return head
+        pos = bisect_left(self.steps, self.step) if self.step is not None else 0
+        head.append(f"step {self.step if self.step is not None else '-'}", style="bold")
+        head.append(f"  ({pos + 1}/{n}, range {self.steps[0]}..{self.steps[-1]})  ", style="dim")
+        if self.step in self.marks:
+            head.append("finding at this step", style="bold red")
+        head.append("\n")
+        width = self._bar_width()
+        cells = ["─"] * width
+        styles = ["dim"] * width
+        for s in self.marks:
+            k = bisect_left(self.steps, s)
+            c = min(width - 1, k * width // n)
+            cells[c], styles[c] = "┃", "bold red"
+        c = min(width - 1, pos * width // n)
+        cells[c], styles[c] = "◆", "bold reverse"
+        for ch, st in zip(cells, styles):
+            head.append(ch, style=st)
+        return head
+
+    def on_click(self, event: events.Click) -> None:
+        if not self.steps or event.y < 1:
+            return
+        k = max(0, min(len(self.steps) - 1, (event.x - 1) * len(self.steps) // self._bar_width()))
+        self.post_message(self.Scrubbed(self.steps[k]))
