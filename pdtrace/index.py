@@ -75,6 +75,7 @@ class TraceIndex:
         self.req_names: list[str] = []
         self.req_code: dict[str, int] = {}
         self.req_events: dict[int, array] = {}
+        self.req_insts = array("B")  # per request: bit mask of instance codes (first 8 instances)
         self.inst_names: list[str] = []
         self.inst_code: dict[str, int] = {}
         self.step_ranges: dict[tuple[int, int], list[int]] = {}  # (inst, step) -> [first, last] ordinal
@@ -156,7 +157,10 @@ class TraceIndex:
                 rc = self.req_code[req] = len(self.req_names)
                 self.req_names.append(req)
                 self.req_events[rc] = array("i")
+                self.req_insts.append(0)
             self.req_events[rc].append(n)
+            if ic < 8:
+                self.req_insts[rc] |= 1 << ic
             if kind in ("nixl.remote_alloc", "nixl.read") and obj.get("remote_req"):
                 self.remote_req.setdefault(req, obj["remote_req"])
         eid = obj.get("id", n)
@@ -384,8 +388,8 @@ class TraceIndex:
         rc = self.req_code.get(req)
         if rc is None:
             return []
-        ins = self.insts
-        return sorted({self.inst_names[ins[i]] for i in self.req_events[rc]})
+        mask = self.req_insts[rc]
+        return sorted(name for ic, name in enumerate(self.inst_names[:8]) if mask >> ic & 1)
 
     def memory_bytes(self) -> int:
         """Approximate bytes held by the columns (not the cache)."""

@@ -155,8 +155,10 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
             r = rows.get(e.get("req", ""))
             window_rows[id(e)] = (r, len(hist.get(r, ())) if r is not None else 0)  # history length so far
 
-    findings: list[Finding] = []
-    for w, a, g, step, inst, req, B, owned, capacity in candidates:
+    prepared = []
+    queries: list[tuple] = []
+    for cand in candidates:
+        w, a, g, step, inst, req, B, owned, capacity = cand
         outside = list(range(max(w["start"], capacity), w["end"]))
         row, n_hist = window_rows.get(id(w), (None, 0))
         prev = [q for q in row_hist.get(w["pid"], {}).get(row, [])[:n_hist] if q != req] if row is not None else []
@@ -169,12 +171,24 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
                 if qa is not None and g < len(qa["block_ids"]) and bi < len(qa["block_ids"][g]):
                     stale, stale_from = qa["block_ids"][g][bi], q
                     break
-            held = holders(inst, stale, g, w["id"]) if stale is not None else []
+            query = (inst, stale, g, w["id"]) if stale is not None else None
+            if query is not None:
+                queries.append(query)
             blocks.append({
                 "block_index": bi, "positions": [p for p in outside if p // B == bi],
-                "stale_block": stale, "stale_from_req": stale_from,
-                "held_by": [q for q in held if q != req], "shared": len(held) >= 2,
+                "stale_block": stale, "stale_from_req": stale_from, "held_by": [], "shared": False,
+                "_query": query,
             })
+        prepared.append((cand, outside, row, blocks))
+    held_map = holders_many(queries)
+    findings: list[Finding] = []
+    for cand, outside, row, blocks in prepared:
+        w, a, g, step, inst, req, B, owned, capacity = cand
+        for blk in blocks:
+            q = blk.pop("_query")
+            held = held_map.get(q, []) if q is not None else []
+            blk["held_by"] = [q for q in held if q != req]
+            blk["shared"] = len(held) >= 2
         ids = sorted({e["id"] for e in (w, a) if "id" in e})
         where = []
         for b in blocks:

@@ -58,8 +58,13 @@ def main():
     args = sys.argv[1:]
     mark("main-start")
     ctx = mp.get_context("spawn")
-    with ctx.Pool(2) as pool:
-        squares = pool.map(child, [1, 2, 3])
+    # close()+join(): workers exit normally (atexit flushes their shards). A `with Pool()` block
+    # would terminate() them with SIGTERM right after map() returns; that path is covered by
+    # test_sigterm_mid_run_still_gives_a_valid_trace for the main process.
+    pool = ctx.Pool(2)
+    squares = pool.map(child, [1, 2, 3])
+    pool.close()
+    pool.join()
     mark("squares", value=squares)
     if "--kill-child" in args:
         q = ctx.Queue()

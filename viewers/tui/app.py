@@ -41,6 +41,10 @@ PANE_OF_KIND = {
 }
 
 
+# Above this file size the detectors (which take a list of parsed events) run on request only.
+DETECT_MAX_BYTES = 256 << 20
+
+
 def default_detect() -> Detect | None:
     try:
         from pdtrace.detectors import run_all  # type: ignore[attr-defined]
@@ -61,6 +65,7 @@ class PdtraceViewer(App):
         Binding("f", "next_finding(1)", "Next finding"),
         Binding("F", "next_finding(-1)", "Prev finding", show=False),
         Binding("slash", "filter", "Filter"),
+        Binding("D", "detect", "Run detectors", show=False),
         Binding("1", "tab('blocks')", "Blocks"),
         Binding("2", "tab('acc')", "Accepted"),
         Binding("3", "tab('meta')", "Metadata"),
@@ -73,12 +78,15 @@ class PdtraceViewer(App):
     step: reactive[int | None] = reactive(None, init=False)
 
     def __init__(self, index: TraceIndex, *, detect: Detect | None = None, use_default_detect: bool = True,
-                 scan: bool | None = None, batch_time: float = 0.1) -> None:
+                 scan: bool | None = None, batch_time: float = 0.1,
+                 detect_max_bytes: int = DETECT_MAX_BYTES) -> None:
         super().__init__()
         self.index = index
         self.detect = detect if detect is not None else (default_detect() if use_default_detect else None)
         self.scan = (not index.done) if scan is None else scan
         self.batch_time = batch_time
+        self.detect_max_bytes = detect_max_bytes
+        self._force_detect = False
         self.findings: list[Any] = []
         self.finding: Any = None  # the finding last jumped to
         self.findings_done = False
@@ -89,6 +97,7 @@ class PdtraceViewer(App):
         self._trackers: dict[str, model.RowTracker] = {}
         self._filter = ""
         self._started = time.perf_counter()
+        self._lists_at = 0.0
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -143,6 +152,11 @@ class PdtraceViewer(App):
         if self.detect is None:
             self.post_message(FindingsReady([], "detectors unavailable (pdtrace.detectors.run_all not importable)"))
             return
+        if self.index.size > self.detect_max_bytes and not self._force_detect:
+            mb = self.index.size >> 20
+            self.post_message(FindingsReady([], f"{mb} MiB trace: detectors not run automatically (they parse "
+                                                "every event into memory); press D to run them, or use `pdtrace check`"))
+            return
         try:
             # run_all takes a list (it indexes events by kind); the index itself keeps offsets only
             events = list(self.index.iter_events())
@@ -161,10 +175,13 @@ class PdtraceViewer(App):
         p = msg.progress
         bar = self.query_one("#progress", ProgressBar)
         bar.update(total=100, progress=round(100 * p.fraction))
-        self._add_requests()
-        self.query_one(StepScrubber).set_steps(self.index.steps_of())
-        if self.step is None and self.query_one(StepScrubber).steps:
-            self.step = self.query_one(StepScrubber).steps[0]
+        now = time.perf_counter()
+        if self.first_screen_at is None or now - self._lists_at > 2.0:  # lists are cheap to show, not to rebuild
+            self._lists_at = now
+            self._add_requests()
+            self.query_one(StepScrubber).set_steps(self.index.steps_of())
+            if self.step is None and self.query_one(StepScrubber).steps:
+                self.step = self.query_one(StepScrubber).steps[0]
         if p.done:
             bar.display = False
             self._after_index()
@@ -215,7 +232,7 @@ class PdtraceViewer(App):
             return
         self._known_reqs = len(names)
         flt = self._filter.lower()
-        rows = [(r, " ".join(self.index.request_insts(r)) if len(names) < 20000 else "", r in self._bad_reqs)
+        rows = [(r, " ".join(self.index.request_insts(r)), r in self._bad_reqs)
                 for r in list(names) if flt in r.lower()]
         rows.sort(key=lambda x: not x[2])  # requests with findings first
         self.query_one(RequestList).show(rows, len(names), self._filter)
@@ -334,6 +351,15 @@ class PdtraceViewer(App):
         else:
             k = (k + delta) % len(self.findings)
         self.goto_finding(k)
+
+    def action_detect(self) -> None:
+        if not self.indexed or self.findings:
+            return
+        self._force_detect = True
+        self.scan = False
+        self.findings_done = False
+        self.query_one(FindingsList).show([], "running detectors...")
+        self._work()
 
     def action_filter(self) -> None:
         self.query_one("#filter", Input).focus()

@@ -20,6 +20,7 @@ Replays a trace and shows where P/D + speculative decoding went wrong.
 | `f` / `F` | next / previous finding (jumps to its request and step) |
 | `enter` | on a finding: jump to it; on a request: select it |
 | `/` | filter requests by id |
+| `D` | run the detectors on a trace too large to run them automatically (> 256 MiB) |
 | `1` `2` `3` `4` | Block map, Accepted counts, Connector metadata, Raw events |
 | `tab` / `shift+tab` | move focus between lists and panes |
 | `ctrl+p` | command palette: go to request / step / finding |
