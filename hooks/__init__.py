@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from pdtrace import recorder as _recorder
 
-SUBSYSTEMS = ("scheduler", "nixl", "connector_metadata", "accepted_counts", "input_batch")
+SUBSYSTEMS = ("scheduler", "nixl", "connector_metadata", "accepted_counts", "input_batch", "worker")
 
 
 @dataclasses.dataclass
