@@ -84,8 +84,12 @@ def after(hook: str, record: Callable[..., None]) -> Callable[[Callable], Callab
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             result = orig(*args, **kwargs)
-            if _recorder._current is not None:
-                _call_safely(hook, lambda rec: record(rec, result, *args, **kwargs))
+            rec = _recorder._current
+            if rec is not None:
+                try:  # inlined _call_safely: this wrapper runs on per-step hot paths
+                    record(rec, result, *args, **kwargs)
+                except Exception as exc:  # never into vLLM
+                    rec.hook_error(hook, exc)
             return result
 
         wrapper.__pdtrace_hook__ = hook  # type: ignore[attr-defined]
