@@ -33,7 +33,8 @@ def normalize(ev: dict) -> dict:
 
 def canonical(events: list[dict]) -> list[dict]:
     """Events without per-run noise: times, pids, ids dropped; request ids (a per-process
-    counter) and CUDA-event ids (object addresses) renamed in order of first appearance.
+    counter), prompt hashes (of prompts derived from that counter) and CUDA-event ids (object
+    addresses) renamed in order of first appearance.
     Block ids, rows, values, kinds and order are compared as they are."""
     import re
 
@@ -44,6 +45,11 @@ def canonical(events: list[dict]) -> list[dict]:
         return names.setdefault(m.group(0), f"{m.group(1)}#{len(names)}")
 
     text = re.sub(r"(req)-\d+-[PD]\b", rename, text)
+    # the harness derives each synthetic prompt from its request counter: hash renamed like the id
+    text = re.sub(r'"prompt_hash": "([0-9a-f]{16})"',
+                  lambda m: f'"prompt_hash": "{names.setdefault(m.group(1), f"hash#{len(names)}")}"', text)
+    text = re.sub(r'"handle": "(sim-\d+)"',  # the harness's simulated transfer handles: a per-process counter
+                  lambda m: f'"handle": "{names.setdefault(m.group(1), f"handle#{len(names)}")}"', text)
     text = re.sub(r"(event)?[0-9a-f]{8,}:\d+", lambda m: names.setdefault(m.group(0), f"event#{len(names)}"), text)
     return json.loads(text)
 
