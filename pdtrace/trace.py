@@ -62,6 +62,17 @@ def _check_header(path: str, obj: Any) -> dict[str, Any]:
     return obj
 
 
+def _read_header(path: str, fh: Any) -> tuple[dict[str, Any], bytes]:
+    """Read and check line 1 of an open trace: (header, the raw line)."""
+    first = fh.readline()
+    if not first:
+        raise TraceError(path, 0, "empty file: not a pdtrace trace")
+    try:
+        return _check_header(path, orjson.loads(first)), first
+    except orjson.JSONDecodeError:
+        raise TraceError(path, 1, "not a pdtrace trace: line 1 is not JSON") from None
+
+
 def scan(
     path: str,
     *,
@@ -82,13 +93,7 @@ def scan(
     required = _KIND_REQUIRED
     newer = False
     with fh:
-        first = fh.readline()
-        if not first:
-            raise TraceError(path, 0, "empty file: not a pdtrace trace")
-        try:
-            header = _check_header(path, loads(first))
-        except orjson.JSONDecodeError:
-            raise TraceError(path, 1, "not a pdtrace trace: line 1 is not JSON") from None
+        header, first = _read_header(path, fh)
         if header["schema_version"] > schema.SCHEMA_VERSION:
             reason = (f"trace schema_version {header['schema_version']} is newer than this pdtrace reads "
                       f"({schema.SCHEMA_VERSION}); upgrade pdtrace, or use --lenient to read known event kinds")
@@ -171,13 +176,7 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     append = events.append
     footer = None
     with fh:
-        first = fh.readline()
-        if not first:
-            raise TraceError(path, 0, "empty file: not a pdtrace trace")
-        try:
-            header = _check_header(path, loads(first))
-        except orjson.JSONDecodeError:
-            raise TraceError(path, 1, "not a pdtrace trace: line 1 is not JSON") from None
+        header, first = _read_header(path, fh)
         if header["schema_version"] > schema.SCHEMA_VERSION:
             return None
         pos = len(first)
