@@ -201,20 +201,23 @@ class Recorder:
 
 
 def start_process_recording(directory: str, session: str, redact: bool = True, **kw: Any) -> Recorder:
-    """Start recording this process into ``directory`` (called by the bootstrap)."""
-    rec = Recorder.to_shard_dir(directory, redact=redact, **kw)
-    set_current(rec)
-    rec.proc_start(session)
-    atexit.register(rec.close)
+    """Start recording this process into ``directory`` (called by the bootstrap).
 
-    def _after_fork_in_child() -> None:  # a forked child gets its own shard and thread
+    A forked child gets its own shard and writer thread through the same path, keeping the
+    parent's role, instance and rank until it learns its own."""
+
+    def _start(**kwargs: Any) -> Recorder:
+        rec = Recorder.to_shard_dir(directory, **kwargs)
+        set_current(rec)
+        rec.proc_start(session)
+        atexit.register(rec.close)
+        return rec
+
+    def _after_fork_in_child() -> None:
         old = get()
-        if old is None:
-            return
-        new = Recorder.to_shard_dir(directory, redact=old.redact, role=old.role, inst=old.inst, rank=old.rank)
-        set_current(new)
-        new.proc_start(session)
-        atexit.register(new.close)
+        if old is not None:
+            _start(redact=old.redact, role=old.role, inst=old.inst, rank=old.rank)
 
+    rec = _start(redact=redact, **kw)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     return rec

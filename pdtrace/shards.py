@@ -16,7 +16,7 @@ from typing import Any, Iterable
 import orjson
 
 from . import schema
-from .errors import PdtraceError, TraceError
+from .errors import PdtraceError
 from .trace import Problem, load, make_footer, make_header, write_trace
 
 

@@ -62,6 +62,14 @@ def _check_header(path: str, obj: Any) -> dict[str, Any]:
     return obj
 
 
+def _open(path: str) -> tuple[Any, int]:
+    """Open a trace for reading: (binary file, size in bytes)."""
+    try:
+        return open(path, "rb"), os.path.getsize(path)
+    except OSError as exc:
+        raise TraceError(path, 0, f"cannot open: {exc.strerror or exc}") from None
+
+
 def _read_header(path: str, fh: Any) -> tuple[dict[str, Any], bytes]:
     """Read and check line 1 of an open trace: (header, the raw line)."""
     first = fh.readline()
@@ -84,11 +92,7 @@ def scan(
 
     Raises TraceError at the first problem unless ``lenient``.
     """
-    try:
-        total = os.path.getsize(path)
-        fh = open(path, "rb")
-    except OSError as exc:
-        raise TraceError(path, 0, f"cannot open: {exc.strerror or exc}") from None
+    fh, total = _open(path)
     loads = orjson.loads
     required = _KIND_REQUIRED
     newer = False
@@ -164,11 +168,7 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     file through ``scan``, which produces the exact errors / problems. Opening and header
     errors are raised here exactly as ``scan`` raises them.
     """
-    try:
-        total = os.path.getsize(path)
-        fh = open(path, "rb")
-    except OSError as exc:
-        raise TraceError(path, 0, f"cannot open: {exc.strerror or exc}") from None
+    fh, total = _open(path)
     loads = orjson.loads
     required = _KIND_REQUIRED
     footer_kind = schema.FOOTER

@@ -26,7 +26,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import orjson
 
@@ -923,6 +923,18 @@ def render(trace: Any, findings: Iterable[Any] | None = None, *, findings_note: 
         budget = max(200, int(budget * max_bytes / stats["bytes"] * 0.8))
 
 
+def _figure_section(sec_id: str, heading: str, intro: str, note: str, empty: str, figs: list[Any],
+                    fig_div: Callable[[str, Any], str]) -> str:
+    """<section> with an intro note (plus the decimation note, if any), the figures, or a line
+    saying there is nothing of this kind in the trace."""
+    body = ['<p class="note">' + intro + (f" <b>{_esc(note)}.</b>" if note else "") + "</p>"]
+    if not figs:
+        body.append(f'<p class="ok">{empty}</p>')
+    for i, fig in enumerate(figs):
+        body.append(fig_div(f"fig-{sec_id}-{i}", fig))
+    return f'<section id="{sec_id}"><h2>{heading}</h2>' + "".join(body) + "</section>"
+
+
 def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: int, js: str) -> tuple[str, dict]:
     events = trace.events
     m = _Model(events, fv)
@@ -961,26 +973,20 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
     sections.append('<section id="blockmaps"><h2>Block mapping per affected request</h2>' + "".join(body) + "</section>")
 
     acc, note = _accepted(m, budget=max(500, budget // 4), limit=4)
-    body = ['<p class="note">y: InputBatch row. Shaded bars: the request owning the row over time (from batch.add / '
-            "swap_states / condense). ▶ D2H copy of num_accepted_tokens issued, ◀ its CUDA event observed complete, "
-            "● CPU read (orange: read before the copy completed, red ×: stale read cited by a finding)."
-            + (f" <b>{_esc(note)}.</b>" if note else "") + "</p>"]
-    if not acc:
-        body.append('<p class="ok">No accepted-count reads in this trace.</p>')
-    for i, (lane, fig) in enumerate(acc):
-        body.append(fig_div(f"fig-accepted-{i}", fig))
-    sections.append('<section id="accepted"><h2>Accepted-token counts</h2>' + "".join(body) + "</section>")
+    sections.append(_figure_section(
+        "accepted", "Accepted-token counts",
+        "y: InputBatch row. Shaded bars: the request owning the row over time (from batch.add / "
+        "swap_states / condense). ▶ D2H copy of num_accepted_tokens issued, ◀ its CUDA event observed complete, "
+        "● CPU read (orange: read before the copy completed, red ×: stale read cited by a finding).",
+        note, "No accepted-count reads in this trace.", [fig for _lane, fig in acc], fig_div))
 
     meta, note = _metadata(m, max_steps=max(20, budget // 600), limit=4)
-    body = ['<p class="note">Per worker: target / drafter forward phases, the span during which connector metadata '
-            "is bound (bind → clear), save_kv_layer calls and has_connector_metadata() answers. A drafter forward with "
-            "no metadata bound cannot save its KV."
-            + (f" <b>{_esc(note)}.</b>" if note else "") + "</p>"]
-    if not meta:
-        body.append('<p class="ok">No connector-metadata events in this trace.</p>')
-    for i, (lane, fig) in enumerate(meta):
-        body.append(fig_div(f"fig-metadata-{i}", fig))
-    sections.append('<section id="metadata"><h2>Connector metadata phases</h2>' + "".join(body) + "</section>")
+    sections.append(_figure_section(
+        "metadata", "Connector metadata phases",
+        "Per worker: target / drafter forward phases, the span during which connector metadata "
+        "is bound (bind → clear), save_kv_layer calls and has_connector_metadata() answers. A drafter forward with "
+        "no metadata bound cannot save its KV.",
+        note, "No connector-metadata events in this trace.", [fig for _lane, fig in meta], fig_div))
 
     win, note = _windows(m, limit=40)
     if win is not None or note:
