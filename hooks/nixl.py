@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from . import around, register
-from .scheduler import inst_for_kv_role, sched_inst, sched_step
+from .scheduler import _held_blocks, inst_for_kv_role, sched_inst, sched_step
 
 PKG = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 CONN_MOD = PKG + ".connector"
@@ -59,7 +59,9 @@ def _worker_where(worker: Any, rec: Any) -> str:
 # --- request_finished (P: what it reports to D) ---------------------------------------------
 
 def _rf_before(rec: Any, self: Any, request: Any, block_ids: Any, *a: Any, **kw: Any) -> dict:
-    params = request.kv_transfer_params or {}
+    params = request.kv_transfer_params
+    if not params:
+        return None  # no P/D transfer for this request: the connector does nothing with it
     # allocated_block_ids: everything the request holds on this instance, lookahead blocks
     # included. The scheduler's KV cache manager (bound to the connector by
     # Scheduler.__init__ via bind_kv_cache_manager) knows it; blocks are not freed yet at
@@ -68,7 +70,7 @@ def _rf_before(rec: Any, self: Any, request: Any, block_ids: Any, *a: Any, **kw:
     # the scheduler passed in, which may already be clipped to the computed tokens.
     kvm = getattr(self, "_kv_cache_manager", None)
     if kvm is not None:
-        allocated = [list(g) for g in kvm.get_block_ids(request.request_id)]
+        allocated = _held_blocks(kvm, request.request_id)
         src = "kv_cache_manager"
     else:
         allocated = _groups(block_ids)
@@ -87,18 +89,18 @@ def _rf_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any, 
     delay_free, params = result
     params = params or {}
     inst, step = _conn_where(self, rec)
-    rec.emit(
-        "nixl.request_finished", req=request.request_id, step=step, inst=inst,
-        side=st["side"],
-        allocated_block_ids=st["allocated"],
-        arg_block_ids=st["arg"],
-        block_ids=_groups(params.get("remote_block_ids")),
-        remote_num_tokens=int(params.get("remote_num_tokens") or 0),
-        num_computed_tokens=int(request.num_computed_tokens),
-        prompt_len=int(request.num_prompt_tokens),
-        delay_free=bool(delay_free),
-        allocated_from=st["src"],
-    )
+    rec.put_deferred("nixl.request_finished", request.request_id, step, {
+        "inst": inst,
+        "side": st["side"],
+        "allocated_block_ids": st["allocated"],
+        "arg_block_ids": st["arg"],
+        "block_ids": _groups(params.get("remote_block_ids")),
+        "remote_num_tokens": int(params.get("remote_num_tokens") or 0),
+        "num_computed_tokens": int(request.num_computed_tokens),
+        "prompt_len": int(request.num_prompt_tokens),
+        "delay_free": bool(delay_free),
+        "allocated_from": st["src"],
+    }, ("allocated_block_ids",))
 
 
 register("nixl.request_finished", CONN_MOD, "NixlBaseConnector.request_finished_all_groups",

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdtrace import schema
+from pdtrace.recorder import Deferred
 from pdtrace.redact import summarize_kv_params, token_hash
 
 from . import after, around, register
@@ -119,15 +120,15 @@ def _schedule_after(rec: Any, step: Any, out: Any, self: Any, *a: Any, **kw: Any
     if out is None:
         return
     tokens = out.num_scheduled_tokens
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {"inst": sched_inst(self), "num_reqs": len(tokens),
+                              "num_tokens": out.total_num_scheduled_tokens, "tokens": dict(tokens)}
     spec = out.scheduled_spec_decode_tokens
     if spec:
-        fields["spec"] = {rid: len(ids) for rid, ids in spec.items()}
+        fields["spec"] = dict(zip(spec, map(len, spec.values())))
     fin = out.finished_req_ids
     if fin:
         fields["finished"] = list(fin)
-    rec.emit("sched.step", step=step, inst=sched_inst(self), num_reqs=len(tokens),
-             num_tokens=out.total_num_scheduled_tokens, tokens=dict(tokens), **fields)
+    rec.put("sched.step", None, step, fields)
 
 
 register("scheduler.schedule", SCHED_MOD, "Scheduler.schedule", (),
@@ -139,17 +140,17 @@ register("scheduler.schedule", SCHED_MOD, "Scheduler.schedule", (),
 
 def _add_after(rec: Any, _result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     ids = request.prompt_token_ids
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {"inst": sched_inst(self), "prompt_len": request.num_prompt_tokens,
+                              "prompt_hash": token_hash(ids)}
     kv = summarize_kv_params(request.kv_transfer_params)
     if kv is not None:
         fields["kv"] = kv
     mt = getattr(request, "max_tokens", None)
     if mt is not None:
-        fields["max_tokens"] = int(mt)
+        fields["max_tokens"] = mt
     if not rec.redact and ids is not None:
         fields["prompt_ids"] = list(ids)
-    rec.emit("req.add", req=request.request_id, step=sched_step(self), inst=sched_inst(self),
-             prompt_len=int(request.num_prompt_tokens), prompt_hash=token_hash(ids), **fields)
+    rec.put("req.add", request.request_id, sched_step(self), fields)
 
 
 register("scheduler.add_request", SCHED_MOD, "Scheduler.add_request", ("request",),
@@ -160,9 +161,9 @@ register("scheduler.add_request", SCHED_MOD, "Scheduler.add_request", ("request"
 
 def _finish_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     st = request.status
-    rec.emit("req.finish", req=request.request_id, step=sched_step(self), inst=sched_inst(self),
-             status=getattr(st, "name", str(st)), num_computed_tokens=int(request.num_computed_tokens),
-             num_output_tokens=int(request.num_output_tokens))
+    rec.put("req.finish", request.request_id, sched_step(self), {
+        "inst": sched_inst(self), "status": getattr(st, "name", None) or str(st),
+        "num_computed_tokens": request.num_computed_tokens, "num_output_tokens": request.num_output_tokens})
 
 
 def _noop_after(rec: Any, state: Any, result: Any, *a: Any, **kw: Any) -> None:
@@ -177,9 +178,10 @@ register("scheduler.finish", SCHED_MOD, "Scheduler._free_request", ("request",),
 # --- Scheduler._free_request_blocks (free) -----------------------------------------------------
 
 def _free_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
-    ids = self.kv_cache_manager.get_block_ids(request.request_id)
-    rec.emit("sched.free", req=request.request_id, step=sched_step(self), inst=sched_inst(self),
-             block_ids=[list(g) for g in ids])
+    rid = request.request_id
+    rec.put_deferred("sched.free", rid, sched_step(self),
+                     {"inst": sched_inst(self), "block_ids": _held_blocks(self.kv_cache_manager, rid)},
+                     ("block_ids",))
 
 
 register("scheduler.free", SCHED_MOD, "Scheduler._free_request_blocks", ("request",),
@@ -195,43 +197,85 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
                  *a: Any, **kw: Any) -> None:
     """sched.alloc, emitted when the request's block list can have changed.
 
-    A decode-step call that succeeded, allocated no new block, and loaded nothing (no
-    prefix hit, no external tokens, not the first scheduling) leaves every group's block
-    list as the previous sched.alloc recorded it, so it is not recorded again: the latest
-    sched.alloc of a request is always its current allocation. This keeps the per-step cost
-    of the hook off the hot decode path (bench/hooks.py).
+    A call for a running request (it has computed tokens, loads nothing: no prefix hit, no
+    external tokens) can only append blocks. When it appended none, every group's list is
+    what the previous sched.alloc said: nothing is recorded. When it appended some, a short
+    event carries ``new_block_ids`` without ``block_ids`` (the loader derives the full list
+    from the request's previous sched.alloc). Every other call (first scheduling, prefix
+    hit, remote load, failure) records the full list. So the latest sched.alloc of a
+    request is always its current allocation, and the hot decode path stays cheap
+    (bench/hooks.py). Block ids are read on the writer thread (``BlockIds``).
     """
     ok = result is not None
     # allocate_slots does not change num_computed_tokens (the scheduler updates it after schedule())
     num_computed = request.num_computed_tokens
-    if ok and num_computed and not num_external_computed_tokens and not num_new_computed_tokens:
-        for g in result.blocks:
-            if g:
-                break
-        else:
-            return
+    running = ok and num_computed and not num_external_computed_tokens and not num_new_computed_tokens
+    if running and not any(result.blocks):
+        return
     sched = getattr(self, "_pdtrace_sched", None)
     if sched is not None:
         inst = sched_inst(sched)
         step = sched_step(sched)
-        sched_la = int(getattr(sched, "num_lookahead_tokens", 0) or 0)
     else:
-        inst, step, sched_la = rec.inst, None, int(num_lookahead_tokens)
+        inst, step = rec.inst, None
     rid = request.request_id
-    rec.put("sched.alloc", rid, step, {
+    new = BlockIds([g[:] for g in result.blocks]) if ok else []
+    if running:
+        # A running request's call only appends new blocks to the list it held (the
+        # previous sched.alloc of this request says which): the file keeps the new ones
+        # and the loader derives block_ids (schema v2), so a long decode does not write its
+        # whole block list once per new block.
+        rec.put_deferred("sched.alloc", rid, step, {
+            "inst": inst, "ok": True, "new_block_ids": new, "num_computed_tokens": num_computed,
+            "num_new_tokens": num_new_tokens, "num_lookahead_tokens": num_lookahead_tokens,
+        }, _GROW_DEFERRED)
+        return
+    sched_la = int(getattr(sched, "num_lookahead_tokens", 0) or 0) if sched is not None else int(num_lookahead_tokens)
+    rec.put_deferred("sched.alloc", rid, step, {
         "inst": inst,
         "ok": ok,
-        "block_ids": [list(g) for g in self.get_block_ids(rid)] if ok else [],
-        "new_block_ids": _ids(result) if ok else [],
-        "num_computed_tokens": int(num_computed),
-        "num_new_tokens": int(num_new_tokens),
-        "num_lookahead_tokens": int(num_lookahead_tokens),
+        "block_ids": _held_blocks(self, rid) if ok else [],
+        "new_block_ids": new,
+        "num_computed_tokens": num_computed,
+        "num_new_tokens": num_new_tokens,
+        "num_lookahead_tokens": num_lookahead_tokens,
         "sched_lookahead_tokens": sched_la,
-        "num_external_computed_tokens": int(num_external_computed_tokens),
-        "num_new_computed_tokens": int(num_new_computed_tokens),
+        "num_external_computed_tokens": num_external_computed_tokens,
+        "num_new_computed_tokens": num_new_computed_tokens,
         "delay_cache_blocks": bool(delay_cache_blocks),
-        "prompt_len": int(request.num_prompt_tokens),
-    })
+        "prompt_len": request.num_prompt_tokens,
+    }, _ALLOC_DEFERRED)
+
+
+_ALLOC_DEFERRED = ("block_ids", "new_block_ids")
+_GROW_DEFERRED = ("new_block_ids",)
+
+
+class BlockIds(Deferred):
+    """Snapshot of per-group KVCacheBlock lists; block ids are read on the writer thread.
+
+    vLLM's ``KVCacheBlocks.get_block_ids()`` costs ~2 us per call on these machines; a list
+    copy costs ~0.1 us. A KVCacheBlock's ``block_id`` never changes (the pool owns a fixed
+    set of block objects), so reading it later gives the same ids as reading it now."""
+
+    __slots__ = ("groups",)
+
+    def __init__(self, groups: list[list[Any]]):
+        self.groups = groups
+
+    def json(self) -> list[list[int]]:
+        return [[b.block_id for b in g] for g in self.groups]
+
+
+def _held_blocks(kvm: Any, rid: str) -> Any:
+    """The request's blocks per group right now (copied lists; ids resolved by the writer)."""
+    coord = getattr(kvm, "coordinator", None)
+    if coord is not None:
+        try:
+            return BlockIds([g[:] for g in coord.get_blocks(rid)])
+        except Exception:
+            pass
+    return [list(g) for g in kvm.get_block_ids(rid)]
 
 
 register("scheduler.allocate_slots", KVM_MOD, "KVCacheManager.allocate_slots",

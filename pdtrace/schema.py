@@ -30,7 +30,7 @@ import dataclasses
 from typing import Any
 
 SCHEMA_NAME = "pdtrace"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 HEADER = "trace.header"
 FOOTER = "trace.footer"
@@ -159,16 +159,26 @@ _KINDS: tuple[Kind, ...] = (
     ), hook="scheduler"),
     Kind("sched.alloc", "KVCacheManager.allocate_slots for one request (one event for all groups).", (
         F("ok", "bool", "False when allocation failed (no free blocks)"),
-        F("block_ids", "list[list[int]]", "all block ids the request holds per group after the call"),
+        F("block_ids", "list[list[int]]",
+          "all block ids the request holds per group after the call. Absent on a running request's "
+          "call that only appended new_block_ids (v2): the list is then the previous sched.alloc's "
+          "block_ids (same pid, inst, req) + new_block_ids per group; pdtrace's loader fills it in "
+          "and sets block_ids_derived", required=False),
+        F("block_ids_derived", "bool", "set by the loader on an event whose block_ids it derived; never "
+          "written to a file", required=False),
         F("new_block_ids", "list[list[int]]", "block ids newly allocated by this call, per group"),
         F("num_computed_tokens", "int", "request.num_computed_tokens before the step"),
         F("num_new_tokens", "int", "tokens scheduled this step"),
         F("num_lookahead_tokens", "int", "lookahead slots asked for (after the P/D 'effective lookahead' rule)"),
-        F("sched_lookahead_tokens", "int", "scheduler.num_lookahead_tokens (before the rule)"),
-        F("num_external_computed_tokens", "int", "tokens to load from a remote instance"),
-        F("num_new_computed_tokens", "int", "local prefix-cache hit tokens"),
-        F("delay_cache_blocks", "bool", "True while a remote KV load is pending"),
-        F("prompt_len", "int", "request.num_prompt_tokens"),
+        F("sched_lookahead_tokens", "int", "scheduler.num_lookahead_tokens (before the rule); absent "
+          "with block_ids", required=False),
+        F("num_external_computed_tokens", "int", "tokens to load from a remote instance; absent (0) "
+          "with block_ids", required=False),
+        F("num_new_computed_tokens", "int", "local prefix-cache hit tokens; absent (0) with block_ids",
+          required=False),
+        F("delay_cache_blocks", "bool", "True while a remote KV load is pending; absent (false) with "
+          "block_ids", required=False),
+        F("prompt_len", "int", "request.num_prompt_tokens; absent with block_ids", required=False),
     ), hook="scheduler"),
     Kind("sched.free", "The scheduler freed a request's blocks.", (
         F("block_ids", "list[list[int]]", "block ids held per group just before the free"),
@@ -362,7 +372,11 @@ def render_markdown() -> str:
         "`schema_version` (error names line 1) unless `--lenient`, in which case it reads the "
         "known kinds and counts the rest. Unknown kinds in a trace of the same version are an "
         "error naming the line (a warning with `--lenient`). Fields may be added within a "
-        "version; readers ignore fields they do not know.\n"
+        "version; readers ignore fields they do not know.\n\n"
+        "Version history: 1, first format. 2, `sched.alloc` on a running request's call that "
+        "only appended blocks carries `new_block_ids` without `block_ids` and the fields that "
+        "only matter on a first allocation (the full list is derived from the previous "
+        "`sched.alloc`); readers of version 2 read version 1 traces unchanged.\n"
     )
     return "\n".join(out)
 

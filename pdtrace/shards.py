@@ -1,8 +1,10 @@
 """Joining per-process shards into one trace, and joining P and D traces from two hosts.
 
-A shard is ``<pid>.jsonl`` written by one process's recorder: events only, no header or
-footer, appended in batches. A process killed with SIGKILL may leave a cut last line: it
-is dropped and reported, every earlier line is kept.
+A shard is ``<pid>.pdshard`` written by one process's recorder: framed batches of queued
+events in marshal form (``pdtrace.recorder.Recorder._encode_frame``), appended by the
+writer thread; events only, no header or footer. A process killed with SIGKILL may leave a
+cut last frame: it is dropped and reported, every earlier frame is kept. JSON-lines shards
+(``<pid>.jsonl``, one event object per line) are read too.
 """
 
 from __future__ import annotations
@@ -10,17 +12,24 @@ from __future__ import annotations
 import dataclasses
 import glob
 import heapq
+import marshal
 import os
+import struct
 from typing import Any, Iterable
 
 import orjson
 
 from . import schema
 from .errors import PdtraceError
+from .recorder import SHARD_MAGIC, SHARD_SUFFIX
 from .trace import Problem, load, make_footer, make_header, write_trace
 
 
 def read_shard(path: str) -> tuple[list[dict[str, Any]], list[Problem]]:
+    if path.endswith(SHARD_SUFFIX):
+        events, problems = _read_frames(path)
+        events.sort(key=lambda e: e["t"])  # several threads of one process may interleave
+        return events, problems
     events: list[dict[str, Any]] = []
     problems: list[Problem] = []
     with open(path, "rb") as fh:
@@ -40,15 +49,56 @@ def read_shard(path: str) -> tuple[list[dict[str, Any]], list[Problem]]:
     return events, problems
 
 
+def _read_frames(path: str) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """Events of a framed shard; the first bad frame ends the read (problem says which)."""
+    events: list[dict[str, Any]] = []
+    problems: list[Problem] = []
+    name = os.path.basename(path)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    pos, n, size = 0, 0, len(data)
+    while pos < size:
+        n += 1
+        if size - pos < 8:
+            problems.append(Problem(n, f"{name}: frame {n}: truncated header (process killed mid-write)"))
+            break
+        if data[pos:pos + 4] != SHARD_MAGIC:
+            problems.append(Problem(n, f"{name}: frame {n} at byte {pos}: bad magic, rest of shard skipped"))
+            break
+        (length,) = struct.unpack_from("<I", data, pos + 4)
+        if pos + 8 + length > size:
+            problems.append(Problem(n, f"{name}: frame {n}: truncated ({size - pos - 8} of {length} bytes; "
+                                       "process killed mid-write)"))
+            break
+        try:
+            (pid, role, inst, rank, off), items = marshal.loads(data[pos + 8:pos + 8 + length])
+        except Exception as exc:
+            problems.append(Problem(n, f"{name}: frame {n}: corrupt ({type(exc).__name__}), rest of shard skipped"))
+            break
+        pos += 8 + length
+        for kind, t, req, step, fields in items:
+            ev = {"ev": kind, "t": t, "w": t + off, "pid": pid, "role": role, "inst": inst}
+            if rank is not None:
+                ev["rank"] = rank
+            if step is not None:
+                ev["step"] = step
+            if req is not None:
+                ev["req"] = req
+            ev.update(fields)
+            events.append(ev)
+    return events, problems
+
+
 def shard_files(directory: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(directory, "*.jsonl")))
+    return sorted(glob.glob(os.path.join(directory, "*" + SHARD_SUFFIX))
+                  + glob.glob(os.path.join(directory, "*.jsonl")))
 
 
 def merge_shard_dir(directory: str) -> tuple[list[dict[str, Any]], list[Problem]]:
     """All events of a shard directory in time order (one host: CLOCK_MONOTONIC is shared)."""
     files = shard_files(directory)
     if not files:
-        raise PdtraceError(f"{directory}: no shard files (*.jsonl) in this directory")
+        raise PdtraceError(f"{directory}: no shard files (*{SHARD_SUFFIX} or *.jsonl) in this directory")
     per: list[list[dict[str, Any]]] = []
     problems: list[Problem] = []
     for f in files:

@@ -212,7 +212,43 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     return Trace(path, header, events, footer, [])
 
 
+def derive_block_lists(events: Iterable[dict[str, Any]]) -> int:
+    """Fill in ``block_ids`` of ``sched.alloc`` events that only carry ``new_block_ids``
+    (schema v2: a running request's call that appended blocks). The full list is the
+    previous sched.alloc's of the same (pid, inst, req) plus the new ids, per group; the
+    event gets ``block_ids_derived: true``. An event with no earlier list (a trace cut at
+    its start) is left without ``block_ids``. Events must be in trace order. Returns how
+    many were derived."""
+    held: dict[tuple, list] = {}
+    n = 0
+    for e in events:
+        if e.get("ev") != "sched.alloc":
+            continue
+        key = (e.get("pid"), e.get("inst"), e.get("req"))
+        full = e.get("block_ids")
+        if full is None or e.get("block_ids_derived"):
+            prev = held.get(key)
+            new = e.get("new_block_ids") or []
+            if prev is None:
+                continue
+            full = [list(prev[g]) + list(new[g] if g < len(new) else ())
+                    for g in range(max(len(prev), len(new)))]
+            e["block_ids"] = full
+            e["block_ids_derived"] = True
+            n += 1
+        if e.get("ok", True):
+            held[key] = full
+    return n
+
+
 def load(path: str, *, lenient: bool = False, progress: ProgressFn | None = None) -> Trace:
+    tr = _load(path, lenient=lenient, progress=progress)
+    if tr.header.get("schema_version", 1) >= 2:
+        derive_block_lists(tr.events)
+    return tr
+
+
+def _load(path: str, *, lenient: bool = False, progress: ProgressFn | None = None) -> Trace:
     import gc
 
     # Parsing creates millions of small dicts; the cyclic GC would rescan them over and over
@@ -344,6 +380,8 @@ def write_trace(path: str, header: dict[str, Any], events: list[dict[str, Any]],
         for i, e in enumerate(events):
             if assign_ids:
                 e["id"] = i
+            if "block_ids_derived" in e:  # loader-derived (schema v2): keep the file compact
+                e = {k: v for k, v in e.items() if k != "block_ids" and k != "block_ids_derived"}
             buf.write(dumps(e) + b"\n")
         buf.write(dumps(footer) + b"\n")
         buf.flush()

@@ -109,7 +109,7 @@ def write(scs) -> None:
 
 
 def check(scs) -> int:
-    from pdtrace.trace import load
+    from pdtrace.trace import derive_block_lists, load
 
     bad = 0
     for sc in scs:
@@ -119,6 +119,7 @@ def check(scs) -> int:
             bad += 1
             continue
         old = canonical(load(path).events)
+        derive_block_lists(sc.events)  # as the loader does for the committed file
         new = canonical(sc.events)
         exp = json.load(open(os.path.join(SAMPLES, f"{sc.name}.expected.json")))["findings"]
         if old != new or exp != sc.expected:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from pdtrace.trace import derive_block_lists
+
 pytestmark = pytest.mark.vllm
 
 
@@ -105,9 +107,26 @@ def test_d_effective_lookahead_is_zero_while_loading(pd_harness, pd_pair):
     assert loading["num_external_computed_tokens"] == 32
     assert len(loading["block_ids"][0]) == 2  # the 32 loaded tokens, no lookahead block
     running = d_allocs[1]
-    assert running["delay_cache_blocks"] is False and running["num_lookahead_tokens"] == 3
-    # block ids held grow monotonically and the first ones stay put
+    # a running request's call that appended blocks: short event (schema v2), no full list
+    assert running["num_lookahead_tokens"] == 3 and running["new_block_ids"][0]
+    assert "block_ids" not in running and "delay_cache_blocks" not in running
+    # the loader's derivation: block ids held grow monotonically and the first ones stay put
+    assert derive_block_lists(d_allocs) >= 1 and running["block_ids_derived"] is True
     assert running["block_ids"][0][:2] == loading["block_ids"][0]
+    assert running["block_ids"][0][2:] == running["new_block_ids"][0]
+
+
+def test_derived_block_lists_match_what_the_scheduler_frees(pd_harness, pd_pair):
+    """Long decode on real vLLM: many grow events; the list the loader derives from them
+    equals the list the free hook reads from the KV cache manager (recorded independently)."""
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
+    r = pd_harness.run_pd_request(cfg, 40, pair=pd_pair(cfg), decode_steps=40)
+    allocs = [e for e in r.events if e["ev"] == "sched.alloc" and e["req"] == r.d_req]
+    grows = [e for e in allocs if "block_ids" not in e]
+    assert len(grows) >= 3, [len(e.get("new_block_ids", [[]])[0]) for e in allocs]
+    derive_block_lists(allocs)
+    freed = [e for e in r.events if e["ev"] == "sched.free" and e["req"] == r.d_req]
+    assert freed and allocs[-1]["block_ids"] == freed[0]["block_ids"]
 
 
 def test_steps_are_per_scheduler_and_step_events(pd_harness, pd_pair):

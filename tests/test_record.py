@@ -62,8 +62,8 @@ def test_sigterm_mid_run_still_gives_a_valid_trace(tmp_path):
                          env=dict(os.environ, PDTRACE_HOOKS="0"))
     deadline = time.time() + 60
     while time.time() < deadline:  # wait until the program is asleep (its mark reached disk)
-        shards = list(tmp_path.glob(".pdtrace-*/*.jsonl"))
-        if any(b'"sleeping"' in s.read_bytes() for s in shards):
+        shards = list(tmp_path.glob(".pdtrace-*/*.pdshard"))
+        if any(b"sleeping" in s.read_bytes() for s in shards):  # marshal keeps str bytes as is
             break
         time.sleep(0.2)
     else:

@@ -1,6 +1,6 @@
 """Per-process start of recording, driven by environment variables set by `pdtrace record`.
 
-PDTRACE_SESSION_DIR  shard directory (one <pid>.jsonl per process)
+PDTRACE_SESSION_DIR  shard directory (one <pid>.pdshard per process)
 PDTRACE_SESSION      session id
 PDTRACE_REDACT       "1" (default) or "0"
 PDTRACE_FLUSH        writer flush interval, seconds

@@ -10,6 +10,8 @@ from __future__ import annotations
 import gc
 from typing import Any, Callable, Iterable
 
+from pdtrace.trace import derive_block_lists
+
 from . import drafter_window, lookahead, metadata, stale_read
 from .base import (
     ALL_KINDS,
@@ -57,6 +59,7 @@ def run_all(events: list[dict[str, Any]], header: dict | None = None, only: Iter
         raise ValueError(f"unknown detector kind(s) {bad}; valid: {', '.join(DETECTORS)}")
     header = header or {}
     findings: list[Finding] = []
+    derive_block_lists(events)  # schema v2 sched.alloc without block_ids (no-op when loaded by trace.load)
     # The loaded events are millions of dicts without cycles; a cyclic-GC pass triggered by
     # the detectors' own allocations would walk all of them. Pause it while detectors run.
     was_enabled = gc.isenabled()

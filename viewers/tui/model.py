@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from pdtrace.index import KIND_CODE, TraceIndex
+from pdtrace.trace import derive_block_lists
 
 NIXL_KINDS = ("nixl.request_finished", "nixl.remote_alloc", "nixl.trim", "nixl.read")
 META_KINDS = ("kvmeta.bind", "kvmeta.clear", "kvmeta.has", "kvmeta.save_layer", "kvmeta.wait_for_save", "spec.phase")
@@ -30,6 +31,18 @@ def _last(index: TraceIndex, req: str | None, kind: str, where=None) -> dict[str
         if where is None or where(e):
             return e
     return None
+
+
+def _last_alloc(index: TraceIndex, req: str | None, inst: str) -> dict[str, Any] | None:
+    """The request's latest sched.alloc on ``inst``, with block_ids derived if the file left
+    them out (schema v2 grow events; the index parses events lazily, so derive here)."""
+    if not req:
+        return None
+    evs = [e for e in (index.event(i) for i in index.request_ordinals(req, ["sched.alloc"]))
+           if e.get("inst") == inst]
+    if evs and "block_ids" not in evs[-1]:
+        derive_block_lists(evs)
+    return evs[-1] if evs else None
 
 
 def _config(index: TraceIndex, inst: str | None) -> dict[str, Any]:
@@ -127,7 +140,7 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
     ra = _last(index, d_req, "nixl.remote_alloc")
     trim = _last(index, d_req, "nixl.trim")
     read = _last(index, d_req, "nixl.read")
-    d_alloc = _last(index, d_req, "sched.alloc", lambda e: e.get("inst") == (ra or trim or {}).get("inst", "D"))
+    d_alloc = _last_alloc(index, d_req, (ra or trim or {}).get("inst", "D"))
     if rf is None and ra is None and trim is None and read is None:
         return None
     p_cfg = _config(index, rf.get("inst") if rf else "P")
