@@ -16,6 +16,8 @@ factory (original function -> patched function).
 
 from __future__ import annotations
 
+import ast
+import builtins
 import dataclasses
 import functools
 import importlib
@@ -78,11 +80,17 @@ def _call_safely(hook: str, fn: Callable, *args: Any) -> Any:
         return None
 
 
-def after(hook: str, record: Callable[..., None]) -> Callable[[Callable], Callable]:
-    """wrap factory: run the original, then ``record(rec, result, *args, **kwargs)``."""
+def after(hook: str, record: Callable[..., None], skip: str = "") -> Callable[[Callable], Callable]:
+    """wrap factory: run the original, then ``record(rec, result, *args, **kwargs)``.
+
+    ``skip``: optional Python expression over the original's parameter names and
+    ``_pdt_result``; when it is true the generated wrapper does not call ``record`` at all
+    (a per-call filter inlined into the wrapper; ``record`` must apply the same filter
+    itself, since the generic wrapper ignores ``skip``). An error in it counts as a hook
+    error, never reaches vLLM."""
 
     def wrap(orig: Callable) -> Callable:
-        fast = _generate(hook, orig, _AFTER_SRC, {"_pdt_record": record}, [(record, 2)])
+        fast = _generate(hook, orig, _AFTER_SRC, {"_pdt_record": record}, [(record, 2)], skip=skip)
         if fast is not None:
             return fast
 
@@ -149,7 +157,8 @@ def {name}({params}):
     _pdt_rec = _pdt_R._current
     if _pdt_rec is not None:
         try:
-            _pdt_record(_pdt_rec, _pdt_result, {call})
+            if not ({skip}):
+                _pdt_record(_pdt_rec, _pdt_result, {call})
         except Exception as _pdt_exc:
             _pdt_rec.hook_error(_pdt_hook, _pdt_exc)
     return _pdt_result
@@ -182,8 +191,16 @@ def {name}({params}):
 
 
 def _generate(hook: str, orig: Callable, template: str, fns: dict[str, Callable],
-              recorders: list[tuple[Callable, int]]) -> Callable | None:
+              recorders: list[tuple[Callable, int]], skip: str = "") -> Callable | None:
     """A signature-exact wrapper of ``orig`` from ``template``, or None (use the generic one)."""
+    try:
+        return _generate_exact(hook, orig, template, fns, recorders, skip)
+    except Exception:  # any surprise in code generation: the generic wrapper still works
+        return None
+
+
+def _generate_exact(hook: str, orig: Callable, template: str, fns: dict[str, Callable],
+                    recorders: list[tuple[Callable, int]], skip: str) -> Callable | None:
     if not inspect.isfunction(orig):
         return None
     try:
@@ -229,12 +246,12 @@ def _generate(hook: str, orig: Callable, template: str, fns: dict[str, Callable]
     if last_posonly >= 0:
         params.insert(last_posonly + 1, "/")
     # every recording function must take the positional arguments in this order
-    for fn, skip in recorders:
+    for fn, lead in recorders:  # lead: the recorder's own leading params (rec, result, ...)
         try:
             rsig = inspect.signature(fn)
         except (TypeError, ValueError):
             return None
-        rparams = list(rsig.parameters.values())[skip:]
+        rparams = list(rsig.parameters.values())[lead:]
         for j, rp in enumerate(rparams):
             if rp.kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
                 break
@@ -243,11 +260,19 @@ def _generate(hook: str, orig: Callable, template: str, fns: dict[str, Callable]
             if rp.name != positional[j] and not (j == 0 and positional[0] in ("self", "cls")):
                 return None
         try:
-            rsig.bind(*([None] * (skip + len(positional))), **{k: None for k in kwonly})
+            rsig.bind(*([None] * (lead + len(positional))), **{k: None for k in kwonly})
         except TypeError:
             return None
+    if skip:  # only names the wrapper has: the original's parameters, the result, builtins
+        try:
+            names = {n.id for n in ast.walk(ast.parse(skip, mode="eval")) if isinstance(n, ast.Name)}
+        except SyntaxError:
+            return None
+        known = {p.name for p in sig.parameters.values()} | {"_pdt_result"}
+        if not names <= known | set(dir(builtins)):
+            skip = ""
     name = orig.__name__ if orig.__name__.isidentifier() else "wrapper"
-    src = template.format(name=name, params=", ".join(params), call=", ".join(call))
+    src = template.format(name=name, params=", ".join(params), call=", ".join(call), skip=skip or "False")
     ns.update(fns, _pdt_orig=orig, _pdt_R=_recorder, _pdt_hook=hook)
     try:
         exec(compile(src, f"<pdtrace hook {hook}>", "exec"), ns)

@@ -46,10 +46,10 @@ def _kv_role(vllm_config: Any) -> str:
 
 
 def sched_inst(sched: Any) -> str:
-    inst = getattr(sched, "_pdtrace_inst", None)
-    if inst is None:
-        inst = inst_for_kv_role(_kv_role(getattr(sched, "vllm_config", None)))
-    return inst
+    try:
+        return sched._pdtrace_inst  # set by the Scheduler.__init__ hook
+    except AttributeError:
+        return inst_for_kv_role(_kv_role(getattr(sched, "vllm_config", None)))
 
 
 def sched_step(sched: Any) -> int | None:
@@ -141,7 +141,7 @@ register("scheduler.schedule", SCHED_MOD, "Scheduler.schedule", (),
 def _add_after(rec: Any, _result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     ids = request.prompt_token_ids
     fields: dict[str, Any] = {"inst": sched_inst(self), "prompt_len": request.num_prompt_tokens,
-                              "prompt_hash": token_hash(ids)}
+                              "prompt_hash": PromptHash(ids)}
     kv = summarize_kv_params(request.kv_transfer_params)
     if kv is not None:
         fields["kv"] = kv
@@ -150,7 +150,20 @@ def _add_after(rec: Any, _result: Any, self: Any, request: Any, *a: Any, **kw: A
         fields["max_tokens"] = mt
     if not rec.redact and ids is not None:
         fields["prompt_ids"] = list(ids)
-    rec.put("req.add", request.request_id, sched_step(self), fields)
+    rec.put_deferred("req.add", request.request_id, sched_step(self), fields, ("prompt_hash",))
+
+
+class PromptHash(Deferred):
+    """token_hash of the prompt, computed on the writer thread (a request's prompt token
+    list is not changed after add_request; output tokens go elsewhere)."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: Any):
+        self.ids = ids
+
+    def json(self) -> str:
+        return token_hash(self.ids)
 
 
 register("scheduler.add_request", SCHED_MOD, "Scheduler.add_request", ("request",),
@@ -219,23 +232,24 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
     else:
         inst, step = rec.inst, None
     rid = request.request_id
-    new = BlockIds([g[:] for g in result.blocks]) if ok else []
     if running:
         # A running request's call only appends new blocks to the list it held (the
         # previous sched.alloc of this request says which): the file keeps the new ones
         # and the loader derives block_ids (schema v2), so a long decode does not write its
         # whole block list once per new block.
-        rec.put_deferred("sched.alloc", rid, step, {
-            "inst": inst, "ok": True, "new_block_ids": new, "num_computed_tokens": num_computed,
-            "num_new_tokens": num_new_tokens, "num_lookahead_tokens": num_lookahead_tokens,
-        }, _GROW_DEFERRED)
+        # (a block or two: reading the ids now is cheaper than deferring them)
+        rec.put("sched.alloc", rid, step, {
+            "inst": inst, "ok": True, "new_block_ids": [[b.block_id for b in g] for g in result.blocks],
+            "num_computed_tokens": num_computed, "num_new_tokens": num_new_tokens,
+            "num_lookahead_tokens": num_lookahead_tokens,
+        })
         return
     sched_la = int(getattr(sched, "num_lookahead_tokens", 0) or 0) if sched is not None else int(num_lookahead_tokens)
     rec.put_deferred("sched.alloc", rid, step, {
         "inst": inst,
         "ok": ok,
         "block_ids": _held_blocks(self, rid) if ok else [],
-        "new_block_ids": new,
+        "new_block_ids": BlockIds([g[:] for g in result.blocks]) if ok else [],
         "num_computed_tokens": num_computed,
         "num_new_tokens": num_new_tokens,
         "num_lookahead_tokens": num_lookahead_tokens,
@@ -248,7 +262,10 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
 
 
 _ALLOC_DEFERRED = ("block_ids", "new_block_ids")
-_GROW_DEFERRED = ("new_block_ids",)
+# Inlined into the generated wrapper: a running request's call that appended no block
+# (nearly every decode-step call) costs one expression, not a call into _alloc_after.
+_ALLOC_SKIP = ("_pdt_result is not None and request.num_computed_tokens and not num_external_computed_tokens "
+               "and not num_new_computed_tokens and not any(_pdt_result.blocks)")
 
 
 class BlockIds(Deferred):
@@ -281,5 +298,5 @@ def _held_blocks(kvm: Any, rid: str) -> Any:
 register("scheduler.allocate_slots", KVM_MOD, "KVCacheManager.allocate_slots",
          ("request", "num_new_tokens", "num_new_computed_tokens", "new_computed_blocks", "num_lookahead_tokens",
           "num_external_computed_tokens", "delay_cache_blocks"),
-         after("scheduler.allocate_slots", _alloc_after),
+         after("scheduler.allocate_slots", _alloc_after, skip=_ALLOC_SKIP),
          doc="sched.alloc: blocks per group after the call, lookahead asked for vs the scheduler's")

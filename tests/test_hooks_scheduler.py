@@ -30,6 +30,19 @@ def test_all_scheduler_hooks_apply(pd_harness):
     assert all(v == "applied" for v in sched.values()), sched
 
 
+def test_engine_core_hooks_get_signature_exact_wrappers(pd_harness):
+    """On the pinned vLLM every applied scheduler/NIXL hook uses the generated wrapper (the
+    generic *args/**kwargs one costs ~5x more per call); a signature change that forces the
+    fallback shows up here, not as a silent slowdown."""
+    from pdtrace import hooks
+
+    pd_harness.install_scheduler_hooks()
+    specs = [s for s in hooks.REGISTRY.values() if s.subsystem in ("scheduler", "nixl") and s.status == "applied"]
+    assert len(specs) >= 10
+    slow = [s.name for s in specs if not getattr(getattr(s.owner, s.qualname.split(".")[-1]), "__pdtrace_fast__", False)]
+    assert slow == []
+
+
 @pytest.mark.parametrize("method,k,lookahead", [("eagle", 3, 3), ("dflash", 3, 4), ("ngram", 3, 0)])
 def test_sched_config_per_instance(pd_harness, method, k, lookahead):
     cfg = pd_harness.PDConfig(spec_method=method, num_spec_tokens=k, block_size=16)

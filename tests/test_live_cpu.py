@@ -111,13 +111,13 @@ def test_scheduler_config_and_allocations_with_lookahead(live):
         assert allocs, inst
         for a in allocs:
             held = sum(len(g) for g in a["block_ids"][:1])
-            need = _blocks_for(a["num_computed_tokens"] + a["num_new_computed_tokens"]
-                               + a["num_external_computed_tokens"] + a["num_new_tokens"], bs)
+            need = _blocks_for(a["num_computed_tokens"] + a.get("num_new_computed_tokens", 0)
+                               + a.get("num_external_computed_tokens", 0) + a["num_new_tokens"], bs)
             assert held >= need, a
         assert any(a["num_lookahead_tokens"] == 3 for a in allocs), inst
     # D: the first allocation of a request whose KV is pulled from P asks for no lookahead
     # (Scheduler.schedule: effective_lookahead_tokens = 0 while load_kv_async).
-    ext = [a for a in _ev(live, "sched.alloc", "D") if a["num_external_computed_tokens"] > 0]
+    ext = [a for a in _ev(live, "sched.alloc", "D") if a.get("num_external_computed_tokens", 0) > 0]
     assert ext and all(a["num_lookahead_tokens"] == 0 for a in ext), ext[:2]
 
 

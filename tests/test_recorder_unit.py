@@ -111,3 +111,141 @@ def test_post_import_hook_patches_a_module_imported_later(tmp_path, monkeypatch)
         hooks._armed.pop("pdtrace_late_mod", None)
         hooks.REGISTRY.pop("test.late")
         sys.modules.pop("pdtrace_late_mod", None)
+
+
+# --- shard frames (what a recording process writes) ----------------------------------------
+
+class _Ids(recorder.Deferred):
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks):
+        self.blocks = blocks
+
+    def json(self):
+        return [b * 10 for b in self.blocks]
+
+
+def _shard_events(tmp_path, fill):
+    from pdtrace.shards import read_shard
+
+    rec = Recorder.to_shard_dir(str(tmp_path), threaded=False, role="engine-core", inst="P", rank=1)
+    fill(rec)
+    rec.flush()
+    return rec, read_shard(rec.shard_path)
+
+
+def test_shard_frames_round_trip_like_the_in_memory_sink(tmp_path):
+    def fill(rec):
+        rec.step = 4
+        rec.emit("mark", label="a", req='r"1')
+        rec.put("mark", None, 9, {"label": "b", "inst": "D", "nested": [[1, 2], []]})
+        rec.put_deferred("mark", "r2", None, {"label": "c", "ids": _Ids([1, 2])}, ("ids",))
+
+    rec, (events, problems) = _shard_events(tmp_path, fill)
+    mem = Recorder.in_memory(role="engine-core", inst="P", rank=1)
+    fill(mem)
+    mem.flush()
+    assert problems == []
+    assert rec.shard_path.endswith(".pdshard")
+    strip = [{k: v for k, v in e.items() if k not in ("t", "w", "pid")} for e in events]
+    assert strip == [{k: v for k, v in e.items() if k not in ("t", "w", "pid")} for e in mem.events]
+    assert events[2]["ids"] == [10, 20] and "\x00deferred" not in events[2]
+    assert events[1]["inst"] == "D" and events[0]["inst"] == "P" and events[0]["rank"] == 1
+
+
+def test_a_value_marshal_cannot_take_becomes_its_json_form(tmp_path):
+    class Odd:
+        def __repr__(self):
+            return "<odd>"
+
+    _, (events, problems) = _shard_events(tmp_path, lambda rec: rec.emit("mark", label="x", odd=Odd(), s={3, 1}))
+    assert problems == [] and events[0]["odd"] == "<odd>" and events[0]["s"] == [1, 3]
+
+
+def test_a_cut_last_frame_keeps_every_earlier_frame(tmp_path):
+    from pdtrace.shards import read_shard
+
+    rec = Recorder.to_shard_dir(str(tmp_path), threaded=False)
+    rec.emit("mark", label="kept")
+    rec.flush()
+    rec.emit("mark", label="lost")
+    rec.flush()
+    data = open(rec.shard_path, "rb").read()
+    open(rec.shard_path, "wb").write(data[:-5])  # SIGKILL mid-write
+    events, problems = read_shard(rec.shard_path)
+    assert [e["label"] for e in events] == ["kept"]
+    assert len(problems) == 1 and "frame 2" in str(problems[0]) and "truncated" in str(problems[0])
+    open(rec.shard_path, "wb").write(data[:3])
+    events, problems = read_shard(rec.shard_path)
+    assert events == [] and "truncated header" in str(problems[0])
+
+
+# --- generated (signature-exact) wrappers --------------------------------------------------
+
+def _target():
+    class Manager:
+        def allocate(self, request, n, extra=0, *, flag=False):
+            if n < 0:
+                raise ValueError("negative")
+            return (request, n, extra, flag)
+
+    return Manager
+
+
+def test_generated_wrapper_keeps_signature_and_semantics():
+    import inspect
+
+    Manager = _target()
+    seen = []
+    orig = Manager.allocate
+    w = hooks.after("t.alloc", lambda rec, result, self, request, n, extra=0, *a, **kw: seen.append((result, kw)))(orig)
+    assert getattr(w, "__pdtrace_fast__", False) and inspect.signature(w) == inspect.signature(orig)
+    Manager.allocate = w
+    rec = Recorder.in_memory()
+    prev = recorder.set_current(rec)
+    try:
+        m = Manager()
+        assert m.allocate("r", 2, flag=True) == ("r", 2, 0, True)
+        assert m.allocate(request="q", n=1, extra=5) == ("q", 1, 5, False)
+        with pytest.raises(ValueError):  # the original's exception passes through untouched
+            m.allocate("r", -1)
+    finally:
+        recorder.set_current(prev)
+    assert seen == [(("r", 2, 0, True), {"flag": True}), (("q", 1, 5, False), {"flag": False})]
+
+
+def test_generated_wrapper_skip_filter_and_fallbacks():
+    Manager = _target()
+    calls = []
+    rec_fn = lambda rec, result, self, request, n, *a, **kw: calls.append(n)  # noqa: E731
+    w = hooks.after("t.alloc", rec_fn, skip="n == 0 and not extra")(Manager.allocate)
+    rec = Recorder.in_memory()
+    prev = recorder.set_current(rec)
+    try:
+        w(Manager(), "r", 0)
+        w(Manager(), "r", 0, 1)
+        w(Manager(), "r", 3)
+    finally:
+        recorder.set_current(prev)
+    assert calls == [0, 3]
+    # a skip naming something the wrapper does not have is dropped (record filters itself)
+    assert hooks.after("t.alloc", rec_fn, skip="undefined_name")(Manager.allocate).__pdtrace_fast__
+    # a recorder whose parameters do not line up with the original's gets the generic wrapper
+    bad = hooks.after("t.alloc", lambda rec, result, self, n, request: None)(Manager.allocate)
+    assert not getattr(bad, "__pdtrace_fast__", False) and bad.__pdtrace_hook__ == "t.alloc"
+
+
+def test_generated_wrapper_counts_recorder_errors():
+    Manager = _target()
+
+    def broken(rec, result, self, request, n, *a, **kw):
+        raise RuntimeError("hook bug")
+
+    w = hooks.after("t.broken", broken)(Manager.allocate)
+    rec = Recorder.in_memory()
+    prev = recorder.set_current(rec)
+    try:
+        assert w(Manager(), "r", 1) == ("r", 1, 0, False)
+    finally:
+        recorder.set_current(prev)
+    assert rec.hook_errors == {"t.broken": 1}
