@@ -401,36 +401,34 @@ class TraceIndex:
 
 # ------------------------------------------------------------------------------ shards
 def load_shards(directory: str) -> TraceIndex:
-    """Merge a directory of per-process shards (``*.jsonl``, one event per line, no
-    header/footer) in memory, sorted by ``t``, and index the result. Bad lines become
-    problems naming ``file:line``."""
-    names = sorted(n for n in os.listdir(directory) if n.endswith(".jsonl"))
-    if not names:
-        raise TraceError(directory, 0, "no *.jsonl shards in this directory")
+    """Merge a directory of per-process shards (``*.pdshard`` frames as a recording writes
+    them, or ``*.jsonl`` event lines; no header/footer) in memory, sorted by ``t``, and index
+    the result. Unreadable frames/lines and invalid events become problems naming the file."""
+    from .shards import read_shard, shard_files
+    from .trace import derive_block_lists
+
+    files = shard_files(directory)
+    if not files:
+        raise TraceError(directory, 0, "no shards (*.pdshard or *.jsonl) in this directory")
     events: list[dict[str, Any]] = []
     problems: list[Problem] = []
-    for name in names:
-        p = os.path.join(directory, name)
-        with open(p, "rb") as fh:
-            for line_no, raw in enumerate(fh, 1):
-                try:
-                    obj = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    why = "truncated line" if not raw.endswith(b"\n") else (
-                        "blank line" if not raw.strip() else "corrupt line: not valid JSON")
-                    problems.append(Problem(line_no, f"{name}: {why}"))
-                    continue
-                if not isinstance(obj, dict) or obj.get("ev") in (schema.HEADER, schema.FOOTER):
-                    continue
-                reason = schema.validate_event(obj)
-                if reason is not None:
-                    problems.append(Problem(line_no, f"{name}: {reason}"))
-                    continue
-                obj.pop("id", None)
-                events.append(obj)
+    for p in files:
+        name = os.path.basename(p)
+        got, probs = read_shard(p)
+        problems.extend(probs)
+        for obj in got:
+            if obj.get("ev") in (schema.HEADER, schema.FOOTER):
+                continue
+            reason = schema.validate_event(obj)
+            if reason is not None:
+                problems.append(Problem(0, f"{name}: {reason}"))
+                continue
+            obj.pop("id", None)
+            events.append(obj)
     events.sort(key=lambda e: e["t"])
     for i, e in enumerate(events):
         e["id"] = i
+    derive_block_lists(events)
     header = {
         "ev": schema.HEADER, "schema": schema.SCHEMA_NAME, "schema_version": schema.SCHEMA_VERSION,
         "pdtrace": __version__, "versions": {}, "cmd": [], "host": "", "created": "",

@@ -98,3 +98,22 @@ def test_shards_merge_sorted_by_time_with_problems(tmp_path):
     assert [e["t"] for e in got] == [e["t"] for e in evs]
     assert [e["id"] for e in got] == list(range(30))
     assert [(q.line, q.reason) for q in idx.problems] == [(16, "a.jsonl: corrupt line: not valid JSON")]
+
+
+def test_shard_directory_written_by_recorders_opens_in_the_index(tmp_path):
+    """Real shard files (marshal frames) from two recorders, as `pdtrace view DIR` opens them."""
+    from pdtrace.recorder import Recorder
+
+    a = Recorder.to_shard_dir(str(tmp_path), threaded=False, inst="P")
+    a.pid = 111  # two processes' shards in one directory
+    a.shard_path, a._fh = str(tmp_path / "111.pdshard"), open(tmp_path / "111.pdshard", "ab", buffering=0)
+    b = Recorder.to_shard_dir(str(tmp_path), threaded=False, inst="D")
+    for i in range(3):
+        a.emit("mark", label=f"p{i}")
+        b.emit("mark", label=f"d{i}")
+    a.close()
+    b.close()
+    idx = load_shards(str(tmp_path))
+    got = list(idx.iter_events())
+    assert [e["label"] for e in got if e["ev"] == "mark"] == ["p0", "d0", "p1", "d1", "p2", "d2"]
+    assert {e["inst"] for e in got} == {"P", "D"} and idx.problems == []

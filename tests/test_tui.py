@@ -376,7 +376,7 @@ def test_view_command_errors(tmp_path):
         view.run(tmp_path / "missing.jsonl")
     empty = tmp_path / "d"
     empty.mkdir()
-    with pytest.raises(PdtraceError, match="no \\*.jsonl shards"):
+    with pytest.raises(PdtraceError, match="no shards"):
         view.run(empty)
     r = subprocess.run([sys.executable, "-m", "pdtrace", "view"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "no trace given" in r.stderr
