@@ -5,9 +5,9 @@
 Generates a schema-valid synthetic trace (bench/gen_trace.py) in a temp dir, then times
 (a) a bare loop of ``orjson.loads`` over the same lines (as is, and with the cyclic GC
 paused, since ``load`` pauses it) and (b) ``pdtrace.trace.load`` +
-``pdtrace.detectors.run_all``. Prints the ratio (goal <= 1.5) and the peak memory of the
-check (tracemalloc, in a separate pass so it does not slow the timed runs), plus the
-process's max RSS.
+``pdtrace.detectors.run_all``. Prints the ratios; the goal (<= 1.5) is judged against the
+GC-paused loop. Also prints the peak memory of the check (tracemalloc, in a separate pass
+so it does not slow the timed runs), plus the process's max RSS.
 """
 
 from __future__ import annotations
@@ -90,15 +90,17 @@ def main() -> int:
     t_nogc, c_nogc = best_of(bare_nogc, path, a.repeat)
     t_load, c_load = best_of(lambda p: load(p), path, a.repeat)
     t_check, c_check = best_of(check, path, a.repeat)
-    ratio = t_check / t_bare
+    # The goal is judged against the GC-paused parse: ``load`` pauses the GC too, so that is
+    # the like-for-like baseline (the GC-on loop spends most of its time in collections).
+    ratio = t_check / t_nogc
     print("                          wall      cpu")
     print(f"bare orjson.loads loop : {t_bare:7.3f}s {c_bare:7.3f}s  ({info['events'] / t_bare / 1e6:.2f} M lines/s)")
     print(f"  same, GC paused      : {t_nogc:7.3f}s {c_nogc:7.3f}s")
     print(f"pdtrace.trace.load     : {t_load:7.3f}s {c_load:7.3f}s")
     print(f"load + detectors       : {t_check:7.3f}s {c_check:7.3f}s  (detectors {c_check - c_load:.3f}s cpu)")
-    print(f"ratio check / bare     : {ratio:.2f} wall, {c_check / c_bare:.2f} cpu  (goal <= {GOAL}) "
+    print(f"ratio check / bare     : {t_check / t_bare:.2f} wall, {c_check / c_bare:.2f} cpu  (GC on in the bare loop)")
+    print(f"ratio check / bare with GC paused: {ratio:.2f} wall, {c_check / c_nogc:.2f} cpu  (goal <= {GOAL}) "
           f"{'OK' if ratio <= GOAL else 'OVER GOAL'}")
-    print(f"ratio check / bare with GC paused: {t_check / t_nogc:.2f} wall, {c_check / c_nogc:.2f} cpu")
 
     gc.collect()
     tracemalloc.start()

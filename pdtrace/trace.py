@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+from itertools import compress
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator
 
 import orjson
@@ -160,56 +162,166 @@ def scan(
             yield "problem", line_no + 1, reason
 
 
+_KIND_CODE = {name: code for code, name in enumerate(_KIND_REQUIRED, 1)}  # 0: none
+
+
+class EventList(list):
+    """The loaded events: a plain ``list`` to every caller, plus what the loader learned in
+    the same pass, while each event was still hot in the CPU cache:
+
+    - ``by_kind``: each kind's events in trace order (``pdtrace.detectors.index`` reuses
+      it instead of regrouping);
+    - ``kind_codes``: one byte per event, its kind (``select_kinds`` picks several kinds in
+      trace order from it without touching the events);
+    - ``ids_aligned``: every event's ``id`` is its position (so trace order by ``id`` is
+      list order);
+    - ``blocks_derived``: ``derive_block_lists`` has nothing (more) to do on these events.
+
+    ``None`` / False where the loader did not record it (a lenient or damaged file). All of
+    it describes the list as loaded (``loaded_len`` events): once its length changes it is
+    ignored (``kind_groups`` / ``select_kinds`` answer None, ``derive_block_lists`` walks
+    it again). Editing events in place (reordering, replacing) is not detected."""
+
+    __slots__ = ("by_kind", "kind_codes", "ids_aligned", "blocks_derived", "loaded_len")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.by_kind: dict[str, list[dict[str, Any]]] | None = None
+        self.kind_codes: bytearray | None = None
+        self.ids_aligned = False
+        self.blocks_derived = False
+        self.loaded_len = -1
+
+    def as_loaded(self) -> bool:
+        """Whether the list still has the length the loader left it with."""
+        return len(self) == self.loaded_len
+
+
+def kind_groups(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]] | None:
+    """The loader's per-kind grouping of ``events`` (see ``EventList``), or None when ``events``
+    is not a loaded list or no longer has the length it was loaded with."""
+    if not isinstance(events, EventList) or not events.as_loaded():
+        return None
+    return events.by_kind
+
+
+def kind_code(kind: str) -> int:
+    """The byte that stands for ``kind`` in ``EventList.kind_codes`` (0: not a schema kind)."""
+    return _KIND_CODE.get(kind, 0)
+
+
+def select_kinds(events: list[dict[str, Any]], kinds: Iterable[str],
+                 with_codes: bool = False) -> Any:
+    """The events of ``kinds`` in trace order (= sorted by ``id``), picked through the
+    loader's ``kind_codes`` without touching the other events -- with ``with_codes``, a pair
+    (events, their ``kind_code`` bytes) --; None when ``events`` is not a loaded list whose
+    ids are its positions, or no longer has its loaded length."""
+    if not isinstance(events, EventList) or not events.as_loaded() or not events.ids_aligned:
+        return None
+    codes = events.kind_codes
+    if codes is None:
+        return None
+    wanted = {_KIND_CODE.get(k, 0) for k in kinds} - {0}
+    picked = list(compress(events, codes.translate(bytes(c in wanted for c in range(256)))))
+    if with_codes:
+        return picked, bytes(codes.translate(None, bytes(c for c in range(256) if c not in wanted)))
+    return picked
+
+
+def _kind_table() -> tuple[dict[str, tuple[Callable, Callable, int]], dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """Per known kind: (a getter of its required fields -- raises KeyError when one is
+    missing --, the append of that kind's group list, its code); the groups; and the key
+    names as orjson returns them.
+
+    The names are the very ``str`` objects orjson returns for those keys (it caches short
+    keys), so the lookups hit on identity and skip comparing strings; built per load since
+    orjson's cache may have been recycled in between. Any other name objects would do,
+    only slower."""
+    names = sorted({n for req in _KIND_REQUIRED.values() for n in req} | {"id"})
+    parsed = list(orjson.loads(orjson.dumps(dict.fromkeys(names, 0))))
+    canon = dict(zip(names, parsed)) if parsed == names else {n: n for n in names}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    table = {}
+    for kind, req in _KIND_REQUIRED.items():
+        lst = groups[kind] = []
+        table[kind] = (itemgetter(*(canon[n] for n in sorted(req))), lst.append, _KIND_CODE[kind])
+    return table, groups, canon
+
+
 def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     """The common case, a clean trace, in one tight loop (no per-line generator / tuples).
 
     Returns None at the first line that needs a verdict (bad JSON, unknown kind, missing
     fields, data after the footer, no footer, newer schema): ``load`` then re-reads the
     file through ``scan``, which produces the exact errors / problems. Opening and header
-    errors are raised here exactly as ``scan`` raises them.
+    errors are raised here exactly as ``scan`` raises them. The same pass records the
+    ``EventList`` extras (kind groups, kind codes, whether ids are positions).
     """
     fh, total = _open(path)
     loads = orjson.loads
-    required = _KIND_REQUIRED
-    footer_kind = schema.FOOTER
-    events: list[dict[str, Any]] = []
+    table, groups, canon = _kind_table()
+    EV, ID = canon["ev"], canon["id"]
+    events = EventList()
     append = events.append
+    codes = bytearray()
+    code_append = codes.append
+    aligned = True
+    alloc_code = _KIND_CODE["sched.alloc"]
+    underived = False
+    n = 0
     footer = None
     with fh:
         header, first = _read_header(path, fh)
         if header["schema_version"] > schema.SCHEMA_VERSION:
             return None
-        pos = len(first)
-        next_progress = 0 if progress is not None else 1 << 62
-        n = 0
-        for raw in fh:
-            if footer is not None:
-                return None  # data after the footer
-            pos += len(raw)
-            if pos >= next_progress:
-                progress(pos, total)  # type: ignore[misc]
-                next_progress = pos + (1 << 24)
+        lines: Iterable[bytes] = fh if progress is None else _reporting(fh, len(first), total, progress)
+        for raw in lines:
             try:
                 obj = loads(raw)
-                req = required.get(obj["ev"])
+                required, group, code = table[obj[EV]]
+                required(obj)
             except (orjson.JSONDecodeError, KeyError, TypeError, IndexError):
-                return None
-            if req is None:
-                if obj["ev"] == footer_kind:
-                    footer = obj
-                    continue
-                return None
-            if not obj.keys() >= req:
-                return None
-            if "id" not in obj:
-                obj["id"] = n
+                # the footer (not in the table), or a line for ``scan`` to judge (bad JSON,
+                # unknown kind, a required field missing)
+                try:
+                    obj = loads(raw)
+                except orjson.JSONDecodeError:
+                    return None
+                if type(obj) is not dict or obj.get("ev") != schema.FOOTER:
+                    return None
+                footer = obj
+                break
+            if obj.setdefault(ID, n) != n:  # an id from the file that is not the position
+                aligned = False
+            if code == alloc_code and (obj.get("block_ids") is None or obj.get("block_ids_derived")):
+                underived = True  # a schema v2 sched.alloc for derive_block_lists
             n += 1
             append(obj)
+            group(obj)
+            code_append(code)
+        for _raw in lines:
+            return None  # data after the footer
         if progress is not None:
             progress(total, total)
     if footer is None:
         return None
+    events.by_kind = {k: v for k, v in groups.items() if v}
+    events.kind_codes = codes
+    events.ids_aligned = aligned
+    events.blocks_derived = not underived  # nothing for derive_block_lists to do
+    events.loaded_len = len(events)
     return Trace(path, header, events, footer, [])
+
+
+def _reporting(fh: Any, pos: int, total: int, progress: ProgressFn) -> Iterator[bytes]:
+    """The lines of ``fh``, calling ``progress(bytes read, total)`` every 16 MiB."""
+    next_progress = 0
+    for raw in fh:
+        pos += len(raw)
+        if pos >= next_progress:
+            progress(pos, total)
+            next_progress = pos + (1 << 24)
+        yield raw
 
 
 def derive_block_lists(events: Iterable[dict[str, Any]]) -> int:
@@ -218,12 +330,35 @@ def derive_block_lists(events: Iterable[dict[str, Any]]) -> int:
     previous sched.alloc's of the same (pid, inst, req) plus the new ids, per group; the
     event gets ``block_ids_derived: true``. An event with no earlier list (a trace cut at
     its start) is left without ``block_ids``. Events must be in trace order. Returns how
-    many were derived."""
+    many were derived.
+
+    Only ``sched.alloc`` events matter, so passing just those (in trace order) gives the
+    same result. For a list from ``load`` the loader noted whether any sched.alloc needs
+    this (``EventList.blocks_derived``): the call is free when none does or once done, and
+    otherwise walks that kind's group only. Other inputs are checked first (one look at
+    each sched.alloc) and walked only when something is to be derived."""
+    loaded = isinstance(events, EventList) and events.as_loaded()
+    if loaded and events.blocks_derived:  # type: ignore[union-attr]
+        return 0
+    by_kind = kind_groups(events) if loaded else None  # type: ignore[arg-type]
+    if by_kind is not None:
+        allocs: list[dict[str, Any]] = by_kind.get("sched.alloc", [])
+    else:
+        allocs = [e for e in events if e.get("ev") == "sched.alloc"]
+    n = 0
+    for e in allocs:
+        if e.get("block_ids") is None or e.get("block_ids_derived"):
+            n = _derive(allocs)
+            break
+    if loaded:
+        events.blocks_derived = True  # type: ignore[union-attr]
+    return n
+
+
+def _derive(allocs: list[dict[str, Any]]) -> int:
     held: dict[tuple, list] = {}
     n = 0
-    for e in events:
-        if e.get("ev") != "sched.alloc":
-            continue
+    for e in allocs:
         key = (e.get("pid"), e.get("inst"), e.get("req"))
         full = e.get("block_ids")
         if full is None or e.get("block_ids_derived"):
@@ -257,18 +392,34 @@ def _load(path: str, *, lenient: bool = False, progress: ProgressFn | None = Non
     gc.disable()
     try:
         tr = _load_fast(path, progress)
-        if tr is not None:
-            return tr
-        return _load_scan(path, lenient=lenient, progress=progress)
+        if tr is None:
+            tr = _load_scan(path, lenient=lenient, progress=progress)
+        _promote(gc)
+        return tr
     finally:
         if was_enabled:
             gc.enable()
 
 
+def _promote(gc: Any) -> None:
+    """Move everything the load allocated to the oldest GC generation, without a collection.
+
+    With the GC paused all loaded objects are still "young"; the first allocation after it
+    is re-enabled would start a young collection that walks every one of them (about a
+    third of the parse time), and a middle-generation one would walk them again later.
+    ``freeze`` + ``unfreeze`` splice the generation lists (no traversal) and reset the
+    young counters, so the events are left to full collections, which run only after many
+    more objects survive. Skipped when the process froze objects itself (``unfreeze``
+    would release them too)."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
+
+
 def _load_scan(path: str, *, lenient: bool = False, progress: ProgressFn | None = None) -> Trace:
     header: dict[str, Any] = {}
     footer = None
-    events: list[dict[str, Any]] = []
+    events = EventList()
     problems: list[Problem] = []
     append = events.append
     for what, line, obj in scan(path, lenient=lenient, progress=progress):
@@ -282,6 +433,7 @@ def _load_scan(path: str, *, lenient: bool = False, progress: ProgressFn | None 
             footer = obj
         else:
             problems.append(Problem(line, obj))
+    events.loaded_len = len(events)
     return Trace(path, header, events, footer, problems)
 
 

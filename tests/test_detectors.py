@@ -299,3 +299,67 @@ def test_corpus_precision_recall(directory):
     recall = tp / (tp + fn) if tp + fn else 1.0
     print(f"{directory.name}: {len(traces)} traces, precision {precision:.2f}, recall {recall:.2f}")
     assert precision == 1.0 and recall == 1.0, "\n".join(misses)
+
+
+# ---------------------------------------------------------------- the loader's shortcuts change nothing
+
+def _gen_trace(path: pathlib.Path, n: int, seed: int) -> pathlib.Path:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_trace", ROOT / "bench" / "gen_trace.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.generate(str(path), n, seed=seed, inject_bugs=True)
+    return path
+
+
+def _rewrite(src: pathlib.Path, dst: pathlib.Path, *, id_offset: int = 0, drop_running_blocks: bool = False):
+    """A copy of a trace with other ids (still increasing) and / or schema v2 allocs (a
+    running request's sched.alloc without block_ids)."""
+    held = set()
+    out = []
+    for raw in src.read_bytes().splitlines():
+        e = json.loads(raw)
+        if "id" in e and e["ev"] not in ("trace.header", "trace.footer"):
+            e["id"] += id_offset
+        if drop_running_blocks and e["ev"] == "sched.alloc":
+            key = (e["pid"], e["inst"], e["req"])
+            if key in held:
+                del e["block_ids"]
+            held.add(key)
+        out.append(json.dumps(e))
+    dst.write_text("\n".join(out) + "\n")
+    return dst
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_findings_same_from_loaded_and_plain_lists(tmp_path, seed):
+    """trace.load's extras (kind groups, kind codes, aligned ids, derived blocks) are
+    shortcuts only: a plain list of the same events, a trace whose ids are not positions,
+    and a schema v2 trace whose allocations are derived all give the same findings."""
+    import copy
+
+    from pdtrace.trace import load
+
+    def dump(fs):
+        return [f.to_dict() for f in fs]
+
+    base = _gen_trace(tmp_path / "g.jsonl", 12_000, seed)
+    tr = load(str(base))
+    got = dump(run_all(tr.events, tr.header))
+    assert {f["kind"] for f in got} == set(ALL_KINDS)
+    assert dump(run_all(copy.deepcopy(list(tr.events)), tr.header)) == got
+    for kind, fn in DETECTORS.items():  # each detector on its own, loaded vs plain
+        assert dump(fn(tr.events, tr.header)) == dump(fn(copy.deepcopy(list(tr.events)), tr.header)), kind
+
+    shifted = load(str(_rewrite(base, tmp_path / "s.jsonl", id_offset=1000)))
+    assert not shifted.events.ids_aligned
+    got_shifted = dump(run_all(shifted.events, shifted.header))
+    assert got_shifted == dump(run_all(copy.deepcopy(list(shifted.events)), shifted.header))
+    assert [f["event_ids"] for f in got_shifted] == [[i + 1000 for i in f["event_ids"]] for f in got]
+
+    v2 = load(str(_rewrite(base, tmp_path / "v2.jsonl", drop_running_blocks=True)))
+    assert sum(1 for e in v2.events if e.get("block_ids_derived")) > 100
+    strip = [{k: v for k, v in e.items() if k != "block_ids_derived"} for e in v2.events]
+    assert strip == [dict(e) for e in tr.events]  # the derived lists are the original ones
+    assert dump(run_all(v2.events, v2.header)) == got

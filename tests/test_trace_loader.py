@@ -103,3 +103,103 @@ def test_check_cli_reports_the_line(good):
     r = subprocess.run([sys.executable, "-m", "pdtrace", "info", str(good)], capture_output=True, text=True)
     assert r.returncode == 2
     assert f"{good}:3: corrupt line" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- what the fast path records
+
+def _alloc(i, req, block_ids=None, new=None, ok=True):
+    e = {"ev": "sched.alloc", "t": i, "w": 1000 + i, "pid": 2, "role": "engine-core", "inst": "D",
+         "req": req, "ok": ok, "new_block_ids": [new or []], "num_computed_tokens": 0,
+         "num_new_tokens": 1, "num_lookahead_tokens": 0}
+    if block_ids is not None:
+        e["block_ids"] = [block_ids]
+    return e
+
+
+def test_loaded_events_carry_groups_codes_and_aligned_ids(tmp_path):
+    from pdtrace.trace import EventList, kind_groups, select_kinds
+
+    p = tmp_path / "t.jsonl"
+    evs = _events(3) + [_alloc(9, "r1", [1, 2])] + _events(2)
+    write_trace(str(p), make_header(origin="synthetic", versions={}), evs)
+    tr = load(str(p))
+    assert isinstance(tr.events, EventList) and isinstance(tr.events, list)
+    groups = kind_groups(tr.events)
+    assert groups == {"mark": [e for e in tr.events if e["ev"] == "mark"],
+                      "sched.alloc": [e for e in tr.events if e["ev"] == "sched.alloc"]}
+    assert tr.events.ids_aligned and [e["id"] for e in tr.events] == list(range(6))
+    picked, codes = select_kinds(tr.events, ["sched.alloc", "mark"], with_codes=True)
+    assert picked == list(tr.events) and len(codes) == 6 and len(set(codes)) == 2
+    assert select_kinds(tr.events, ["sched.alloc"]) == [tr.events[3]]
+    tr.events.append(dict(tr.events[0]))  # edited in place: the extras no longer describe it
+    assert kind_groups(tr.events) is None and select_kinds(tr.events, ["mark"]) is None
+
+
+def test_ids_from_the_file_that_are_not_positions(tmp_path):
+    from pdtrace.trace import select_kinds
+
+    p = tmp_path / "t.jsonl"
+    evs = _events(4)
+    for i, e in enumerate(evs):
+        e["id"] = 100 - i  # kept as written, but trace order by id is no longer list order
+    write_trace(str(p), make_header(origin="synthetic", versions={}), evs, assign_ids=False)
+    tr = load(str(p))
+    assert [e["id"] for e in tr.events] == [100, 99, 98, 97]
+    assert not tr.events.ids_aligned and select_kinds(tr.events, ["mark"]) is None
+
+
+def test_schema_v2_allocs_derived_once(tmp_path):
+    from pdtrace.trace import derive_block_lists
+
+    p = tmp_path / "t.jsonl"
+    evs = [_alloc(0, "r1", [1, 2], [1, 2]), _alloc(1, "r1", None, [3]), _alloc(2, "r1", None, [])]
+    write_trace(str(p), make_header(origin="synthetic", versions={}), evs)
+    tr = load(str(p))
+    allocs = [e for e in tr.events if e["ev"] == "sched.alloc"]
+    assert [e["block_ids"] for e in allocs] == [[[1, 2]], [[1, 2, 3]], [[1, 2, 3]]]
+    assert [e.get("block_ids_derived", False) for e in allocs] == [False, True, True]
+    assert tr.events.blocks_derived and derive_block_lists(tr.events) == 0  # done once, by load
+    # a plain list of the same events (as a caller may build) is derived again, the same way
+    plain = [dict(e) for e in tr.events]
+    assert derive_block_lists(plain) == 2 and [e["block_ids"] for e in plain] == [e["block_ids"] for e in allocs]
+    # nothing to derive: the loader says so without a pass, and nothing is marked derived
+    q = tmp_path / "full.jsonl"
+    write_trace(str(q), make_header(origin="synthetic", versions={}), [_alloc(0, "r1", [1]), _alloc(1, "r1", [1, 2])])
+    tr2 = load(str(q))
+    assert tr2.events.blocks_derived and not any("block_ids_derived" in e for e in tr2.events)
+
+
+def test_load_leaves_the_gc_as_it_found_it(good):
+    import gc
+
+    assert gc.isenabled()
+    load(str(good))
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()
+    try:
+        load(str(good))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    gc.freeze()  # a process that froze objects itself keeps them frozen
+    try:
+        n = gc.get_freeze_count()
+        load(str(good))
+        assert gc.get_freeze_count() == n
+    finally:
+        gc.unfreeze()
+
+
+def test_bad_lines_after_a_clean_start_fall_back_to_the_exact_scan(good):
+    lines = good.read_bytes().splitlines(keepends=True)
+    bad = orjson.loads(lines[4])
+    del bad["label"]
+    lines[4] = orjson.dumps(bad) + b"\n"
+    lines.append(lines[2])  # and data after the footer
+    good.write_bytes(b"".join(lines))
+    with pytest.raises(TraceError, match=r":5: mark: missing field\(s\) label"):
+        load(str(good))
+    tr = load(str(good), lenient=True)
+    assert [(p.line, p.reason) for p in tr.problems] == [
+        (5, "mark: missing field(s) label"), (8, "data after the footer")]
+    assert [e["label"] for e in tr.events] == ["m0", "m1", "m2", "m4"]

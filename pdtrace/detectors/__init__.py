@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 from typing import Any, Callable, Iterable
 
-from pdtrace.trace import derive_block_lists
+from pdtrace.trace import EventList, derive_block_lists
 
 from . import drafter_window, lookahead, metadata, stale_read
 from .base import (
@@ -23,6 +23,7 @@ from .base import (
     STALE_ACCEPTED_COUNT_READ,
     Finding,
 )
+from .index import build
 
 DetectorFn = Callable[[list[dict[str, Any]], dict], list[Finding]]
 
@@ -59,12 +60,14 @@ def run_all(events: list[dict[str, Any]], header: dict | None = None, only: Iter
         raise ValueError(f"unknown detector kind(s) {bad}; valid: {', '.join(DETECTORS)}")
     header = header or {}
     findings: list[Finding] = []
-    derive_block_lists(events)  # schema v2 sched.alloc without block_ids (no-op when loaded by trace.load)
     # The loaded events are millions of dicts without cycles; a cyclic-GC pass triggered by
     # the detectors' own allocations would walk all of them. Pause it while detectors run.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
+        # schema v2 sched.alloc without block_ids: a no-op for a list trace.load already
+        # derived; other lists are walked through their sched.alloc group only
+        derive_block_lists(events if isinstance(events, EventList) else build(events).kind("sched.alloc"))
         for kind, fn in DETECTORS.items():
             if only and kind not in only:
                 continue

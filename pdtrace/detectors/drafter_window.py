@@ -15,14 +15,18 @@ the requests that hold it at that step (two or more holders = a shared prefix-ca
 from __future__ import annotations
 
 import bisect
-from typing import Any
+from itertools import compress, count, repeat
+from operator import itemgetter, le
+from typing import Any, Iterator
 
 from .base import DRAFTER_WINDOW_OUTSIDE_ALLOCATION, SEVERITY_ERROR, Finding
-from .index import build
+from .index import build, kind_code
 
 Event = dict[str, Any]
 
-_ROW_KINDS = ("batch.add", "batch.remove", "batch.swap", "batch.condense", "spec.window")
+_ROW_KINDS = ("batch.add", "batch.remove", "batch.swap", "batch.condense")
+_by_id = itemgetter("id")
+_inst = itemgetter("inst")
 
 
 def _latest(items: list[Event], keys: list[tuple], step: int | None, at_id: int) -> Event | None:
@@ -51,122 +55,215 @@ class _Keys(dict):
         return self[key]
 
 
-def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
-    idx = build(events)
-    windows = idx.kind("spec.window")
-    if not windows:
-        return []
+def _candidates(idx) -> tuple[list[tuple], dict[tuple, list[Event]]]:
+    """The windows reaching past their request's allocation -- (window, alloc, group, step,
+    inst, req, block size, owned blocks, capacity), one per (inst, req, step, group, start,
+    end) -- and the successful sched.alloc events per (inst, req) in trace order.
 
-    frees: dict[tuple, list[Event]] = {}
-    for f in idx.kind("sched.free"):
-        frees.setdefault((f.get("inst"), f.get("req")), []).append(f)
-
-    def holders_many(queries: list[tuple]) -> dict[tuple, list[str]]:
-        """For each (inst, block, g, at_id): requests holding the block just before event at_id
-        (allocated it, and not freed since). One pass over the allocations for all queries."""
-        got: dict[tuple, dict[str, int]] = {q: {} for q in queries}
-        if not queries:
-            return {}
-        last = max(q[3] for q in queries)
-        for a in idx.kind("sched.alloc"):
-            aid = a["id"]
-            if aid >= last:
-                break
-            bl = a["block_ids"]
-            for q in queries:
-                inst, block, g, at_id = q
-                if aid < at_id and g < len(bl) and block in bl[g] and a.get("inst") == inst:
-                    got[q].setdefault(a.get("req"), aid)
-        out: dict[tuple, list[str]] = {}
-        for q, reqs in got.items():
-            inst, _block, _g, at_id = q
-            out[q] = [r for r, since in reqs.items()
-                      if not any(since < f["id"] < at_id for f in frees.get((inst, r), ()))]
-        return out
-
+    The allocation of a window is the latest successful sched.alloc of the same (inst, req)
+    before it in trace order. This is the one pass over every window and allocation, so it
+    does the least per event: the fields every event needs are fetched by C-level maps, the
+    loop dispatches on the kind byte, and a window inside its allocation costs a few
+    operations."""
     seen: set[tuple] = set()
-    candidates = []
-    sizes_of: dict[Any, list[int]] = {}
-    latest_alloc: dict[tuple, Event] = {}  # (inst, req) -> last sched.alloc so far (trace order)
-    for w in idx.ordered(("sched.alloc", "spec.window")):
-        inst, req = w["inst"], w.get("req")
-        if w["ev"] == "sched.alloc":
+    candidates: list[tuple] = []
+    sizes_of: dict[Any, dict[int, int]] = {}  # inst -> group -> block size
+    allocs: dict[tuple, list[Event]] = {}  # (inst, req) -> its successful sched.alloc so far
+    allocs_get = allocs.get
+    ALLOC = kind_code("sched.alloc")
+    seq, codes = idx.ordered_codes(("sched.alloc", "spec.window"))
+    keys = zip(map(_inst, seq), map(dict.get, seq, repeat("req")))
+    for w, code, key in zip(seq, codes, keys):
+        if code == ALLOC:
             if w.get("ok", True):
-                latest_alloc[(inst, req)] = w
+                lst = allocs_get(key)
+                if lst is None:
+                    allocs[key] = [w]
+                else:
+                    lst.append(w)
             continue
-        a = latest_alloc.get((inst, req))
-        if a is None:
+        lst = allocs_get(key)
+        if lst is None:
             continue
+        a = lst[-1]
         g = w.get("group") or 0
         blocks = a["block_ids"]
         if g >= len(blocks):
             continue
+        inst = key[0]
         sizes = sizes_of.get(inst)
         if sizes is None:
-            sizes = sizes_of[inst] = idx.block_sizes(inst) or [16]
-        B = int(sizes[g] if g < len(sizes) else sizes[-1])
+            sizes = sizes_of[inst] = {}
+        B = sizes.get(g)
+        if B is None:
+            bs = idx.block_sizes(inst) or [16]
+            B = sizes[g] = int(bs[g] if g < len(bs) else bs[-1])
         capacity = len(blocks[g]) * B
         if w["end"] <= capacity:
             continue
+        req = key[1]
         step = w.get("step")
-        key = (inst, req, step, g, w["start"], w["end"])
-        if key in seen:  # the same window reported by another TP rank
+        ckey = (inst, req, step, g, w["start"], w["end"])
+        if ckey in seen:  # the same window reported by another TP rank
             continue
-        seen.add(key)
+        seen.add(ckey)
         candidates.append((w, a, g, step, inst, req, B, list(blocks[g]), capacity))
+    return candidates, allocs
+
+
+def _row_at(replay: list[Event], pos: int, pid: Any, req: Any) -> Any:
+    """The InputBatch row of ``req`` in process ``pid`` just before ``replay[pos]``: the effect
+    of the last batch event before it that placed or removed the request (None if none)."""
+    for j in range(pos - 1, -1, -1):
+        e = replay[j]
+        if e["pid"] != pid:
+            continue
+        k = e["ev"]
+        if k == "batch.condense":
+            for q, _old, new in reversed(e["moves"]):
+                if q == req:
+                    return new
+        elif k == "batch.add":
+            if e.get("req", "") == req:
+                return e["row"]
+        elif k == "batch.remove":
+            if e.get("req", "") == req:
+                return None
+        elif k == "batch.swap":  # applied as (i1 -> i2, req1) then (i2 -> i1, req2)
+            if e["req2"] and e["req2"] == req:
+                return e["i1"]
+            if e["req1"] and e["req1"] == req:
+                return e["i2"]
+    return None
+
+
+def _row_history(replay: list[Event], pos: int, pid: Any, row: Any) -> Iterator[Any]:
+    """The requests placed in ``row`` of process ``pid`` before ``replay[pos]``, most recent
+    first (a request once per placement)."""
+    for j in range(pos - 1, -1, -1):
+        e = replay[j]
+        if e["pid"] != pid:
+            continue
+        k = e["ev"]
+        if k == "batch.condense":
+            for q, _old, new in reversed(e["moves"]):
+                if new == row:
+                    yield q
+        elif k == "batch.add":
+            if e["row"] == row:
+                yield e.get("req", "")
+        elif k == "batch.swap":  # applied as (i1 -> i2, req1) then (i2 -> i1, req2)
+            if e["i1"] == row and e["req2"]:
+                yield e["req2"]
+            if e["i2"] == row and e["req1"]:
+                yield e["req1"]
+
+
+class _Lazy:
+    """A list filled from an iterator as far as it is read."""
+
+    def __init__(self, it: Iterator[Any]):
+        self._it = it
+        self.items: list[Any] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        items = self.items
+        i = 0
+        while True:
+            if i < len(items):
+                yield items[i]
+            else:
+                nxt = next(self._it, _Lazy)
+                if nxt is _Lazy:
+                    return
+                items.append(nxt)
+                yield nxt
+            i += 1
+
+
+def _holders(idx, queries: list[tuple]) -> dict[tuple, list[str]]:
+    """For each (inst, block, g, at_id): requests holding the block just before event at_id
+    (a sched.alloc of theirs listed it, and no sched.free of theirs since). One pass over
+    the allocations before the last query; an allocation is looked at closer only when it
+    lists one of the queried blocks."""
+    if not queries:
+        return {}
+    uniq = list(dict.fromkeys(queries))
+    got: dict[tuple, dict[str, int]] = {q: {} for q in uniq}
+    last = max(q[3] for q in uniq)
+    allocs = idx.kind("sched.alloc")
+    # the allocations before the first one (in trace order) at or after the last query
+    if idx.ids_aligned:  # ids increase along the list: bisect
+        head = allocs[:bisect.bisect_left(allocs, last, key=_by_id)]
+    else:
+        head = allocs[:next(compress(count(), map(le, repeat(last), map(_by_id, allocs))), len(allocs))]
+    by_group: dict[int, list[tuple]] = {}
+    for q in uniq:
+        by_group.setdefault(q[2], []).append(q)
+    hits: list[Event] = []
+    for g, qs in by_group.items():
+        blocks = frozenset(q[1] for q in qs)
+        if len(blocks) == 1:
+            (b,) = blocks
+            hits += [a for a in head if len(bl := a["block_ids"]) > g and b in bl[g]]
+        else:
+            hits += [a for a in head if len(bl := a["block_ids"]) > g and not blocks.isdisjoint(bl[g])]
+    if len(by_group) > 1:  # back to trace order, once each
+        hit_ids = set(map(id, hits))
+        hits = [a for a in head if id(a) in hit_ids]
+    for a in hits:
+        aid = a["id"]
+        bl = a["block_ids"]
+        inst = a.get("inst")
+        for q in uniq:
+            q_inst, block, g, at_id = q
+            if aid < at_id and g < len(bl) and block in bl[g] and inst == q_inst:
+                got[q].setdefault(a.get("req"), aid)
+    frees: dict[tuple, list[int]] = {}
+    for f in idx.kind("sched.free"):
+        frees.setdefault((f.get("inst"), f.get("req")), []).append(f["id"])
+    out: dict[tuple, list[str]] = {}
+    for q, reqs in got.items():
+        inst, _block, _g, at_id = q
+        out[q] = [r for r, since in reqs.items()
+                  if not any(since < fid < at_id for fid in frees.get((inst, r), ()))]
+    return out
+
+
+def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
+    idx = build(events)
+    if not idx.kind("spec.window"):
+        return []
+    candidates, allocs = _candidates(idx)
     if not candidates:
         return []
-    # allocations per (inst, req), ordered by (step, id)
-    allocs: dict[tuple, list[Event]] = {}
-    for a in idx.kind("sched.alloc"):
-        if a.get("ok", True):
-            allocs.setdefault((a.get("inst"), a.get("req")), []).append(a)
     akeys = _Keys(allocs)  # (step, id) sort keys per (inst, req), built on first use
 
-    # row history per worker process, replayed in trace order up to each window
-    row_hist: dict[Any, dict[int, list[str]]] = {}  # pid -> row -> occupants in order
-    req_row: dict[Any, dict[str, int]] = {}
-    window_rows: dict[int, tuple[int | None, list[str]]] = {}  # id(window) -> (row, previous occupants)
+    # The batch events of the candidates' processes before the last candidate, and the
+    # candidate windows, in trace order: each window's row, and that row's earlier
+    # occupants, are read backwards from the window (they are usually a few events back).
     last = max(c[0]["id"] for c in candidates)
     cand_pids = {c[0]["pid"] for c in candidates}
-    replay = [e for k in _ROW_KINDS[:-1] for e in idx.kind(k) if e["id"] < last and e["pid"] in cand_pids]
-    replay.extend(c[0] for c in candidates)  # only the windows that need a row
-    replay.sort(key=lambda e: e["id"])
-    for e in replay:
-        pid = e["pid"]
-        k = e["ev"]
-        hist = row_hist.setdefault(pid, {})
-        rows = req_row.setdefault(pid, {})
-        if k == "batch.add":
-            hist.setdefault(e["row"], []).append(e.get("req", ""))
-            rows[e.get("req", "")] = e["row"]
-        elif k == "batch.remove":
-            rows.pop(e.get("req", ""), None)
-        elif k == "batch.swap":
-            for r_from, r_to, q in ((e["i1"], e["i2"], e["req1"]), (e["i2"], e["i1"], e["req2"])):
-                if q:
-                    rows[q] = r_to
-                    hist.setdefault(r_to, []).append(q)
-        elif k == "batch.condense":
-            for q, _old, new in e["moves"]:
-                rows[q] = new
-                hist.setdefault(new, []).append(q)
-        else:  # spec.window
-            r = rows.get(e.get("req", ""))
-            window_rows[id(e)] = (r, len(hist.get(r, ())) if r is not None else 0)  # history length so far
+    replay = [e for k in _ROW_KINDS for e in idx.kind(k) if e["id"] < last and e["pid"] in cand_pids]
+    n_batch = len(replay)
+    replay.extend(c[0] for c in candidates)
+    replay.sort(key=_by_id)
+    pos_of = {id(e): i for i, e in enumerate(replay) if e["ev"] == "spec.window"} if n_batch else {}
 
     prepared = []
     queries: list[tuple] = []
     for cand in candidates:
         w, a, g, step, inst, req, B, owned, capacity = cand
         outside = list(range(max(w["start"], capacity), w["end"]))
-        row, n_hist = window_rows.get(id(w), (None, 0))
-        prev = [q for q in row_hist.get(w["pid"], {}).get(row, [])[:n_hist] if q != req] if row is not None else []
+        pos = pos_of.get(id(w), 0)
+        row = _row_at(replay, pos, w["pid"], w.get("req", ""))
+        # earlier occupants of the row, most recent first
+        prev = _Lazy(q for q in _row_history(replay, pos, w["pid"], row) if q != req) if row is not None else ()
         blocks = []
         for bi in sorted({p // B for p in outside}):
             stale = None
             stale_from = None
-            for q in reversed(prev):  # most recent earlier occupant of the row that had that many blocks
+            for q in prev:  # most recent earlier occupant of the row that had that many blocks
                 qa = _latest(allocs.get((inst, q), []), akeys.get((inst, q), []), step, w["id"])
                 if qa is not None and g < len(qa["block_ids"]) and bi < len(qa["block_ids"][g]):
                     stale, stale_from = qa["block_ids"][g][bi], q
@@ -180,7 +277,7 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
                 "_query": query,
             })
         prepared.append((cand, outside, row, blocks))
-    held_map = holders_many(queries)
+    held_map = _holders(idx, queries)
     findings: list[Finding] = []
     for cand, outside, row, blocks in prepared:
         w, a, g, step, inst, req, B, owned, capacity = cand

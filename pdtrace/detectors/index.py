@@ -2,13 +2,16 @@
 
 ``build(events)`` groups events by kind (each list keeps trace order) and caches the result
 for the same list object, so ``run_all`` and the viewers pay for one pass, not one per
-detector. Nothing here imports vLLM or torch.
+detector; for a list from ``pdtrace.trace.load`` the loader already grouped the events in
+its parse loop (``EventList.by_kind``), so there is no pass at all. Nothing here imports vLLM or torch.
 """
 
 from __future__ import annotations
 
 from operator import itemgetter
 from typing import Any, Iterable
+
+from pdtrace.trace import kind_code, kind_groups, select_kinds
 
 Event = dict[str, Any]
 
@@ -34,15 +37,20 @@ class Index:
 
     def __init__(self, events: list[Event]):
         self.events = events
-        by_kind: dict[str, list[Event]] = {}
-        get = by_kind.get
-        for e in events:
-            k = e["ev"]
-            lst = get(k)
-            if lst is None:
-                by_kind[k] = [e]
-            else:
-                lst.append(e)
+        by_kind = kind_groups(events)  # grouped by the loader in its parse loop
+        # every event's id is its position (a list from trace.load that says so, as loaded):
+        # trace order by id is list order, and each kind's list is sorted by id
+        self.ids_aligned = by_kind is not None and bool(getattr(events, "ids_aligned", False))
+        if by_kind is None:
+            by_kind = {}
+            get = by_kind.get
+            for e in events:
+                k = e["ev"]
+                lst = get(k)
+                if lst is None:
+                    by_kind[k] = [e]
+                else:
+                    lst.append(e)
         self.by_kind = by_kind
         self._configs: dict[str, Event] = {}
         for c in by_kind.get("sched.config", ()):
@@ -53,11 +61,25 @@ class Index:
 
     def ordered(self, kinds: Iterable[str]) -> list[Event]:
         """Events of several kinds merged back into trace order (by ``id``)."""
+        kinds = tuple(kinds)
+        picked = select_kinds(self.events, kinds)  # loaded list: picked by the kind codes
+        if picked is not None:
+            return picked
         out: list[Event] = []
         for k in kinds:
             out.extend(self.by_kind.get(k, ()))
         out.sort(key=_by_id)  # timsort merges the already-sorted runs in ~linear time
         return out
+
+    def ordered_codes(self, kinds: Iterable[str]) -> tuple[list[Event], bytes]:
+        """``ordered(kinds)`` and, in parallel, each event's kind as a byte
+        (``pdtrace.trace.kind_code``): loops dispatch on it without reading ``ev``."""
+        kinds = tuple(kinds)
+        picked = select_kinds(self.events, kinds, with_codes=True)
+        if picked is not None:
+            return picked
+        out = self.ordered(kinds)
+        return out, bytes(kind_code(e["ev"]) for e in out)
 
     def config(self, inst: str | None) -> Event | None:
         """The scheduler config of an instance (first ``sched.config`` it emitted)."""

@@ -76,6 +76,13 @@ def end_trim(local: list[int], remote: list[int]) -> list[tuple[int, int]]:
 
 
 def _pairs_from_reads(reads: list[Event], ngroups: int) -> list[list[tuple[int, int]]]:
+    if len(reads) == 1:  # the usual case: one read, no local block twice in a group
+        r = reads[0]
+        groups = list(zip(r.get("local_block_ids") or [], r.get("remote_block_ids") or []))
+        if all(len(set(ls)) == len(ls) for ls, _rs in groups):
+            pairs: list[list[tuple[int, int]]] = [list(zip(ls, rs)) for ls, rs in groups]
+            pairs.extend([] for _ in range(ngroups - len(groups)))
+            return pairs
     out: list[list[tuple[int, int]]] = [[] for _ in range(ngroups)]
     seen: list[set[int]] = [set() for _ in range(ngroups)]
     for r in reads:
@@ -94,6 +101,12 @@ def _pairs_from_reads(reads: list[Event], ngroups: int) -> list[list[tuple[int, 
 def join_transfers(events: list[Event], idx: Index | None = None) -> list[Transfer]:
     """Pair P's reports with D's allocations / trims / reads, one ``Transfer`` per request."""
     idx = idx or build(events)
+    return [_make(idx, p, a, *ctx) for p, a, ctx in _pairs(idx)]
+
+
+def _pairs(idx: Index) -> list[tuple[Event | None, Event | None, tuple]]:
+    """(P's nixl.request_finished, D's nixl.remote_alloc, the trims / reads lookups) per
+    request, in ``join_transfers`` order: the arguments of ``_make``."""
     finished = [e for e in idx.kind("nixl.request_finished") if e.get("side", "P") == "P"]
     allocs = idx.kind("nixl.remote_alloc")
     trims = idx.kind("nixl.trim")
@@ -119,30 +132,42 @@ def join_transfers(events: list[Event], idx: Index | None = None) -> list[Transf
         if key is not None:
             reads_by_req.setdefault(key, []).append(r)
 
-    out: list[Transfer] = []
+    ctx = (trims_by_req, unkeyed_trims, reads_by_req)
+    out: list[tuple[Event | None, Event | None, tuple]] = []
     used_allocs: set[int] = set()
     for p in finished:
         a = alloc_by_key.get(p.get("req")) if p.get("req") is not None else None
         if a is not None:
             used_allocs.add(id(a))
-        out.append(_make(idx, p, a, trims_by_req, unkeyed_trims, reads_by_req))
+        out.append((p, a, ctx))
     for a in allocs:  # D-only traces: P's report as D received it
         if id(a) not in used_allocs:
-            out.append(_make(idx, None, a, trims_by_req, unkeyed_trims, reads_by_req))
+            out.append((None, a, ctx))
     return out
 
 
+def _same(groups: Any) -> Any:
+    return groups
+
+
+def _copied(groups: Any) -> list[list[int]]:
+    return [list(g) for g in groups]
+
+
 def _make(idx: Index, p: Event | None, a: Event | None, trims_by_req: dict[str, Event],
-          unkeyed_trims: list[Event], reads_by_req: dict[str, list[Event]]) -> Transfer:
+          unkeyed_trims: list[Event], reads_by_req: dict[str, list[Event]], copy: bool = True) -> Transfer:
+    """The ``Transfer`` of one request. ``copy=False`` (a first look by ``detect``) leaves the
+    per-group block lists as the events hold them instead of copying them."""
+    lists = _copied if copy else _same
     d_req = a.get("req") if a is not None else None
     p_req = p.get("req") if p is not None else (a.get("remote_req") if a is not None else None)
     if p is not None:
-        reported = [list(g) for g in p["block_ids"]]
+        reported = lists(p["block_ids"])
         rnt = int(p["remote_num_tokens"])
         config = idx.config(p.get("inst"))
     else:
         assert a is not None
-        reported = [list(g) for g in a["remote_block_ids"]]
+        reported = lists(a["remote_block_ids"])
         rnt = a.get("remote_num_tokens")
         if rnt is None:  # no token count on D: fall back to what P reported
             rnt = 0
@@ -155,7 +180,7 @@ def _make(idx: Index, p: Event | None, a: Event | None, trims_by_req: dict[str, 
     mapping = None
     source = "none"
     if a is not None:
-        local = [list(g) for g in a["local_block_ids"]]
+        local = lists(a["local_block_ids"])
         key = d_req if d_req is not None else p_req
         trim = trims_by_req.get(key) if key is not None else None
         if trim is None:
@@ -166,7 +191,7 @@ def _make(idx: Index, p: Event | None, a: Event | None, trims_by_req: dict[str, 
         if not rd and p_req is not None and p_req != key:
             rd = [r for r in reads_by_req.get(p_req, ()) if r.get("remote_req") == p_req]
         if trim is not None:
-            local = [list(g) for g in trim["local_in"]]
+            local = lists(trim["local_in"])
         if rd:
             mapping = _pairs_from_reads(rd, len(reported))
             source = "nixl.read"
@@ -174,7 +199,7 @@ def _make(idx: Index, p: Event | None, a: Event | None, trims_by_req: dict[str, 
             mapping = [list(zip(lo, ro)) for lo, ro in zip(trim["local_out"], trim["remote_out"])]
             source = "nixl.trim"
         else:
-            remote_in = [list(g) for g in a["remote_block_ids"]]
+            remote_in = lists(a["remote_block_ids"])
             mapping = []
             for g, lo in enumerate(local):
                 ro = remote_in[g] if g < len(remote_in) else []
@@ -229,10 +254,49 @@ def analyze_group(tr: Transfer, g: int) -> dict[str, Any]:
     return info
 
 
+def _flagged(tr: Transfer) -> bool:
+    """Whether ``analyze_group`` finds mismatches or extra blocks in any group of ``tr``: the
+    same arithmetic, without building the per-pair report (most transfers are fine)."""
+    rnt = tr.remote_num_tokens
+    for g in range(len(tr.reported)):
+        B = tr.block_size(g)
+        if not tr.is_attention(g):
+            continue
+        R = tr.reported[g]
+        needed = blocks_needed(rnt, B)
+        if R[needed:]:
+            return True
+        if tr.mapping is None or g >= len(tr.mapping):
+            continue
+        pairs = tr.mapping[g]
+        L = tr.local[g] if tr.local is not None and g < len(tr.local) and tr.local[g] else [lb for lb, _ in pairs]
+        n = len(L)
+        first = needed - n if n <= needed else 0
+        top = min(needed, len(R))
+        m = len(pairs)
+        if m <= n and len(set(L)) == n:
+            lbs, rbs = (list(c) for c in zip(*pairs)) if pairs else ([], [])
+            if lbs == L[:m]:  # pair k is local block k: one slice comparison decides
+                lo, hi = max(0, -first), min(m, top - first)
+                if lo >= hi or rbs[lo:hi] == R[first + lo:first + hi]:
+                    continue
+        pos_of = {lb: i for i, lb in enumerate(L)}
+        for k, (lb, rb) in enumerate(pairs):
+            gi = first + pos_of.get(lb, k)
+            if 0 <= gi < top:
+                expected = R[gi]
+                if expected is not None and rb != expected:
+                    return True
+    return False
+
+
 def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     idx = build(events)
     findings: list[Finding] = []
-    for tr in join_transfers(events, idx):
+    for p, a, ctx in _pairs(idx):
+        if not _flagged(_make(idx, p, a, *ctx, copy=False)):  # most transfers are fine
+            continue
+        tr = _make(idx, p, a, *ctx)
         groups = [analyze_group(tr, g) for g in range(len(tr.reported))]
         bad = [gi for gi in groups if gi["mismatches"]]
         latent = [gi for gi in groups if gi["extra_blocks"]]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import METADATA_CLEARED_BEFORE_DRAFTER, SEVERITY_ERROR, SEVERITY_WARNING, Finding
-from .index import build
+from .index import build, kind_code
 
 Event = dict[str, Any]
 
@@ -54,13 +54,12 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     idx = build(events)
     if not idx.kind("spec.phase"):
         return []
-    seq = idx.ordered(_KINDS)
+    BIND, CLEAR, HAS, SAVE, PHASE = (kind_code(k) for k in _KINDS)
     by_proc: dict[tuple, list[_Step]] = {}
     cur: dict[tuple, _Step] = {}
-    for e in seq:
+    for e, k in zip(*idx.ordered_codes(_KINDS)):
         key = (e["pid"], e.get("rank"))
-        k = e["ev"]
-        if k == "kvmeta.bind":
+        if k == BIND:
             st = _Step(e)
             cur[key] = st
             by_proc.setdefault(key, []).append(st)
@@ -72,10 +71,10 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
         st.events.append(e)
         if st.step is None and e.get("step") is not None:
             st.step = e["step"]
-        if k == "kvmeta.clear":
+        if k == CLEAR:
             if st.drafter_begin is None and st.cleared is None:
                 st.cleared = e
-        elif k == "spec.phase":
+        elif k == PHASE:
             if e["phase"] == "drafter":
                 if e["edge"] == "begin":
                     st.drafter_begin = e
@@ -86,10 +85,10 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
                 else:
                     st.drafter_end = e
                     st.in_drafter = False
-        elif k == "kvmeta.has":
+        elif k == HAS:
             if (st.in_drafter or e.get("phase") == "drafter") and e["result"] is False:
                 st.has_false.append(e)
-        elif k == "kvmeta.save_layer":
+        elif k == SAVE:
             (st.drafter_saved if e["phase"] == "drafter" else st.target_saved).append(e["layer"])
 
     findings: list[Finding] = []

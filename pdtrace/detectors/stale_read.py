@@ -14,13 +14,17 @@ right is a warning.
 
 from __future__ import annotations
 
+from itertools import repeat
+from operator import is_, itemgetter
 from typing import Any
 
 from .base import SEVERITY_ERROR, SEVERITY_WARNING, STALE_ACCEPTED_COUNT_READ, Finding
-from .index import build
+from .index import build, kind_code
 
 Event = dict[str, Any]
 
+_pid = itemgetter("pid")
+_row = itemgetter("row")
 _KINDS = ("d2h.issue", "d2h.done", "acc.read", "batch.add", "batch.remove", "batch.swap", "batch.condense")
 
 
@@ -46,33 +50,57 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     idx = build(events)
     if not idx.kind("acc.read"):
         return []
-    truths: dict[tuple, list[Event]] = {}
-    for t in idx.kind("acc.truth"):
-        truths.setdefault((t.get("inst"), t.get("req")), []).append(t)
-
     issues: dict[Any, dict[str, Event]] = {}  # pid -> event id -> d2h.issue
     last_issue: dict[Any, Event] = {}
     done: dict[Any, set[str]] = {}
     moves: dict[Any, list[Event]] = {}  # pid -> batch events in order (row history)
-    findings: list[Finding] = []
-    seen: dict[tuple, Finding] = {}
-    for e in idx.ordered(_KINDS):
-        pid = e["pid"]
-        k = e["ev"]
-        if k == "d2h.issue":
-            issues.setdefault(pid, {})[e["event"]] = e
-            last_issue[pid] = e
-        elif k == "d2h.done":
-            done.setdefault(pid, set()).add(e["event"])
-        elif k.startswith("batch."):
-            moves.setdefault(pid, []).append(e)
-        else:  # acc.read
-            req = e.get("req")
-            row = e["row"]
+    stale: list[tuple] = []  # the stale reads, one per dedup key, in trace order
+    seen: dict[tuple, list] = {}  # dedup key -> ranks of that read
+    READ, ISSUE, DONE = kind_code("acc.read"), kind_code("d2h.issue"), kind_code("d2h.done")
+    no_issues: dict[str, Event] = {}
+    seq, codes = idx.ordered_codes(_KINDS)
+    # Reads come in runs between the state changes (issues, completions, row moves): a run
+    # whose reads all agree with the issue they read is cleared at once by C-level passes;
+    # any other run goes through the exact per-read check.
+    not_read = codes.translate(bytes(c != READ for c in range(256)))
+    i, n = 0, len(seq)
+    while i < n:
+        if not_read[i]:
+            e = seq[i]
+            code = codes[i]
+            if code == ISSUE:
+                issues.setdefault(e["pid"], {})[e["event"]] = e
+                last_issue[e["pid"]] = e
+            elif code == DONE:
+                done.setdefault(e["pid"], set()).add(e["event"])
+            else:  # batch.*
+                moves.setdefault(e["pid"], []).append(e)
+            i += 1
+            continue
+        j = not_read.find(1, i)
+        if j < 0:
+            j = n
+        run = seq[i:j]
+        i = j
+        if _run_clean(run, issues, last_issue):
+            continue
+        for e in run:
+            pid = e["pid"]
             ev_id = e.get("event")
-            issue = issues.get(pid, {}).get(ev_id) if ev_id is not None else last_issue.get(pid)
+            issue = issues.get(pid, no_issues).get(ev_id) if ev_id is not None else None
             if issue is None:
                 issue = last_issue.get(pid)
+            # the common read: its row held the request at issue time, and the copy was done
+            row = e["row"]
+            req = e.get("req")
+            if issue is not None:
+                rows = issue["rows"]
+                moved = (rows[row] if 0 <= row < len(rows) else None) != req
+            else:
+                moved = False
+            if not moved and (e.get("event_done") is not False or e.get("synced") is True
+                              or (ev_id is not None and ev_id in done.get(pid, ()))):
+                continue
             reasons = []
             row_req_at_issue = None
             if issue is not None:
@@ -87,69 +115,117 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
                 reasons.append("copy-not-complete")
             if not reasons:
                 continue
-            truth = _truth_for(truths.get((e.get("inst"), req), []), e)
-            tval = truth["value"] if truth is not None else None
-            if tval is not None:
-                severity = SEVERITY_ERROR if tval != e["value"] else SEVERITY_WARNING
-            else:
-                severity = SEVERITY_ERROR if "row-moved" in reasons else SEVERITY_WARNING
             dkey = (e.get("inst"), req, e.get("step"), row, e["value"])
             if dkey in seen:  # another TP rank read the same thing
-                seen[dkey].data["ranks"].append(e.get("rank"))
+                seen[dkey].append(e.get("rank"))
                 continue
-            # row history between the issue and the read: moves touching this request or this row
-            hist = []
-            lo = issue["id"] if issue is not None else -1
-            for m in moves.get(pid, ()):
-                if m["id"] <= lo:
-                    continue
-                mk = m["ev"]
-                if mk == "batch.swap":
-                    if row in (m["i1"], m["i2"]) or req in (m["req1"], m["req2"]):
-                        hist.append({"event": m["id"], "op": "swap", "rows": [m["i1"], m["i2"]],
-                                     "reqs": [m["req1"], m["req2"]]})
-                elif mk == "batch.condense":
-                    mv = [list(x) for x in m["moves"] if x[0] == req or row in (x[1], x[2])]
-                    if mv:
-                        hist.append({"event": m["id"], "op": "condense", "moves": mv})
-                elif m.get("row") == row or m.get("req") == req:
-                    hist.append({"event": m["id"], "op": mk.split(".", 1)[1], "row": m.get("row"),
-                                 "req": m.get("req")})
-            issue_row_of_req = None
-            if issue is not None and req in issue["rows"]:
-                issue_row_of_req = issue["rows"].index(req)
-            ids = [x for x in (issue["id"] if issue is not None else None, e["id"],
-                               truth["id"] if truth is not None else None) if x is not None]
-            ids += [h["event"] for h in hist]
-            parts = []
-            if "row-moved" in reasons:
-                parts.append(
-                    f"the last D2H copy (event {issue.get('event')!r}, trace event {issue['id']}) was issued when row "
-                    f"{row} held {row_req_at_issue!r}" + (f" and {req} was in row {issue_row_of_req}" if issue_row_of_req is not None else f" and {req} was in no row")
-                    + (f"; then {len(hist)} row move(s): " + ", ".join(_fmt_move(h) for h in hist[:6]) if hist else ""))
-            if "copy-not-complete" in reasons:
-                parts.append(f"the copy's CUDA event {ev_id!r} had not completed (event.query() False) and the "
-                             f"runner did not synchronize")
-            vtxt = (f"read {e['value']}, authoritative value {tval}" if tval is not None
-                    else f"read {e['value']} (no acc.truth recorded)")
-            title = (f"request {req} step {e.get('step')}: accepted count read from row {row} "
-                     f"{'is another row' + chr(39) + 's' if 'row-moved' in reasons else 'raced the D2H copy'} ({vtxt})")
-            expl = (f"_prepare_inputs read num_accepted_tokens for {req} from row {row} on {e.get('inst')} "
-                    f"(pid {pid}, step {e.get('step')}), but " + "; and ".join(parts) + f". It {vtxt}. "
-                    + ("The request used a wrong accepted count (wrong recurrent-state slot / positions)."
-                       if severity == SEVERITY_ERROR else
-                       "The value happened to be right, but the read is a race that can return another count."))
-            f = Finding(
-                kind=STALE_ACCEPTED_COUNT_READ, severity=severity, req=req, step=e.get("step"),
-                inst=e.get("inst"), event_ids=sorted(set(ids)), title=title, explanation=expl,
-                data={"row": row, "value": e["value"], "truth": tval, "reasons": reasons,
-                      "d2h_event": ev_id if ev_id is not None else (issue or {}).get("event"),
-                      "event_done": e.get("event_done"), "synced": e.get("synced"),
-                      "row_req_at_issue": row_req_at_issue, "req_row_at_issue": issue_row_of_req,
-                      "row_history": hist, "pid": pid, "ranks": [e.get("rank")]})
-            seen[dkey] = f
-            findings.append(f)
-    return findings
+            ranks = seen[dkey] = [e.get("rank")]
+            stale.append((e, pid, row, req, ev_id, issue, reasons, row_req_at_issue,
+                          _history(moves.get(pid, ()), issue, row, req), ranks))
+    if not stale:
+        return []
+    # acc.truth of the stale reads' requests only, per (inst, req) in trace order
+    wanted = {(r[0].get("inst"), r[3]) for r in stale}
+    wanted_reqs = {req for _inst, req in wanted}
+    truths: dict[tuple, list[Event]] = {}
+    for t in idx.kind("acc.truth"):
+        if t.get("req") in wanted_reqs:
+            key = (t.get("inst"), t.get("req"))
+            if key in wanted:
+                truths.setdefault(key, []).append(t)
+    return [_finding(truths, *r) for r in stale]
+
+
+def _run_clean(run: list[Event], issues: dict[Any, dict[str, Event]], last_issue: dict[Any, Event]) -> bool:
+    """True when no read of ``run`` (consecutive reads, no state change between them) is
+    stale: one process, one copy event, every row held its reader at issue time, and no read
+    saw the copy unfinished. False means "look at each read" (also on anything unusual)."""
+    try:
+        pids = list(map(_pid, run))
+        pid = pids[0]
+        evs = list(map(dict.get, run, repeat("event")))
+        ev_id = evs[0]
+        if pids.count(pid) != len(pids) or evs.count(ev_id) != len(evs):
+            return False
+        issue = issues.get(pid, {}).get(ev_id) if ev_id is not None else None
+        if issue is None:
+            issue = last_issue.get(pid)
+        rows_read = list(map(_row, run))
+        if issue is not None:
+            rows = issue["rows"]
+            if not (0 <= min(rows_read) and max(rows_read) < len(rows)):
+                return False
+            if list(map(rows.__getitem__, rows_read)) != list(map(dict.get, run, repeat("req"))):
+                return False
+        return not any(map(is_, map(dict.get, run, repeat("event_done")), repeat(False)))
+    except Exception:  # odd field values: the per-read check raises or decides
+        return False
+
+
+def _history(pid_moves: Any, issue: Event | None, row: Any, req: Any) -> list[dict]:
+    """Row history between the issue and the read: moves touching this request or this row."""
+    hist = []
+    lo = issue["id"] if issue is not None else -1
+    for m in pid_moves:
+        if m["id"] <= lo:
+            continue
+        mk = m["ev"]
+        if mk == "batch.swap":
+            if row in (m["i1"], m["i2"]) or req in (m["req1"], m["req2"]):
+                hist.append({"event": m["id"], "op": "swap", "rows": [m["i1"], m["i2"]],
+                             "reqs": [m["req1"], m["req2"]]})
+        elif mk == "batch.condense":
+            mv = [list(x) for x in m["moves"] if x[0] == req or row in (x[1], x[2])]
+            if mv:
+                hist.append({"event": m["id"], "op": "condense", "moves": mv})
+        elif m.get("row") == row or m.get("req") == req:
+            hist.append({"event": m["id"], "op": mk.split(".", 1)[1], "row": m.get("row"),
+                         "req": m.get("req")})
+    return hist
+
+
+def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req: Any, ev_id: Any,
+             issue: Event | None, reasons: list[str], row_req_at_issue: Any, hist: list[dict],
+             ranks: list) -> Finding:
+    truth = _truth_for(truths.get((e.get("inst"), req), []), e)
+    tval = truth["value"] if truth is not None else None
+    if tval is not None:
+        severity = SEVERITY_ERROR if tval != e["value"] else SEVERITY_WARNING
+    else:
+        severity = SEVERITY_ERROR if "row-moved" in reasons else SEVERITY_WARNING
+    issue_row_of_req = None
+    if issue is not None and req in issue["rows"]:
+        issue_row_of_req = issue["rows"].index(req)
+    ids = [x for x in (issue["id"] if issue is not None else None, e["id"],
+                       truth["id"] if truth is not None else None) if x is not None]
+    ids += [h["event"] for h in hist]
+    parts = []
+    if "row-moved" in reasons:
+        assert issue is not None
+        parts.append(
+            f"the last D2H copy (event {issue.get('event')!r}, trace event {issue['id']}) was issued when row "
+            f"{row} held {row_req_at_issue!r}" + (f" and {req} was in row {issue_row_of_req}" if issue_row_of_req is not None else f" and {req} was in no row")
+            + (f"; then {len(hist)} row move(s): " + ", ".join(_fmt_move(h) for h in hist[:6]) if hist else ""))
+    if "copy-not-complete" in reasons:
+        parts.append(f"the copy's CUDA event {ev_id!r} had not completed (event.query() False) and the "
+                     f"runner did not synchronize")
+    vtxt = (f"read {e['value']}, authoritative value {tval}" if tval is not None
+            else f"read {e['value']} (no acc.truth recorded)")
+    title = (f"request {req} step {e.get('step')}: accepted count read from row {row} "
+             f"{'is another row' + chr(39) + 's' if 'row-moved' in reasons else 'raced the D2H copy'} ({vtxt})")
+    expl = (f"_prepare_inputs read num_accepted_tokens for {req} from row {row} on {e.get('inst')} "
+            f"(pid {pid}, step {e.get('step')}), but " + "; and ".join(parts) + f". It {vtxt}. "
+            + ("The request used a wrong accepted count (wrong recurrent-state slot / positions)."
+               if severity == SEVERITY_ERROR else
+               "The value happened to be right, but the read is a race that can return another count."))
+    return Finding(
+        kind=STALE_ACCEPTED_COUNT_READ, severity=severity, req=req, step=e.get("step"),
+        inst=e.get("inst"), event_ids=sorted(set(ids)), title=title, explanation=expl,
+        data={"row": row, "value": e["value"], "truth": tval, "reasons": reasons,
+              "d2h_event": ev_id if ev_id is not None else (issue or {}).get("event"),
+              "event_done": e.get("event_done"), "synced": e.get("synced"),
+              "row_req_at_issue": row_req_at_issue, "req_row_at_issue": issue_row_of_req,
+              "row_history": hist, "pid": pid, "ranks": ranks})
 
 
 def _fmt_move(h: dict) -> str:
