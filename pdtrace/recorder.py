@@ -72,6 +72,25 @@ SHARD_SUFFIX = ".pdshard"
 DEFERRED_KEYS = "\x00deferred"  # fields key put_deferred uses to name its Deferred values
 
 
+def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
+    """Queued ``(kind, t, req, step, fields)`` tuples -> event dicts, given the process's
+    ``(pid, role, inst, rank, wall_offset_ns)`` (the in-memory sink, and shard frames read
+    back by ``pdtrace.shards``). Fields may override the common ones (e.g. ``inst``)."""
+    pid, role, inst, rank, off = meta
+    out = []
+    for kind, t, req, step, fields in items:
+        ev = {"ev": kind, "t": t, "w": t + off, "pid": pid, "role": role, "inst": inst}
+        if rank is not None:
+            ev["rank"] = rank
+        if step is not None:
+            ev["step"] = step
+        if req is not None:
+            ev["req"] = req
+        ev.update(fields)
+        out.append(ev)
+    return out
+
+
 def _resolve_deferred(ev: dict) -> dict:
     keys = ev.pop(DEFERRED_KEYS, None)
     for k in keys or ():
@@ -229,19 +248,7 @@ class Recorder:
         return SHARD_MAGIC + struct.pack("<I", len(blob)) + blob
 
     def _materialize(self, items: Iterable[tuple]) -> list[dict]:
-        pid, role, inst, rank, off = self.pid, self.role, self.inst, self.rank, self._wall_off
-        out = []
-        for kind, t, req, step, fields in items:
-            ev = {"ev": kind, "t": t, "w": t + off, "pid": pid, "role": role, "inst": inst}
-            if rank is not None:
-                ev["rank"] = rank
-            if step is not None:
-                ev["step"] = step
-            if req is not None:
-                ev["req"] = req
-            ev.update(fields)
-            out.append(ev)
-        return out
+        return materialize((self.pid, self.role, self.inst, self.rank, self._wall_off), items)
 
     def flush(self) -> None:
         q = self._q

@@ -21,7 +21,7 @@ import orjson
 
 from . import schema
 from .errors import PdtraceError
-from .recorder import SHARD_MAGIC, SHARD_SUFFIX
+from .recorder import SHARD_MAGIC, SHARD_SUFFIX, materialize
 from .trace import Problem, load, make_footer, make_header, write_trace
 
 
@@ -71,21 +71,12 @@ def _read_frames(path: str) -> tuple[list[dict[str, Any]], list[Problem]]:
                                        "process killed mid-write)"))
             break
         try:
-            (pid, role, inst, rank, off), items = marshal.loads(data[pos + 8:pos + 8 + length])
+            meta, items = marshal.loads(data[pos + 8:pos + 8 + length])
+            events.extend(materialize(meta, items))
         except Exception as exc:
             problems.append(Problem(n, f"{name}: frame {n}: corrupt ({type(exc).__name__}), rest of shard skipped"))
             break
         pos += 8 + length
-        for kind, t, req, step, fields in items:
-            ev = {"ev": kind, "t": t, "w": t + off, "pid": pid, "role": role, "inst": inst}
-            if rank is not None:
-                ev["rank"] = rank
-            if step is not None:
-                ev["step"] = step
-            if req is not None:
-                ev["req"] = req
-            ev.update(fields)
-            events.append(ev)
     return events, problems
 
 
