@@ -56,15 +56,6 @@ def sched_step(sched: Any) -> int | None:
     return getattr(sched, "_pdtrace_step", None)
 
 
-def _ids(blocks: Any) -> list[list[int]]:
-    """KVCacheBlocks (or a tuple of id lists) -> list of id lists per group."""
-    if blocks is None:
-        return []
-    if hasattr(blocks, "get_block_ids"):
-        return [list(g) for g in blocks.get_block_ids()]
-    return [list(g) for g in blocks]
-
-
 # --- Scheduler.__init__ -----------------------------------------------------------------
 
 def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_config: Any, *a: Any, **kw: Any) -> None:
