@@ -203,3 +203,38 @@ def test_bad_lines_after_a_clean_start_fall_back_to_the_exact_scan(good):
     assert [(p.line, p.reason) for p in tr.problems] == [
         (5, "mark: missing field(s) label"), (8, "data after the footer")]
     assert [e["label"] for e in tr.events] == ["m0", "m1", "m2", "m4"]
+
+
+# ------------------------------------------------ the fast loader parses runs of lines at once
+
+@pytest.mark.parametrize("line, reason", [
+    (b'{"ev": "mark", "t": 1, "w": 1, "pid": 1, "role": "main", "inst": "-", "label": "a"},'
+     b'{"ev": "mark", "t": 2, "w": 2, "pid": 1, "role": "main", "inst": "-", "label": "b"}\n', "corrupt line"),
+    (b"\n", "blank line"),
+    (b"[1, 2]\n", "corrupt line: not a JSON object"),
+])
+def test_a_run_parse_never_accepts_what_a_line_parse_rejects(good, line, reason):
+    """The fast loader parses many lines as one JSON array; a line with two values joined by
+    a comma, a blank line or a non-object must still be refused with its own line number."""
+    lines = good.read_bytes().splitlines(keepends=True)
+    lines[3] = line
+    good.write_bytes(b"".join(lines))
+    with pytest.raises(TraceError) as ei:
+        load(str(good))
+    assert ei.value.line == 4 and reason in ei.value.reason
+
+
+def test_runs_that_split_lines_anywhere_give_the_same_events(tmp_path, monkeypatch):
+    """Runs of a few bytes (every line completed from the next run) and one run for the
+    whole file load the same events, progress included, as the exact line scan."""
+    from pdtrace import trace as T
+
+    p = tmp_path / "t.jsonl"
+    write_trace(str(p), make_header(origin="synthetic", versions={}), _events(40))
+    expected = [e for what, _l, e in T.scan(str(p)) if what == "event"]
+    for chunk in (1, 7, 100, 1 << 20):
+        monkeypatch.setattr(T, "_CHUNK", chunk)
+        seen = []
+        tr = T._load_fast(str(p), lambda pos, total: seen.append((pos, total)))
+        assert tr is not None and list(tr.events) == expected and tr.footer["events"] == 40
+        assert seen[-1] == (p.stat().st_size,) * 2 and all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
