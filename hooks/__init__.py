@@ -111,15 +111,44 @@ def after(hook: str, record: Callable[..., None], skip: str = "") -> Callable[[C
     return wrap
 
 
-def around(hook: str, before: Callable[..., Any], after_fn: Callable[..., None]) -> Callable[[Callable], Callable]:
+def before(hook: str, record: Callable[..., None]) -> Callable[[Callable], Callable]:
+    """wrap factory: ``record(rec, *args, **kwargs)``, then the original (nothing after it)."""
+
+    def wrap(orig: Callable) -> Callable:
+        fast = _generate(hook, orig, _BEFORE_SRC, {"_pdt_record": record}, [(record, 1)], allow_result=False)
+        if fast is not None:
+            return fast
+
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            rec = _recorder._current
+            if rec is not None:
+                try:
+                    record(rec, *args, **kwargs)
+                except Exception as exc:  # never into vLLM
+                    rec.hook_error(hook, exc)
+            return orig(*args, **kwargs)
+
+        wrapper.__pdtrace_hook__ = hook  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap
+
+
+def around(hook: str, before: Callable[..., Any], after_fn: Callable[..., None],
+           skip: str = "") -> Callable[[Callable], Callable]:
     """wrap factory: ``state = before(rec, *args, **kw)``; original; ``after_fn(rec, state, result, *args, **kw)``.
 
     ``after_fn`` also runs (with result=None) when the original raises, then the exception propagates.
+    ``skip``: optional Python expression over the original's parameter names, evaluated
+    before the call; when it is true the generated wrapper calls just the original (a
+    per-call filter inlined into the wrapper; ``before`` / ``after_fn`` must apply the same
+    filter themselves, since the generic wrapper ignores ``skip``).
     """
 
     def wrap(orig: Callable) -> Callable:
         fast = _generate(hook, orig, _AROUND_SRC, {"_pdt_before": before, "_pdt_after": after_fn},
-                         [(before, 1), (after_fn, 3)])
+                         [(before, 1), (after_fn, 3)], skip=skip, allow_result=False)
         if fast is not None:
             return fast
 
@@ -164,10 +193,28 @@ def {name}({params}):
     return _pdt_result
 """
 
+_BEFORE_SRC = """
+def {name}({params}):
+    _pdt_rec = _pdt_R._current
+    if _pdt_rec is not None:
+        try:
+            _pdt_record(_pdt_rec, {call})
+        except Exception as _pdt_exc:
+            _pdt_rec.hook_error(_pdt_hook, _pdt_exc)
+    return _pdt_orig({call})
+"""
+
 _AROUND_SRC = """
 def {name}({params}):
     _pdt_rec = _pdt_R._current
     if _pdt_rec is None:
+        return _pdt_orig({call})
+    try:
+        _pdt_skip = {skip}
+    except Exception as _pdt_exc:
+        _pdt_skip = False
+        _pdt_rec.hook_error(_pdt_hook, _pdt_exc)
+    if _pdt_skip:
         return _pdt_orig({call})
     try:
         _pdt_state = _pdt_before(_pdt_rec, {call})
@@ -191,16 +238,17 @@ def {name}({params}):
 
 
 def _generate(hook: str, orig: Callable, template: str, fns: dict[str, Callable],
-              recorders: list[tuple[Callable, int]], skip: str = "") -> Callable | None:
-    """A signature-exact wrapper of ``orig`` from ``template``, or None (use the generic one)."""
+              recorders: list[tuple[Callable, int]], skip: str = "", allow_result: bool = True) -> Callable | None:
+    """A signature-exact wrapper of ``orig`` from ``template``, or None (use the generic one).
+    ``allow_result``: whether ``skip`` may name ``_pdt_result`` (only after the call)."""
     try:
-        return _generate_exact(hook, orig, template, fns, recorders, skip)
+        return _generate_exact(hook, orig, template, fns, recorders, skip, allow_result)
     except Exception:  # any surprise in code generation: the generic wrapper still works
         return None
 
 
 def _generate_exact(hook: str, orig: Callable, template: str, fns: dict[str, Callable],
-                    recorders: list[tuple[Callable, int]], skip: str) -> Callable | None:
+                    recorders: list[tuple[Callable, int]], skip: str, allow_result: bool = True) -> Callable | None:
     if not inspect.isfunction(orig):
         return None
     try:
@@ -268,7 +316,7 @@ def _generate_exact(hook: str, orig: Callable, template: str, fns: dict[str, Cal
             names = {n.id for n in ast.walk(ast.parse(skip, mode="eval")) if isinstance(n, ast.Name)}
         except SyntaxError:
             return None
-        known = {p.name for p in sig.parameters.values()} | {"_pdt_result"}
+        known = {p.name for p in sig.parameters.values()} | ({"_pdt_result"} if allow_result else set())
         if not names <= known | set(dir(builtins)):
             skip = ""
     name = orig.__name__ if orig.__name__.isidentifier() else "wrapper"

@@ -58,6 +58,12 @@ def _worker_where(worker: Any, rec: Any) -> str:
 
 # --- request_finished (P: what it reports to D) ---------------------------------------------
 
+# Inlined into the generated wrappers: a request without kv_transfer_params (plain serving
+# through a connector-enabled scheduler) calls just the original. The before-functions
+# apply the same test themselves (the generic wrapper ignores ``skip``).
+_NO_TRANSFER = "not request.kv_transfer_params"
+
+
 def _rf_before(rec: Any, self: Any, request: Any, block_ids: Any, *a: Any, **kw: Any) -> dict:
     params = request.kv_transfer_params
     if not params:
@@ -105,15 +111,15 @@ def _rf_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any, 
 
 register("nixl.request_finished", CONN_MOD, "NixlBaseConnector.request_finished_all_groups",
          ("request", "block_ids"),
-         around("nixl.request_finished", _rf_before, _rf_after),
+         around("nixl.request_finished", _rf_before, _rf_after, skip=_NO_TRANSFER),
          doc="nixl.request_finished (HMA path, all KV cache groups)")
 register("nixl.request_finished_1g", CONN_MOD, "NixlBaseConnector.request_finished",
          ("request", "block_ids"),
-         around("nixl.request_finished_1g", _rf_before, _rf_after),
+         around("nixl.request_finished_1g", _rf_before, _rf_after, skip=_NO_TRANSFER),
          doc="nixl.request_finished (single-group path)")
 register("nixl.request_finished_old", OLD_MOD, "NixlConnector.request_finished",
          ("request", "block_ids"),
-         around("nixl.request_finished_old", _rf_before, _rf_after),
+         around("nixl.request_finished_old", _rf_before, _rf_after, skip=_NO_TRANSFER),
          optional=True, doc="pre-0.32 single-file layout")
 
 
@@ -152,7 +158,7 @@ def _usa_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any,
 
 register("nixl.remote_alloc", CONN_MOD, "NixlBaseConnector.update_state_after_alloc",
          ("request", "blocks", "num_external_tokens"),
-         around("nixl.remote_alloc", _usa_before, _usa_after),
+         around("nixl.remote_alloc", _usa_before, _usa_after, skip=_NO_TRANSFER),
          doc="nixl.remote_alloc: D's local blocks vs P's reported blocks")
 
 

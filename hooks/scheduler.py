@@ -18,13 +18,14 @@ scheduler so hooks on them (here and in ``hooks/nixl.py``) can do the same.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 
 from pdtrace import schema
 from pdtrace.recorder import Deferred
 from pdtrace.redact import summarize_kv_params, token_hash
 
-from . import after, around, register
+from . import after, around, before, register
 
 SCHED_MOD = "vllm.v1.core.sched.scheduler"
 KVM_MOD = "vllm.v1.core.kv_cache_manager"
@@ -170,12 +171,8 @@ def _finish_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> Non
         "num_computed_tokens": request.num_computed_tokens, "num_output_tokens": request.num_output_tokens})
 
 
-def _noop_after(rec: Any, state: Any, result: Any, *a: Any, **kw: Any) -> None:
-    return None
-
-
 register("scheduler.finish", SCHED_MOD, "Scheduler._free_request", ("request",),
-         around("scheduler.finish", _finish_before, _noop_after),
+         before("scheduler.finish", _finish_before),
          doc="req.finish (before the connector's request_finished runs)")
 
 
@@ -189,7 +186,7 @@ def _free_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
 
 
 register("scheduler.free", SCHED_MOD, "Scheduler._free_request_blocks", ("request",),
-         around("scheduler.free", _free_before, _noop_after),
+         before("scheduler.free", _free_before),
          doc="sched.free: blocks held just before the free")
 
 
@@ -217,11 +214,14 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
     if running and not any(result.blocks):
         return
     sched = getattr(self, "_pdtrace_sched", None)
-    if sched is not None:
-        inst = sched_inst(sched)
-        step = sched_step(sched)
-    else:
-        inst, step = rec.inst, None
+    try:  # both set by the Scheduler.__init__ hook
+        inst = sched._pdtrace_inst
+        step = sched._pdtrace_step
+    except AttributeError:
+        if sched is not None:
+            inst, step = sched_inst(sched), sched_step(sched)
+        else:
+            inst, step = rec.inst, None
     rid = request.request_id
     if running:
         # A running request's call only appends new blocks to the list it held (the
@@ -230,7 +230,7 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
         # whole block list once per new block.
         # (a block or two: reading the ids now is cheaper than deferring them)
         rec.put("sched.alloc", rid, step, {
-            "inst": inst, "ok": True, "new_block_ids": [[b.block_id for b in g] for g in result.blocks],
+            "inst": inst, "ok": True, "new_block_ids": list(map(_group_ids, result.blocks)),
             "num_computed_tokens": num_computed, "num_new_tokens": num_new_tokens,
             "num_lookahead_tokens": num_lookahead_tokens,
         })
@@ -272,7 +272,15 @@ class BlockIds(Deferred):
         self.groups = groups
 
     def json(self) -> list[list[int]]:
-        return [[b.block_id for b in g] for g in self.groups]
+        return list(map(_group_ids, self.groups))
+
+
+_block_id = attrgetter("block_id")
+
+
+def _group_ids(blocks: Any) -> list[int]:
+    """The ids of one group's KVCacheBlock list (a C-level map: no comprehension frame)."""
+    return list(map(_block_id, blocks))
 
 
 def _held_blocks(kvm: Any, rid: str) -> Any:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import array
 import hashlib
 import re
+import struct
 from typing import Any, Sequence
 
 MASK = "***"
@@ -40,9 +40,10 @@ def token_hash(token_ids: Sequence[int] | None) -> str:
     """Short stable hash of a token id sequence (lets two traces say 'same prompt' without the prompt)."""
     if not token_ids:
         return ""
-    try:  # C-speed: ~40x faster than formatting the ids as text on long prompts
-        data = array.array("q", token_ids).tobytes()
-    except (TypeError, OverflowError):
+    try:  # C-speed: ~40x faster than formatting the ids as text on long prompts; the same
+        # bytes as array("q", ids).tobytes() (native int64), packed without per-item arg parsing
+        data = struct.pack(f"{len(token_ids)}q", *token_ids)
+    except (TypeError, OverflowError, struct.error):
         data = ",".join(map(str, token_ids)).encode()
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 

@@ -249,3 +249,65 @@ def test_generated_wrapper_counts_recorder_errors():
     finally:
         recorder.set_current(prev)
     assert rec.hook_errors == {"t.broken": 1}
+
+
+@pytest.mark.parametrize("generated", [True, False])
+def test_before_wrapper_records_first_and_contains_errors(generated):
+    """``before``: the record runs before the original with its arguments; a recording error is
+    counted and the original still runs; the original's exception passes through. Checked on
+    the generated wrapper and on the generic one (a recorder whose parameters do not line up)."""
+    Manager = _target()
+    order = []
+
+    def rec_fn(rec, self, request, n, *a, **kw):
+        order.append(("record", request, n))
+        if n == 7:
+            raise RuntimeError("hook bug")
+
+    def generic_fn(rec, self, n, request, *a, **kw):  # names out of line: the generic wrapper
+        rec_fn(rec, self, n, request, *a, **kw)
+
+    w = hooks.before("t.before", rec_fn if generated else generic_fn)(Manager.allocate)
+    assert bool(getattr(w, "__pdtrace_fast__", False)) is generated
+    Manager.allocate = w
+    rec = Recorder.in_memory()
+    prev = recorder.set_current(rec)
+    try:
+        assert Manager().allocate("r", 2) == ("r", 2, 0, False)
+        assert Manager().allocate("s", 7) == ("s", 7, 0, False)  # recording failed, vLLM's call did not
+        with pytest.raises(ValueError):
+            Manager().allocate("t", -1)
+    finally:
+        recorder.set_current(prev)
+    assert order == [("record", "r", 2), ("record", "s", 7), ("record", "t", -1)]
+    assert rec.hook_errors == {"t.before": 1}
+
+
+def test_around_skip_calls_just_the_original_and_contains_errors():
+    """``around(skip=...)``: when the expression is true neither before nor after runs; when
+    it raises, the error is counted and the hook runs as if not skipped; a skip naming the
+    result (unknown before the call) is dropped."""
+    Manager = _target()
+    seen = []
+    before_fn = lambda rec, self, request, n, *a, **kw: seen.append(("before", request))  # noqa: E731
+    after_fn = lambda rec, st, result, self, request, n, *a, **kw: seen.append(("after", request))  # noqa: E731
+    w = hooks.around("t.around", before_fn, after_fn, skip="request.startswith('plain')")(Manager.allocate)
+    assert w.__pdtrace_fast__
+    rec = Recorder.in_memory()
+    prev = recorder.set_current(rec)
+    try:
+        assert w(Manager(), "plain-1", 1) == ("plain-1", 1, 0, False)
+        assert w(Manager(), "pd-1", 1) == ("pd-1", 1, 0, False)
+        assert w(Manager(), None, 1) == (None, 1, 0, False)  # skip raises: counted, hook runs
+    finally:
+        recorder.set_current(prev)
+    assert seen == [("before", "pd-1"), ("after", "pd-1"), ("before", None), ("after", None)]
+    assert rec.hook_errors == {"t.around": 1}
+    src_free = hooks.around("t.around", before_fn, after_fn, skip="_pdt_result is None")(Manager.allocate)
+    rec = Recorder.in_memory()
+    prev = recorder.set_current(rec)
+    try:
+        src_free(Manager(), "x", 1)
+    finally:
+        recorder.set_current(prev)
+    assert rec.hook_errors == {} and seen[-2:] == [("before", "x"), ("after", "x")]
