@@ -212,3 +212,43 @@ def test_hook_errors_are_contained(pd_harness):
     assert errs and errs[0]["hook"] == "scheduler.allocate_slots" and "boom" in errs[0]["error"]
     # the request still went all the way through P and D
     assert _one(r.events, "req.finish", req=r.d_req)[0]["num_output_tokens"] >= 2
+
+
+def test_plain_requests_through_a_nixl_scheduler_record_finish_and_free_not_nixl(pd_harness, pd_pair):
+    """A request without kv_transfer_params on a NixlConnector-configured P scheduler (real
+    vLLM): no nixl.* events for it (the connector hooks' inline skip, and the same filter in
+    their before-functions), while the finish and free hooks (``before`` wrappers) record what
+    the real scheduler did: the finish status and output count, and freed blocks equal to the
+    list derived from the request's allocations."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
+    pair = pd_pair(cfg)
+    rec, sched = pair.rec, pair.p
+    rec.flush()
+    start = len(rec.events)
+    with pd_harness.recording(rec):
+        for i in range(3):
+            sched.add_request(pd_harness._make_request(f"plain-{i}", list(range(10, 10 + 40 + i)), 5, None,
+                                                       cfg.block_size))
+        for _ in range(20):
+            if not any(r.request_id.startswith("plain-") for r in sched.running + list(sched.waiting)):
+                break
+            out = sched.schedule()
+            ids = list(out.num_scheduled_tokens)
+            sched.update_from_output(out, ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)},
+                sampled_token_ids=[[5] for _ in ids]))
+    rec.flush()
+    evs = [e for e in rec.events[start:] if str(e.get("req", "")).startswith("plain-")]
+    assert not [e for e in evs if e["ev"].startswith("nixl.")]
+    for i in range(3):
+        rid = f"plain-{i}"
+        fin = _one(evs, "req.finish", req=rid, inst="P")
+        assert len(fin) == 1 and fin[0]["status"] == "FINISHED_LENGTH_CAPPED"
+        assert fin[0]["num_output_tokens"] == 5 and fin[0]["num_computed_tokens"] >= 40 + i
+        allocs = [e for e in evs if e["ev"] == "sched.alloc" and e["req"] == rid]
+        derive_block_lists(allocs)
+        freed = _one(evs, "sched.free", req=rid, inst="P")
+        assert freed[0]["block_ids"] == allocs[-1]["block_ids"]
+        assert len(freed[0]["block_ids"][0]) >= cdiv(40 + i + 4, 16)
