@@ -15,8 +15,8 @@ the requests that hold it at that step (two or more holders = a shared prefix-ca
 from __future__ import annotations
 
 import bisect
-from itertools import compress, count, repeat
-from operator import itemgetter, le
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, Iterator
 
 from .base import DRAFTER_WINDOW_OUTSIDE_ALLOCATION, SEVERITY_ERROR, Finding
@@ -181,52 +181,44 @@ class _Lazy:
             i += 1
 
 
-def _holders(idx, queries: list[tuple]) -> dict[tuple, list[str]]:
-    """For each (inst, block, g, at_id): requests holding the block just before event at_id
-    (a sched.alloc of theirs listed it, and no sched.free of theirs since). One pass over
-    the allocations before the last query; an allocation is looked at closer only when it
-    lists one of the queried blocks."""
+def _holders(idx, queries: list[tuple], allocs: dict[tuple, list[Event]]) -> dict[tuple, list[str]]:
+    """For each (inst, block, g, at_id): the requests holding the block just before event
+    at_id -- the latest successful sched.alloc of theirs before at_id lists it in group g
+    (block lists are whole per event: schema v2 lists are derived by the loader), and no
+    sched.free of theirs came between -- in the order of their first allocation.
+
+    ``allocs``: the successful sched.alloc events per (inst, req) in trace order (from
+    ``_candidates``). Only requests live at at_id are looked at: first allocated before it,
+    and not freed for good before it (a request's last free, when no allocation of it
+    follows, ends its life). A handful of queries against tens of thousands of requests
+    costs a filter over their spans, not a scan of every allocation."""
     if not queries:
         return {}
-    uniq = list(dict.fromkeys(queries))
-    got: dict[tuple, dict[str, int]] = {q: {} for q in uniq}
-    last = max(q[3] for q in uniq)
-    allocs = idx.kind("sched.alloc")
-    # the allocations before the first one (in trace order) at or after the last query
-    if idx.ids_aligned:  # ids increase along the list: bisect
-        head = allocs[:bisect.bisect_left(allocs, last, key=_by_id)]
-    else:
-        head = allocs[:next(compress(count(), map(le, repeat(last), map(_by_id, allocs))), len(allocs))]
-    by_group: dict[int, list[tuple]] = {}
-    for q in uniq:
-        by_group.setdefault(q[2], []).append(q)
-    hits: list[Event] = []
-    for g, qs in by_group.items():
-        blocks = frozenset(q[1] for q in qs)
-        if len(blocks) == 1:
-            (b,) = blocks
-            hits += [a for a in head if len(bl := a["block_ids"]) > g and b in bl[g]]
-        else:
-            hits += [a for a in head if len(bl := a["block_ids"]) > g and not blocks.isdisjoint(bl[g])]
-    if len(by_group) > 1:  # back to trace order, once each
-        hit_ids = set(map(id, hits))
-        hits = [a for a in head if id(a) in hit_ids]
-    for a in hits:
-        aid = a["id"]
-        bl = a["block_ids"]
-        inst = a.get("inst")
-        for q in uniq:
-            q_inst, block, g, at_id = q
-            if aid < at_id and g < len(bl) and block in bl[g] and inst == q_inst:
-                got[q].setdefault(a.get("req"), aid)
     frees: dict[tuple, list[int]] = {}
     for f in idx.kind("sched.free"):
         frees.setdefault((f.get("inst"), f.get("req")), []).append(f["id"])
+    never = float("inf")
+    spans: dict[Any, list[tuple]] = {}  # inst -> [(first alloc id, end id, key, allocs)]
+    for key, lst in allocs.items():
+        fr = frees.get(key)
+        end = fr[-1] if fr and fr[-1] > lst[-1]["id"] else never
+        spans.setdefault(key[0], []).append((lst[0]["id"], end, key, lst))
     out: dict[tuple, list[str]] = {}
-    for q, reqs in got.items():
-        inst, _block, _g, at_id = q
-        out[q] = [r for r, since in reqs.items()
-                  if not any(since < fid < at_id for fid in frees.get((inst, r), ()))]
+    for q in dict.fromkeys(queries):
+        inst, block, g, at_id = q
+        held = []
+        for _first, _end, key, lst in [s for s in spans.get(inst, ()) if s[0] < at_id < s[1]]:
+            a = None
+            for cand in reversed(lst):
+                if cand["id"] < at_id:
+                    a = cand
+                    break
+            bl = (a.get("block_ids") or ()) if a is not None else ()
+            if g < len(bl) and block in bl[g]:
+                since = a["id"]
+                if not any(since < fid < at_id for fid in frees.get(key, ())):
+                    held.append(key[1])
+        out[q] = held
     return out
 
 
@@ -277,7 +269,7 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
                 "_query": query,
             })
         prepared.append((cand, outside, row, blocks))
-    held_map = _holders(idx, queries)
+    held_map = _holders(idx, queries, allocs)
     findings: list[Finding] = []
     for cand, outside, row, blocks in prepared:
         w, a, g, step, inst, req, B, owned, capacity = cand
