@@ -80,17 +80,28 @@ def _call_safely(hook: str, fn: Callable, *args: Any) -> Any:
         return None
 
 
-def after(hook: str, record: Callable[..., None], skip: str = "") -> Callable[[Callable], Callable]:
+def after(hook: str, record: Callable[..., None], skip: str = "",
+          skip_names: Callable[[], dict[str, Any]] | None = None) -> Callable[[Callable], Callable]:
     """wrap factory: run the original, then ``record(rec, result, *args, **kwargs)``.
 
     ``skip``: optional Python expression over the original's parameter names and
     ``_pdt_result``; when it is true the generated wrapper does not call ``record`` at all
     (a per-call filter inlined into the wrapper; ``record`` must apply the same filter
     itself, since the generic wrapper ignores ``skip``). An error in it counts as a hook
-    error, never reaches vLLM."""
+    error, never reaches vLLM. ``skip_names``: called once when the target is patched (so
+    after its module is imported), returns constants the expression may also name (names
+    starting ``_pdt_``, e.g. a vLLM enum member); if it fails the expression is dropped."""
 
     def wrap(orig: Callable) -> Callable:
-        fast = _generate(hook, orig, _AFTER_SRC, {"_pdt_record": record}, [(record, 2)], skip=skip)
+        extra: dict[str, Any] = {}
+        expr = skip
+        if skip_names is not None:
+            try:
+                extra = {k: v for k, v in skip_names().items() if k.startswith("_pdt_")}
+            except Exception:
+                expr = ""
+        fast = _generate(hook, orig, _AFTER_SRC, {**extra, "_pdt_record": record}, [(record, 2)], skip=expr,
+                         skip_known=frozenset(extra))
         if fast is not None:
             return fast
 
@@ -237,18 +248,21 @@ def {name}({params}):
 """
 
 
-def _generate(hook: str, orig: Callable, template: str, fns: dict[str, Callable],
-              recorders: list[tuple[Callable, int]], skip: str = "", allow_result: bool = True) -> Callable | None:
+def _generate(hook: str, orig: Callable, template: str, fns: dict[str, Any],
+              recorders: list[tuple[Callable, int]], skip: str = "", allow_result: bool = True,
+              skip_known: frozenset[str] = frozenset()) -> Callable | None:
     """A signature-exact wrapper of ``orig`` from ``template``, or None (use the generic one).
-    ``allow_result``: whether ``skip`` may name ``_pdt_result`` (only after the call)."""
+    ``allow_result``: whether ``skip`` may name ``_pdt_result`` (only after the call);
+    ``skip_known``: further names it may use (put in ``fns`` by the caller)."""
     try:
-        return _generate_exact(hook, orig, template, fns, recorders, skip, allow_result)
+        return _generate_exact(hook, orig, template, fns, recorders, skip, allow_result, skip_known)
     except Exception:  # any surprise in code generation: the generic wrapper still works
         return None
 
 
-def _generate_exact(hook: str, orig: Callable, template: str, fns: dict[str, Callable],
-                    recorders: list[tuple[Callable, int]], skip: str, allow_result: bool = True) -> Callable | None:
+def _generate_exact(hook: str, orig: Callable, template: str, fns: dict[str, Any],
+                    recorders: list[tuple[Callable, int]], skip: str, allow_result: bool = True,
+                    skip_known: frozenset[str] = frozenset()) -> Callable | None:
     if not inspect.isfunction(orig):
         return None
     try:
@@ -316,7 +330,8 @@ def _generate_exact(hook: str, orig: Callable, template: str, fns: dict[str, Cal
             names = {n.id for n in ast.walk(ast.parse(skip, mode="eval")) if isinstance(n, ast.Name)}
         except SyntaxError:
             return None
-        known = {p.name for p in sig.parameters.values()} | ({"_pdt_result"} if allow_result else set())
+        known = ({p.name for p in sig.parameters.values()} | ({"_pdt_result"} if allow_result else set())
+                 | skip_known)
         if not names <= known | set(dir(builtins)):
             skip = ""
     name = orig.__name__ if orig.__name__.isidentifier() else "wrapper"

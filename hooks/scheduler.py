@@ -19,10 +19,11 @@ scheduler so hooks on them (here and in ``hooks/nixl.py``) can do the same.
 from __future__ import annotations
 
 from operator import attrgetter
+from time import monotonic_ns as _mono  # the recorder's clock
 from typing import Any
 
 from pdtrace import schema
-from pdtrace.recorder import Deferred
+from pdtrace.recorder import GROW, Deferred
 from pdtrace.redact import summarize_kv_params, token_hash
 
 from . import after, around, before, register
@@ -101,16 +102,28 @@ register("scheduler.init", SCHED_MOD, "Scheduler.__init__",
 
 # --- Scheduler.schedule -----------------------------------------------------------------
 
-def _schedule_before(rec: Any, self: Any, *a: Any, **kw: Any) -> int:
+def _schedule_before(rec: Any, self: Any, *a: Any, **kw: Any) -> tuple[int, int]:
     step = getattr(self, "_pdtrace_step", 0) + 1
     self._pdtrace_step = step
     rec.step = step
-    return step
+    return step, _mono()
 
 
-def _schedule_after(rec: Any, step: Any, out: Any, self: Any, *a: Any, **kw: Any) -> None:
+def _schedule_after(rec: Any, state: Any, out: Any, self: Any, *a: Any, **kw: Any) -> None:
+    """sched.step, plus the blocks this step appended to running requests.
+
+    A running request's allocate_slots call is not hooked (see ``_ALLOC_SKIP``): the blocks
+    it appended are read here from what vLLM hands the workers,
+    ``SchedulerOutput.scheduled_cached_reqs.new_block_ids`` (plain int lists vLLM built
+    this step, None when a request got no new block), with each request's
+    num_computed_tokens from the same object. They ride in the step event under
+    ``recorder.GROW`` and become one short ``sched.alloc`` per request (``from_output``)
+    when the queue is materialized, timed at the start of schedule() (the running
+    requests' allocations come first in it). Resumed requests are left out: their
+    allocation went through the hooked path and recorded its full list."""
     if out is None:
         return
+    step, t0 = state
     tokens = out.num_scheduled_tokens
     fields: dict[str, Any] = {"inst": sched_inst(self), "num_reqs": len(tokens),
                               "num_tokens": out.total_num_scheduled_tokens, "tokens": dict(tokens)}
@@ -120,12 +133,21 @@ def _schedule_after(rec: Any, step: Any, out: Any, self: Any, *a: Any, **kw: Any
     fin = out.finished_req_ids
     if fin:
         fields["finished"] = list(fin)
+    cached = out.scheduled_cached_reqs
+    nb = cached.new_block_ids
+    if nb:
+        rows = [row for row in zip(cached.req_ids, cached.num_computed_tokens, nb) if row[2] is not None]
+        if rows:
+            resumed = cached.resumed_req_ids
+            if resumed:
+                rows = [row for row in rows if row[0] not in resumed]
+            fields[GROW] = (t0, getattr(self, "num_lookahead_tokens", 0), rows)
     rec.put("sched.step", None, step, fields)
 
 
 register("scheduler.schedule", SCHED_MOD, "Scheduler.schedule", (),
          around("scheduler.schedule", _schedule_before, _schedule_after),
-         doc="sched.step; advances the per-scheduler step counter")
+         doc="sched.step; advances the per-scheduler step counter; running requests' new blocks")
 
 
 # --- Scheduler.add_request ----------------------------------------------------------------
@@ -198,16 +220,20 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
                  *a: Any, **kw: Any) -> None:
     """sched.alloc, emitted when the request's block list can have changed.
 
-    A call for a running request (it has computed tokens, loads nothing: no prefix hit, no
-    external tokens) can only append blocks. When it appended none, every group's list is
-    what the previous sched.alloc said: nothing is recorded. When it appended some, a short
-    event carries ``new_block_ids`` without ``block_ids`` (the loader derives the full list
-    from the request's previous sched.alloc). Every other call (first scheduling, prefix
-    hit, remote load, failure) records the full list. So the latest sched.alloc of a
-    request is always its current allocation, and the hot decode path stays cheap
-    (bench/hooks.py). Block ids are read on the writer thread (``BlockIds``).
+    A successful call for a RUNNING request can only append blocks; it is not recorded
+    here (the wrapper skips it, ``_ALLOC_SKIP``): the scheduler hook reads what it appended
+    from the step's ``SchedulerOutput`` (``_schedule_after``), once per step instead of
+    once per request. Every other call records. One that still only appends (a request
+    that has computed tokens but is not running yet, e.g. on D after its remote KV load)
+    records a short event with ``new_block_ids`` and without ``block_ids`` when it appended
+    some, nothing when it appended none (the loader derives block_ids from the request's
+    previous sched.alloc, schema v2). First scheduling, prefix hit, remote load and
+    failure record the full list. So the latest sched.alloc of a request is always its
+    current allocation. Block ids are read on the writer thread (``BlockIds``).
     """
     ok = result is not None
+    if ok and getattr(request.status, "name", None) == "RUNNING":
+        return  # recorded from the step's SchedulerOutput (the inlined skip does the same)
     # allocate_slots does not change num_computed_tokens (the scheduler updates it after schedule())
     num_computed = request.num_computed_tokens
     running = ok and num_computed and not num_external_computed_tokens and not num_new_computed_tokens
@@ -224,11 +250,10 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
             inst, step = rec.inst, None
     rid = request.request_id
     if running:
-        # A running request's call only appends new blocks to the list it held (the
-        # previous sched.alloc of this request says which): the file keeps the new ones
-        # and the loader derives block_ids (schema v2), so a long decode does not write its
-        # whole block list once per new block.
-        # (a block or two: reading the ids now is cheaper than deferring them)
+        # Only appends new blocks to the list it held (the previous sched.alloc of this
+        # request says which): the file keeps the new ones and the loader derives
+        # block_ids (schema v2). (a block or two: reading the ids now is cheaper than
+        # deferring them)
         rec.put("sched.alloc", rid, step, {
             "inst": inst, "ok": True, "new_block_ids": list(map(_group_ids, result.blocks)),
             "num_computed_tokens": num_computed, "num_new_tokens": num_new_tokens,
@@ -253,10 +278,16 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
 
 
 _ALLOC_DEFERRED = ("block_ids", "new_block_ids")
-# Inlined into the generated wrapper: a running request's call that appended no block
-# (nearly every decode-step call) costs one expression, not a call into _alloc_after.
-_ALLOC_SKIP = ("_pdt_result is not None and request.num_computed_tokens and not num_external_computed_tokens "
-               "and not num_new_computed_tokens and not any(_pdt_result.blocks)")
+# Inlined into the generated wrapper: a running request's successful call (every decode
+# step's call) costs one expression, not a call into _alloc_after; what it appended is read
+# from the step's SchedulerOutput (_schedule_after).
+_ALLOC_SKIP = "_pdt_result is not None and request.status is _pdt_RUNNING"
+
+
+def _alloc_skip_names() -> dict[str, Any]:
+    from vllm.v1.request import RequestStatus  # the hook is applied once vLLM is imported
+
+    return {"_pdt_RUNNING": RequestStatus.RUNNING}
 
 
 class BlockIds(Deferred):
@@ -297,5 +328,5 @@ def _held_blocks(kvm: Any, rid: str) -> Any:
 register("scheduler.allocate_slots", KVM_MOD, "KVCacheManager.allocate_slots",
          ("request", "num_new_tokens", "num_new_computed_tokens", "new_computed_blocks", "num_lookahead_tokens",
           "num_external_computed_tokens", "delay_cache_blocks"),
-         after("scheduler.allocate_slots", _alloc_after, skip=_ALLOC_SKIP),
+         after("scheduler.allocate_slots", _alloc_after, skip=_ALLOC_SKIP, skip_names=_alloc_skip_names),
          doc="sched.alloc: blocks per group after the call, lookahead asked for vs the scheduler's")

@@ -70,12 +70,18 @@ def _json_default(obj: Any) -> Any:
 SHARD_MAGIC = b"PDS1"
 SHARD_SUFFIX = ".pdshard"
 DEFERRED_KEYS = "\x00deferred"  # fields key put_deferred uses to name its Deferred values
+# sched.step fields key: (t0, num_lookahead_tokens, [(req, num_computed_tokens, new_block_ids
+# per group), ...]), the blocks that step appended to running requests, read from its
+# SchedulerOutput (hooks/scheduler.py). ``materialize`` turns each row into a short
+# sched.alloc (``from_output: true``) timed t0; the key itself is never written.
+GROW = "\x00grow"
 
 
 def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
     """Queued ``(kind, t, req, step, fields)`` tuples -> event dicts, given the process's
     ``(pid, role, inst, rank, wall_offset_ns)`` (the in-memory sink, and shard frames read
-    back by ``pdtrace.shards``). Fields may override the common ones (e.g. ``inst``)."""
+    back by ``pdtrace.shards``). Fields may override the common ones (e.g. ``inst``). A
+    sched.step carrying ``GROW`` is preceded by the sched.alloc events it stands for."""
     pid, role, inst, rank, off = meta
     out = []
     for kind, t, req, step, fields in items:
@@ -86,7 +92,28 @@ def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
             ev["step"] = step
         if req is not None:
             ev["req"] = req
+        grow = fields.pop(GROW, None) if GROW in fields else None
         ev.update(fields)
+        if grow is not None:
+            out.extend(_grow_allocs(ev, grow, off))
+        out.append(ev)
+    return out
+
+
+def _grow_allocs(step_ev: dict, grow: Any, off: int) -> list[dict]:
+    """The short sched.alloc events (schema v2: new_block_ids, no block_ids) of one step's
+    running requests, from its ``GROW`` value (see there)."""
+    t0, lookahead, rows = grow
+    tokens = step_ev.get("tokens") or {}
+    common = {"ev": "sched.alloc", "t": t0, "w": t0 + off}
+    for k in ("pid", "role", "inst", "rank", "step"):
+        if k in step_ev:
+            common[k] = step_ev[k]
+    out = []
+    for req, computed, blocks in rows:
+        ev = dict(common)
+        ev.update(req=req, ok=True, new_block_ids=[list(g) for g in blocks], num_computed_tokens=computed,
+                  num_new_tokens=tokens.get(req, 0), num_lookahead_tokens=lookahead, from_output=True)
         out.append(ev)
     return out
 

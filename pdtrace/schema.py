@@ -179,6 +179,10 @@ _KINDS: tuple[Kind, ...] = (
         F("delay_cache_blocks", "bool", "True while a remote KV load is pending; absent (false) with "
           "block_ids", required=False),
         F("prompt_len", "int", "request.num_prompt_tokens; absent with block_ids", required=False),
+        F("from_output", "bool", "true: a running request's call, recorded from the step's "
+          "SchedulerOutput.scheduled_cached_reqs (new_block_ids, num_computed_tokens) rather than "
+          "from the call itself; t is the start of that schedule() call, step is its sched.step",
+          required=False),
     ), hook="scheduler"),
     Kind("sched.free", "The scheduler freed a request's blocks.", (
         F("block_ids", "list[list[int]]", "block ids held per group just before the free"),
@@ -376,7 +380,9 @@ def render_markdown() -> str:
         "Version history: 1, first format. 2, `sched.alloc` on a running request's call that "
         "only appended blocks carries `new_block_ids` without `block_ids` and the fields that "
         "only matter on a first allocation (the full list is derived from the previous "
-        "`sched.alloc`); readers of version 2 read version 1 traces unchanged.\n"
+        "`sched.alloc`); readers of version 2 read version 1 traces unchanged. Within version 2, "
+        "pdtrace 0.1 recorders write those short events of RUNNING requests from the step's "
+        "SchedulerOutput, marked `from_output` (an added field; same meaning).\n"
     )
     return "\n".join(out)
 

@@ -252,3 +252,76 @@ def test_plain_requests_through_a_nixl_scheduler_record_finish_and_free_not_nixl
         freed = _one(evs, "sched.free", req=rid, inst="P")
         assert freed[0]["block_ids"] == allocs[-1]["block_ids"]
         assert len(freed[0]["block_ids"][0]) >= cdiv(40 + i + 4, 16)
+
+
+@pytest.mark.parametrize("sink", ["memory", "shard"])
+def test_running_growth_from_scheduler_output_under_preemption(pd_harness, tmp_path, sink):
+    """Real vLLM Scheduler with too few KV blocks for its requests, so running requests are
+    preempted and resumed. Running requests' allocate_slots calls are not hooked one by
+    one: their new blocks come from each step's SchedulerOutput (``from_output`` events).
+    Checked on what real scheduler code did: every running-path event's new blocks and
+    tokens match the step it came from; resumed requests record a full list again; and at
+    every free (preemption and finish) the list the loader derives from the request's
+    allocations equals the blocks the free hook read from the KV cache manager. With
+    ``sink="shard"`` the events go through the production path (marshalled shard frame,
+    read back by ``pdtrace.shards``)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    from pdtrace import recorder as _rec
+    from pdtrace.recorder import Recorder
+    from pdtrace.shards import read_shard
+
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16, num_blocks=24)
+    if sink == "memory":
+        rec = pd_harness.new_recorder()
+    else:
+        rec = Recorder.to_shard_dir(str(tmp_path), threaded=False)
+    with pd_harness.recording(rec):
+        sched = pd_harness.build_scheduler("P", cfg)
+        for i in range(6):
+            sched.add_request(pd_harness._make_request(f"pre-{i}", [10 + (i * 7 + j) % 900 for j in range(40)],
+                                                       60, None, cfg.block_size))
+        for _ in range(400):
+            if not sched.has_requests():
+                break
+            out = sched.schedule()
+            ids, toks = [], []
+            for rid, n in out.num_scheduled_tokens.items():
+                req = sched.requests[rid]
+                ids.append(rid)
+                toks.append([] if req.num_computed_tokens + n < req.num_prompt_tokens else [5])
+            sched.update_from_output(out, ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)}, sampled_token_ids=toks))
+        assert not sched.has_requests()
+    rec.flush()
+    if sink == "memory":
+        events = rec.events
+    else:
+        rec.close()
+        events, problems = read_shard(rec.shard_path)
+        assert not problems
+    assert not any(_rec.GROW in e for e in events)  # the carrier key is never written
+    steps = {e["step"]: e for e in events if e["ev"] == "sched.step"}
+    grows = [e for e in events if e["ev"] == "sched.alloc" and e.get("from_output")]
+    assert len(grows) >= 6 * 3
+    for g in grows:
+        st = steps[g["step"]]
+        assert g["num_new_tokens"] == st["tokens"][g["req"]] and g["num_lookahead_tokens"] == 3
+        assert g["new_block_ids"][0] and "block_ids" not in g and g["t"] < st["t"]
+    resumed = 0
+    for i in range(6):
+        rid = f"pre-{i}"
+        mine = [e for e in events if e.get("req") == rid and e["ev"] in ("sched.alloc", "sched.free")]
+        allocs = [e for e in mine if e["ev"] == "sched.alloc"]
+        derive_block_lists(allocs)
+        frees = [e for e in mine if e["ev"] == "sched.free"]
+        full = [e for e in allocs if e["ok"] and not e.get("from_output") and not e.get("block_ids_derived")]
+        assert len(frees) == len(full) >= 1  # each (re)scheduling ends in a free: preemption or finish
+        resumed += len(full) - 1
+        last = None
+        for e in mine:
+            if e["ev"] == "sched.alloc" and e["ok"]:
+                last = e
+            elif e["ev"] == "sched.free":
+                assert last is not None and e["block_ids"] == last["block_ids"], rid
+    assert resumed >= 1, "no request was preempted and resumed: the case under test did not happen"

@@ -235,6 +235,34 @@ def test_generated_wrapper_skip_filter_and_fallbacks():
     assert not getattr(bad, "__pdtrace_fast__", False) and bad.__pdtrace_hook__ == "t.alloc"
 
 
+def test_after_skip_names_give_the_expression_constants():
+    """``after(skip_names=...)``: the expression may name the constants it returns (resolved
+    when the target is patched); a name not starting ``_pdt_`` is not passed; when the
+    function fails the expression is dropped and every call records."""
+    Manager = _target()
+    calls = []
+    rec_fn = lambda rec, result, self, request, n, *a, **kw: calls.append(n)  # noqa: E731
+    w = hooks.after("t.alloc", rec_fn, skip="n == _pdt_SKIP",
+                    skip_names=lambda: {"_pdt_SKIP": 2, "other": 1})(Manager.allocate)
+    assert w.__pdtrace_fast__
+
+    def boom():
+        raise ImportError("no vllm")
+
+    w_bad = hooks.after("t.alloc", rec_fn, skip="n == _pdt_SKIP", skip_names=boom)(Manager.allocate)
+    w_other = hooks.after("t.alloc", rec_fn, skip="n == other",
+                          skip_names=lambda: {"other": 1})(Manager.allocate)
+    rec = Recorder.in_memory()
+    prev = recorder.set_current(rec)
+    try:
+        for fn in (w, w_bad, w_other):
+            for n in (1, 2):
+                fn(Manager(), "r", n)
+    finally:
+        recorder.set_current(prev)
+    assert calls == [1, 1, 2, 1, 2] and rec.hook_errors == {}
+
+
 def test_generated_wrapper_counts_recorder_errors():
     Manager = _target()
 
