@@ -18,6 +18,7 @@ scheduler so hooks on them (here and in ``hooks/nixl.py``) can do the same.
 
 from __future__ import annotations
 
+from itertools import compress
 from operator import attrgetter
 from time import monotonic_ns as _mono  # the recorder's clock
 from typing import Any
@@ -136,7 +137,8 @@ def _schedule_after(rec: Any, state: Any, out: Any, self: Any, *a: Any, **kw: An
     cached = out.scheduled_cached_reqs
     nb = cached.new_block_ids
     if nb:
-        rows = [row for row in zip(cached.req_ids, cached.num_computed_tokens, nb) if row[2] is not None]
+        # (None for a request that got no new block; a tuple of per-group lists is truthy)
+        rows = list(compress(zip(cached.req_ids, cached.num_computed_tokens, nb), nb))
         if rows:
             resumed = cached.resumed_req_ids
             if resumed:
@@ -202,9 +204,8 @@ register("scheduler.finish", SCHED_MOD, "Scheduler._free_request", ("request",),
 
 def _free_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     rid = request.request_id
-    rec.put_deferred("sched.free", rid, sched_step(self),
-                     {"inst": sched_inst(self), "block_ids": _held_blocks(self.kv_cache_manager, rid)},
-                     ("block_ids",))
+    rec.put("sched.free", rid, sched_step(self),
+            {"inst": sched_inst(self), "block_ids": _held_ids(self.kv_cache_manager, rid)})
 
 
 register("scheduler.free", SCHED_MOD, "Scheduler._free_request_blocks", ("request",),
@@ -229,10 +230,10 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
     some, nothing when it appended none (the loader derives block_ids from the request's
     previous sched.alloc, schema v2). First scheduling, prefix hit, remote load and
     failure record the full list. So the latest sched.alloc of a request is always its
-    current allocation. Block ids are read on the writer thread (``BlockIds``).
+    current allocation. Block ids are read here with C-level maps (``_held_ids``).
     """
     ok = result is not None
-    if ok and getattr(request.status, "name", None) == "RUNNING":
+    if ok and request.status is _RUNNING:
         return  # recorded from the step's SchedulerOutput (the inlined skip does the same)
     # allocate_slots does not change num_computed_tokens (the scheduler updates it after schedule())
     num_computed = request.num_computed_tokens
@@ -261,11 +262,17 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
         })
         return
     sched_la = int(getattr(sched, "num_lookahead_tokens", 0) or 0) if sched is not None else int(num_lookahead_tokens)
-    rec.put_deferred("sched.alloc", rid, step, {
+    if ok:
+        new_ids = list(map(_group_ids, result.blocks))
+        held = _held_ids(self, rid, new_ids if not num_computed and not num_new_computed_tokens
+                         and not num_external_computed_tokens else None)
+    else:
+        new_ids = held = []
+    rec.put("sched.alloc", rid, step, {
         "inst": inst,
         "ok": ok,
-        "block_ids": _held_blocks(self, rid) if ok else [],
-        "new_block_ids": BlockIds([g[:] for g in result.blocks]) if ok else [],
+        "block_ids": held,
+        "new_block_ids": new_ids,
         "num_computed_tokens": num_computed,
         "num_new_tokens": num_new_tokens,
         "num_lookahead_tokens": num_lookahead_tokens,
@@ -274,20 +281,24 @@ def _alloc_after(rec: Any, result: Any, self: Any, request: Any, num_new_tokens:
         "num_new_computed_tokens": num_new_computed_tokens,
         "delay_cache_blocks": bool(delay_cache_blocks),
         "prompt_len": request.num_prompt_tokens,
-    }, _ALLOC_DEFERRED)
+    })
 
 
-_ALLOC_DEFERRED = ("block_ids", "new_block_ids")
 # Inlined into the generated wrapper: a running request's successful call (every decode
 # step's call) costs one expression, not a call into _alloc_after; what it appended is read
 # from the step's SchedulerOutput (_schedule_after).
 _ALLOC_SKIP = "_pdt_result is not None and request.status is _pdt_RUNNING"
 
 
+_RUNNING: Any = object()  # vllm's RequestStatus.RUNNING, once the hook is applied
+
+
 def _alloc_skip_names() -> dict[str, Any]:
+    global _RUNNING
     from vllm.v1.request import RequestStatus  # the hook is applied once vLLM is imported
 
-    return {"_pdt_RUNNING": RequestStatus.RUNNING}
+    _RUNNING = RequestStatus.RUNNING
+    return {"_pdt_RUNNING": _RUNNING}
 
 
 class BlockIds(Deferred):
@@ -323,6 +334,23 @@ def _held_blocks(kvm: Any, rid: str) -> Any:
         except Exception:
             pass
     return [list(g) for g in kvm.get_block_ids(rid)]
+
+
+def _held_ids(kvm: Any, rid: str, same_as: list[list[int]] | None = None) -> list[list[int]]:
+    """The request's block ids per group right now, read on the caller's thread (a C-level
+    map per group: cheaper in all than a snapshot resolved later by the writer).
+
+    ``same_as``: the ids of the blocks the call just allocated, when it started from nothing
+    (no computed tokens, no prefix hit, no external tokens). The request then holds exactly
+    those blocks whenever every group holds as many as were allocated (the new ones are the
+    tail of each list), and copies of those lists are returned rather than read again."""
+    coord = getattr(kvm, "coordinator", None)
+    if coord is None:
+        return [list(g) for g in kvm.get_block_ids(rid)]
+    lists = coord.get_blocks(rid)
+    if same_as is not None and list(map(len, lists)) == list(map(len, same_as)):
+        return list(map(list.copy, same_as))
+    return list(map(_group_ids, lists))
 
 
 register("scheduler.allocate_slots", KVM_MOD, "KVCacheManager.allocate_slots",

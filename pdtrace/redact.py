@@ -45,7 +45,12 @@ def token_hash(token_ids: Sequence[int] | None) -> str:
         data = struct.pack(f"{len(token_ids)}q", *token_ids)
     except (TypeError, OverflowError, struct.error):
         data = ",".join(map(str, token_ids)).encode()
-    return hashlib.blake2b(data, digest_size=8).hexdigest()
+    h = _BLAKE2B_8.copy()  # a copy of a fresh state: the same as a new hasher, minus argument parsing
+    h.update(data)
+    return h.hexdigest()
+
+
+_BLAKE2B_8 = hashlib.blake2b(digest_size=8)
 
 
 def summarize_kv_params(params: Any) -> dict[str, Any] | None:
