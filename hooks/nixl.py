@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from . import around, register
-from .scheduler import _held_blocks, inst_for_kv_role, sched_inst, sched_step
+from .scheduler import _held_ids, inst_for_kv_role, sched_inst, sched_step
 
 PKG = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 CONN_MOD = PKG + ".connector"
@@ -76,7 +76,7 @@ def _rf_before(rec: Any, self: Any, request: Any, block_ids: Any, *a: Any, **kw:
     # the scheduler passed in, which may already be clipped to the computed tokens.
     kvm = getattr(self, "_kv_cache_manager", None)
     if kvm is not None:
-        allocated = _held_blocks(kvm, request.request_id)
+        allocated = _held_ids(kvm, request.request_id)
         src = "kv_cache_manager"
     else:
         allocated = _groups(block_ids)
@@ -95,7 +95,7 @@ def _rf_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any, 
     delay_free, params = result
     params = params or {}
     inst, step = _conn_where(self, rec)
-    rec.put_deferred("nixl.request_finished", request.request_id, step, {
+    rec.put("nixl.request_finished", request.request_id, step, {
         "inst": inst,
         "side": st["side"],
         "allocated_block_ids": st["allocated"],
@@ -106,7 +106,7 @@ def _rf_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any, 
         "prompt_len": int(request.num_prompt_tokens),
         "delay_free": bool(delay_free),
         "allocated_from": st["src"],
-    }, ("allocated_block_ids",))
+    })
 
 
 register("nixl.request_finished", CONN_MOD, "NixlBaseConnector.request_finished_all_groups",

@@ -301,39 +301,12 @@ def _alloc_skip_names() -> dict[str, Any]:
     return {"_pdt_RUNNING": _RUNNING}
 
 
-class BlockIds(Deferred):
-    """Snapshot of per-group KVCacheBlock lists; block ids are read on the writer thread.
-
-    vLLM's ``KVCacheBlocks.get_block_ids()`` costs ~2 us per call on these machines; a list
-    copy costs ~0.1 us. A KVCacheBlock's ``block_id`` never changes (the pool owns a fixed
-    set of block objects), so reading it later gives the same ids as reading it now."""
-
-    __slots__ = ("groups",)
-
-    def __init__(self, groups: list[list[Any]]):
-        self.groups = groups
-
-    def json(self) -> list[list[int]]:
-        return list(map(_group_ids, self.groups))
-
-
 _block_id = attrgetter("block_id")
 
 
 def _group_ids(blocks: Any) -> list[int]:
     """The ids of one group's KVCacheBlock list (a C-level map: no comprehension frame)."""
     return list(map(_block_id, blocks))
-
-
-def _held_blocks(kvm: Any, rid: str) -> Any:
-    """The request's blocks per group right now (copied lists; ids resolved by the writer)."""
-    coord = getattr(kvm, "coordinator", None)
-    if coord is not None:
-        try:
-            return BlockIds([g[:] for g in coord.get_blocks(rid)])
-        except Exception:
-            pass
-    return [list(g) for g in kvm.get_block_ids(rid)]
 
 
 def _held_ids(kvm: Any, rid: str, same_as: list[list[int]] | None = None) -> list[list[int]]:
@@ -345,12 +318,16 @@ def _held_ids(kvm: Any, rid: str, same_as: list[list[int]] | None = None) -> lis
     those blocks whenever every group holds as many as were allocated (the new ones are the
     tail of each list), and copies of those lists are returned rather than read again."""
     coord = getattr(kvm, "coordinator", None)
-    if coord is None:
-        return [list(g) for g in kvm.get_block_ids(rid)]
-    lists = coord.get_blocks(rid)
-    if same_as is not None and list(map(len, lists)) == list(map(len, same_as)):
-        return list(map(list.copy, same_as))
-    return list(map(_group_ids, lists))
+    if coord is not None:
+        try:
+            lists = coord.get_blocks(rid)
+        except Exception:
+            pass
+        else:
+            if same_as is not None and list(map(len, lists)) == list(map(len, same_as)):
+                return list(map(list.copy, same_as))
+            return list(map(_group_ids, lists))
+    return [list(g) for g in kvm.get_block_ids(rid)]
 
 
 register("scheduler.allocate_slots", KVM_MOD, "KVCacheManager.allocate_slots",
