@@ -208,12 +208,8 @@ def _holders(idx, queries: list[tuple], allocs: dict[tuple, list[Event]]) -> dic
         inst, block, g, at_id = q
         held = []
         for _first, _end, key, lst in [s for s in spans.get(inst, ()) if s[0] < at_id < s[1]]:
-            a = None
-            for cand in reversed(lst):
-                if cand["id"] < at_id:
-                    a = cand
-                    break
-            bl = (a.get("block_ids") or ()) if a is not None else ()
+            a = _latest(lst, [], None, at_id)  # not None: its first allocation is before at_id
+            bl = a.get("block_ids") or ()
             if g < len(bl) and block in bl[g]:
                 since = a["id"]
                 if not any(since < fid < at_id for fid in frees.get(key, ())):
