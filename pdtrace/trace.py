@@ -115,7 +115,8 @@ def scan(
         for raw in fh:
             line_no += 1
             pos += len(raw)
-            if progress is not None and pos >= next_progress:
+            if progress is not None and tell() >= next_progress:
+                pos = tell()
                 progress(pos, total)
                 next_progress = pos + (1 << 24)
             problem = None
@@ -254,13 +255,14 @@ _CHUNK = 1 << 16  # bytes parsed per orjson call by the fast loader
 def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     """The common case, a clean trace, in one tight loop (no per-line generator / tuples).
 
-    The file is read in runs of whole lines (``_CHUNK`` bytes and the rest of the last
-    line); each run is parsed by one ``orjson.loads`` as a JSON array, its newlines turned
-    into commas. A valid JSON line holds no raw newline, so this is the same parse as one
-    call per line, minus a Python call and a bytes object per line; small runs keep the new
-    objects in the CPU cache for the bookkeeping loop that follows. A run must parse into
-    exactly one value per line: a line with a stray top-level comma gives more values than
-    lines, and an empty line or bad JSON fails the parse.
+    The file is read in runs of whole lines (``readlines`` of about ``_CHUNK`` bytes); each
+    run is parsed by one ``orjson.loads`` as a JSON array, its lines joined by commas (each
+    keeps its newline: JSON whitespace). A valid JSON line holds no raw newline, so this is
+    the same parse as one call per line, minus a Python call per line; small runs keep the
+    new objects in the CPU cache for the bookkeeping loop that follows. A run must parse
+    into exactly one value per line: a line with a stray top-level comma gives more values
+    than lines, and an empty line or bad JSON fails the parse. (The line count comes with
+    the list; counting newlines in the raw bytes cost a byte-by-byte pass over the file.)
 
     Returns None at the first run or line that needs a verdict (bad JSON, not an event
     object, unknown kind, missing fields, data after the footer, no footer, newer schema):
@@ -286,25 +288,21 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
         header, first = _read_header(path, fh)
         if header["schema_version"] > schema.SCHEMA_VERSION:
             return None
-        pos = len(first)
         next_progress = 0
-        read, readline = fh.read, fh.readline
+        readlines, tell = fh.readlines, fh.tell
         while True:
-            buf = read(_CHUNK)
-            if not buf:
+            lines = readlines(_CHUNK)
+            if not lines:
                 break
-            if buf[-1:] != b"\n":
-                buf += readline()  # complete the last line of the run
-                if buf[-1:] != b"\n":
-                    return None  # a last line cut short: scan names it
-            pos += len(buf)
+            if lines[-1][-1:] != b"\n":
+                return None  # a last line cut short: scan names it
             if footer is not None:
                 return None  # data after the footer
             try:
-                objs = loads(b"[" + buf[:-1].replace(b"\n", b",") + b"]")
+                objs = loads(b"[" + b",".join(lines) + b"]")
             except orjson.JSONDecodeError:
                 return None  # bad JSON somewhere in the run: scan names the line
-            if len(objs) != buf.count(b"\n"):
+            if len(objs) != len(lines):
                 return None  # a line holding more than one value
             for obj in objs:
                 try:
@@ -325,7 +323,8 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
                 append(obj)
                 group(obj)
                 code_append(code)
-            if progress is not None and pos >= next_progress:
+            if progress is not None and tell() >= next_progress:
+                pos = tell()
                 progress(pos, total)
                 next_progress = pos + (1 << 24)
         if progress is not None:
