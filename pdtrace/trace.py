@@ -230,8 +230,8 @@ def select_kinds(events: list[dict[str, Any]], kinds: Iterable[str],
 
 
 def _kind_table() -> tuple[dict[str, tuple[Callable, Callable, int]], dict[str, list[dict[str, Any]]], dict[str, str]]:
-    """Per known kind: (a getter of its required fields -- raises KeyError when one is
-    missing --, the append of that kind's group list, its code); the groups; and the key
+    """Per known kind: (a getter of its required fields but ``ev`` -- raises KeyError when
+    one is missing --, the append of that kind's group list, its code); the groups; and the key
     names as orjson returns them.
 
     The names are the very ``str`` objects orjson returns for those keys (it caches short
@@ -245,7 +245,8 @@ def _kind_table() -> tuple[dict[str, tuple[Callable, Callable, int]], dict[str, 
     table = {}
     for kind, req in _KIND_REQUIRED.items():
         lst = groups[kind] = []
-        table[kind] = (itemgetter(*(canon[n] for n in sorted(req))), lst.append, _KIND_CODE[kind])
+        # "ev" is left out: the loop found the kind by it
+        table[kind] = (itemgetter(*(canon[n] for n in sorted(req) if n != "ev")), lst.append, _KIND_CODE[kind])
     return table, groups, canon
 
 

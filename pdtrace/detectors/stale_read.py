@@ -14,8 +14,7 @@ right is a warning.
 
 from __future__ import annotations
 
-from itertools import repeat
-from operator import is_, itemgetter
+from operator import itemgetter
 from typing import Any
 
 from .base import SEVERITY_ERROR, SEVERITY_WARNING, STALE_ACCEPTED_COUNT_READ, Finding
@@ -25,6 +24,8 @@ Event = dict[str, Any]
 
 _pid = itemgetter("pid")
 _row = itemgetter("row")
+_req = itemgetter("req")
+_pid_event_done = itemgetter("pid", "event", "event_done")
 _KINDS = ("d2h.issue", "d2h.done", "acc.read", "batch.add", "batch.remove", "batch.swap", "batch.condense")
 
 
@@ -139,25 +140,24 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
 def _run_clean(run: list[Event], issues: dict[Any, dict[str, Event]], last_issue: dict[Any, Event]) -> bool:
     """True when no read of ``run`` (consecutive reads, no state change between them) is
     stale: one process, one copy event, every row held its reader at issue time, and no read
-    saw the copy unfinished. False means "look at each read" (also on anything unusual)."""
+    saw the copy unfinished. False means "look at each read" (also on anything unusual,
+    such as a read without ``req``, ``event`` or ``event_done``)."""
     try:
-        pids = list(map(_pid, run))
-        pid = pids[0]
-        evs = list(map(dict.get, run, repeat("event")))
-        ev_id = evs[0]
-        if pids.count(pid) != len(pids) or evs.count(ev_id) != len(evs):
+        heads = list(map(_pid_event_done, run))  # KeyError without event / event_done
+        first = heads[0]
+        if heads.count(first) != len(heads) or first[2] is False:
             return False
+        pid, ev_id, _done = first
         issue = issues.get(pid, {}).get(ev_id) if ev_id is not None else None
         if issue is None:
             issue = last_issue.get(pid)
-        rows_read = list(map(_row, run))
         if issue is not None:
-            rows = issue["rows"]
-            if not (0 <= min(rows_read) and max(rows_read) < len(rows)):
+            rows_read = list(map(_row, run))
+            if min(rows_read) < 0:
                 return False
-            if list(map(rows.__getitem__, rows_read)) != list(map(dict.get, run, repeat("req"))):
-                return False
-        return not any(map(is_, map(dict.get, run, repeat("event_done")), repeat(False)))
+            # IndexError past the issue's rows
+            return list(map(issue["rows"].__getitem__, rows_read)) == list(map(_req, run))
+        return True
     except Exception:  # odd field values: the per-read check raises or decides
         return False
 
