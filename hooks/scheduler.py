@@ -126,11 +126,25 @@ def _schedule_after(rec: Any, state: Any, out: Any, self: Any, *a: Any, **kw: An
         return
     step, t0 = state
     tokens = out.num_scheduled_tokens
-    fields: dict[str, Any] = {"inst": sched_inst(self), "num_reqs": len(tokens),
-                              "num_tokens": out.total_num_scheduled_tokens, "tokens": dict(tokens)}
+    # tokens and spec are queued packed (recorder.unpack_step restores the dicts when the
+    # queue is materialized): the request ids as a list and the counts as bytes -- a decode
+    # step's counts are all < 256 -- cost C-level copies here and one string each for
+    # marshal, where 256-entry dicts cost a Python-level build and a marshalled int each.
+    keys = list(tokens)
+    try:
+        counts: Any = bytes(tokens.values())
+    except (ValueError, TypeError):  # a count >= 256 (prefill chunks)
+        counts = list(tokens.values())
+    fields: dict[str, Any] = {"inst": sched_inst(self), "num_reqs": len(keys),
+                              "num_tokens": out.total_num_scheduled_tokens, "tokens": (keys, counts)}
     spec = out.scheduled_spec_decode_tokens
     if spec:
-        fields["spec"] = dict(zip(spec, map(len, spec.values())))
+        skeys = list(spec)
+        try:
+            lens: Any = bytes(map(len, spec.values()))
+        except (ValueError, TypeError):
+            lens = list(map(len, spec.values()))
+        fields["spec"] = (None if skeys == keys else skeys, lens)
     fin = out.finished_req_ids
     if fin:
         fields["finished"] = list(fin)

@@ -75,6 +75,11 @@ DEFERRED_KEYS = "\x00deferred"  # fields key put_deferred uses to name its Defer
 # SchedulerOutput (hooks/scheduler.py). ``materialize`` turns each row into a short
 # sched.alloc (``from_output: true``) timed t0; the key itself is never written.
 GROW = "\x00grow"
+# sched.step ``tokens`` / ``spec`` as queued by the scheduler hook: packed forms that cost the
+# caller and the writer less than 256-entry dicts; ``unpack_step`` restores the dicts.
+#   tokens: (request ids, counts)          -> {req: count}
+#   spec:   (request ids or None, lengths) -> {req: length}; None: the same ids as tokens
+# counts / lengths are ``bytes`` (one byte per request) when every value is < 256, else a list.
 
 
 def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
@@ -93,11 +98,27 @@ def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
         if req is not None:
             ev["req"] = req
         grow = fields.pop(GROW, None) if GROW in fields else None
+        if kind == "sched.step":
+            unpack_step(fields)
         ev.update(fields)
         if grow is not None:
             out.extend(_grow_allocs(ev, grow, off))
         out.append(ev)
     return out
+
+
+def unpack_step(fields: dict) -> dict:
+    """A queued sched.step's packed ``tokens`` / ``spec`` (see ``GROW``'s neighbours above)
+    back to the schema's dicts, in place (a dict value is left as it is)."""
+    tok = fields.get("tokens")
+    if type(tok) is tuple:
+        keys, counts = tok
+        fields["tokens"] = dict(zip(keys, counts))
+        spec = fields.get("spec")
+        if type(spec) is tuple:
+            skeys, lens = spec
+            fields["spec"] = dict(zip(keys if skeys is None else skeys, lens))
+    return fields
 
 
 def _grow_allocs(step_ev: dict, grow: Any, off: int) -> list[dict]:
@@ -268,6 +289,8 @@ class Recorder:
                 try:
                     marshal.dumps(fields, 4)
                 except ValueError:
+                    if kind == "sched.step":
+                        unpack_step(fields)  # its JSON form is the schema's dicts
                     fields = orjson.loads(orjson.dumps(fields, default=_json_default,
                                                        option=orjson.OPT_NON_STR_KEYS))
                 safe.append((kind, t, req, step, fields))

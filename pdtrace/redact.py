@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-import struct
 from typing import Any, Sequence
+
+import orjson
 
 MASK = "***"
 # flags whose next argument is a secret, and KEY=VALUE pairs whose key looks secret
@@ -37,14 +38,18 @@ def mask_argv(argv: Sequence[str]) -> list[str]:
 
 
 def token_hash(token_ids: Sequence[int] | None) -> str:
-    """Short stable hash of a token id sequence (lets two traces say 'same prompt' without the prompt)."""
-    if not token_ids:
+    """Short stable hash of a token id sequence (lets two traces say 'same prompt' without the
+    prompt): blake2b with an 8-byte digest of the ids as a compact JSON array, ``[1,2,3]``.
+
+    orjson writes the array in C at a few instructions per id (packing int64s, with struct or
+    array, parses each id as an argument: several times the cost), and the text of typical
+    token ids is shorter than 8 bytes each, so there is less to hash too."""
+    if token_ids is None or len(token_ids) == 0:
         return ""
-    try:  # C-speed: ~40x faster than formatting the ids as text on long prompts; the same
-        # bytes as array("q", ids).tobytes() (native int64), packed without per-item arg parsing
-        data = struct.pack(f"{len(token_ids)}q", *token_ids)
-    except (TypeError, OverflowError, struct.error):
-        data = ",".join(map(str, token_ids)).encode()
+    try:
+        data = orjson.dumps(token_ids)
+    except TypeError:  # not a list / tuple of Python ints (e.g. a numpy array): the same text
+        data = orjson.dumps([int(t) for t in token_ids])
     h = _BLAKE2B_8.copy()  # a copy of a fresh state: the same as a new hasher, minus argument parsing
     h.update(data)
     return h.hexdigest()

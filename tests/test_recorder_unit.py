@@ -339,3 +339,30 @@ def test_around_skip_calls_just_the_original_and_contains_errors():
     finally:
         recorder.set_current(prev)
     assert rec.hook_errors == {} and seen[-2:] == [("before", "x"), ("after", "x")]
+
+
+def test_packed_step_tokens_and_spec_come_back_as_the_schema_dicts(tmp_path):
+    """The scheduler hook queues sched.step's tokens / spec packed (hooks/scheduler.py); both
+    sinks, and the JSON fallback for a field marshal cannot take, restore the dicts."""
+    class Odd:
+        def __repr__(self):
+            return "<odd>"
+
+    def fill(rec):
+        # a decode step: counts < 256 as bytes, spec over the same requests (None)
+        rec.put("sched.step", None, 1, {"inst": "D", "tokens": (["a", "b"], b"\x04\x02"), "spec": (None, b"\x03\x01")})
+        # a prefill chunk (a count >= 256: a list) and spec over other requests than tokens
+        rec.put("sched.step", None, 2, {"inst": "D", "tokens": (["a", "c"], [300, 4]), "spec": (["c"], [3])})
+        # a field marshal cannot take: the event is written through its JSON form
+        rec.put("sched.step", None, 3, {"inst": "D", "tokens": (["a"], b"\x02"), "spec": (None, b"\x01"), "odd": Odd()})
+
+    _, (events, problems) = _shard_events(tmp_path, fill)
+    mem = Recorder.in_memory(inst="D")
+    fill(mem)
+    mem.flush()
+    assert problems == []
+    for evs in (events, mem.events):
+        assert [e["tokens"] for e in evs] == [{"a": 4, "b": 2}, {"a": 300, "c": 4}, {"a": 2}]
+        assert [e["spec"] for e in evs] == [{"a": 3, "b": 1}, {"c": 3}, {"a": 1}]
+    assert events[2]["odd"] == "<odd>"
+    assert recorder.unpack_step({"tokens": {"a": 1}}) == {"tokens": {"a": 1}}  # a dict stays as it is
