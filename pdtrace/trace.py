@@ -277,11 +277,11 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     table, groups, canon = _kind_table()
     EV, ID = canon["ev"], canon["id"]
     events = EventList()
-    append = events.append
     codes = bytearray()
     code_append = codes.append
     aligned = True
     alloc_code = _KIND_CODE["sched.alloc"]
+    BIDS, DERIVED = "block_ids", "block_ids_derived"
     underived = False
     n = 0
     footer = None
@@ -316,14 +316,19 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
                         return None
                     footer = obj
                     break
-                if obj.setdefault(ID, n) != n:  # an id from the file that is not the position
-                    aligned = False
-                if code == alloc_code and (obj.get("block_ids") is None or obj.get("block_ids_derived")):
+                # (subscripts and ``in``, not dict methods: no call per event)
+                try:
+                    if obj[ID] != n:  # an id from the file that is not the position
+                        aligned = False
+                except KeyError:
+                    obj[ID] = n
+                if code == alloc_code and not underived and (
+                        BIDS not in obj or obj[BIDS] is None or (DERIVED in obj and obj[DERIVED])):
                     underived = True  # a schema v2 sched.alloc for derive_block_lists
                 n += 1
-                append(obj)
                 group(obj)
                 code_append(code)
+            events.extend(objs if footer is None else objs[:-1])  # (the footer is the run's last line)
             if progress is not None and tell() >= next_progress:
                 pos = tell()
                 progress(pos, total)
