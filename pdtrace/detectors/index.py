@@ -8,6 +8,7 @@ its parse loop (``EventList.by_kind``), so there is no pass at all. Nothing here
 
 from __future__ import annotations
 
+import functools
 from operator import itemgetter
 from typing import Any, Iterable
 
@@ -23,6 +24,7 @@ _ATTN_MARKERS = ("Attention", "SlidingWindow", "MLA", "ChunkedLocal")
 _STATE_MARKERS = ("Mamba", "SSM", "State", "Conv")
 
 
+@functools.lru_cache(maxsize=256)  # a trace names a handful of spec classes, asked per transfer
 def is_attention_group(kind: str | None) -> bool:
     """True for token-indexed KV groups (full / sliding-window / MLA / sink attention)."""
     if not kind:
