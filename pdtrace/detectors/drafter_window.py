@@ -67,7 +67,7 @@ def _candidates(idx) -> tuple[list[tuple], dict[tuple, list[Event]]]:
     operations."""
     seen: set[tuple] = set()
     candidates: list[tuple] = []
-    sizes_of: dict[Any, dict[int, int]] = {}  # inst -> group -> block size
+    sizes_of: dict[Any, list[int]] = {}  # inst -> block size per group
     allocs: dict[tuple, list[Event]] = {}  # (inst, req) -> its successful sched.alloc so far
     allocs_get = allocs.get
     ALLOC = kind_code("sched.alloc")
@@ -93,11 +93,8 @@ def _candidates(idx) -> tuple[list[tuple], dict[tuple, list[Event]]]:
         inst = key[0]
         sizes = sizes_of.get(inst)
         if sizes is None:
-            sizes = sizes_of[inst] = {}
-        B = sizes.get(g)
-        if B is None:
-            bs = idx.block_sizes(inst) or [16]
-            B = sizes[g] = int(bs[g] if g < len(bs) else bs[-1])
+            sizes = sizes_of[inst] = [int(b) for b in idx.block_sizes(inst) or [16]]
+        B = sizes[g] if g < len(sizes) else sizes[-1]
         capacity = len(blocks[g]) * B
         if w["end"] <= capacity:
             continue
