@@ -131,20 +131,13 @@ def _schedule_after(rec: Any, state: Any, out: Any, self: Any, *a: Any, **kw: An
     # step's counts are all < 256 -- cost C-level copies here and one string each for
     # marshal, where 256-entry dicts cost a Python-level build and a marshalled int each.
     keys = list(tokens)
-    try:
-        counts: Any = bytes(tokens.values())
-    except (ValueError, TypeError):  # a count >= 256 (prefill chunks)
-        counts = list(tokens.values())
     fields: dict[str, Any] = {"inst": sched_inst(self), "num_reqs": len(keys),
-                              "num_tokens": out.total_num_scheduled_tokens, "tokens": (keys, counts)}
+                              "num_tokens": out.total_num_scheduled_tokens,
+                              "tokens": (keys, _small_ints(tokens.values()))}
     spec = out.scheduled_spec_decode_tokens
     if spec:
         skeys = list(spec)
-        try:
-            lens: Any = bytes(map(len, spec.values()))
-        except (ValueError, TypeError):
-            lens = list(map(len, spec.values()))
-        fields["spec"] = (None if skeys == keys else skeys, lens)
+        fields["spec"] = (None if skeys == keys else skeys, _small_ints(list(map(len, spec.values()))))
     fin = out.finished_req_ids
     if fin:
         fields["finished"] = list(fin)
@@ -159,6 +152,14 @@ def _schedule_after(rec: Any, state: Any, out: Any, self: Any, *a: Any, **kw: An
                 rows = [row for row in rows if row[0] not in resumed]
             fields[GROW] = (t0, getattr(self, "num_lookahead_tokens", 0), rows)
     rec.put("sched.step", None, step, fields)
+
+
+def _small_ints(values: Any) -> Any:
+    """``values`` (iterable twice) as bytes when every one is in 0..255, else as a list."""
+    try:
+        return bytes(values)
+    except (ValueError, TypeError):  # e.g. a prefill chunk's count >= 256
+        return list(values)
 
 
 register("scheduler.schedule", SCHED_MOD, "Scheduler.schedule", (),

@@ -108,7 +108,7 @@ def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
 
 
 def unpack_step(fields: dict) -> dict:
-    """A queued sched.step's packed ``tokens`` / ``spec`` (see ``GROW``'s neighbours above)
+    """A queued sched.step's packed ``tokens`` / ``spec`` (the forms described after ``GROW``)
     back to the schema's dicts, in place (a dict value is left as it is)."""
     tok = fields.get("tokens")
     if type(tok) is tuple:
