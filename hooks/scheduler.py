@@ -76,6 +76,7 @@ def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_co
             cs._pdtrace_sched = self
     rec.set_role(role=schema.ROLE_ENGINE, inst=inst, why=f"{type(self).__name__} constructed")
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    self._pdtrace_bypass = _bypass_plan(self, kvm, groups)
     spec_cfg = getattr(vllm_config, "speculative_config", None)
     sched_cfg = getattr(vllm_config, "scheduler_config", None)
     rec.emit(
@@ -102,11 +103,23 @@ register("scheduler.init", SCHED_MOD, "Scheduler.__init__",
 
 # --- Scheduler.schedule -----------------------------------------------------------------
 
-def _schedule_before(rec: Any, self: Any, *a: Any, **kw: Any) -> tuple[int, int]:
+def _schedule_before(rec: Any, self: Any, *a: Any, **kw: Any) -> tuple[int, int, Any]:
     step = getattr(self, "_pdtrace_step", 0) + 1
     self._pdtrace_step = step
     rec.step = step
-    return step, _mono()
+    kvm = getattr(self, "_pdtrace_bypass", None)
+    if kvm is not None and not self.waiting and not self.kv_holding_waiting:
+        # No request waits, so this step's only allocate_slots calls are the running loop's,
+        # whose successful calls the wrapper skips anyway; when the pool holds more free
+        # blocks than that loop can ask for, none of them can fail either, and the step
+        # calls the unwrapped method (``_bypass_plan``). Undone in _schedule_after.
+        B = self.max_num_scheduled_tokens
+        n = len(self.running)
+        plan = kvm._pdtrace_bypass
+        if kvm.block_pool.get_num_free_blocks() >= (B + n * (self.num_lookahead_tokens - 1)) * plan[1] + n * plan[2]:
+            kvm.allocate_slots = plan[3]
+            return step, _mono(), kvm
+    return step, _mono(), None
 
 
 def _schedule_after(rec: Any, state: Any, out: Any, self: Any, *a: Any, **kw: Any) -> None:
@@ -121,9 +134,11 @@ def _schedule_after(rec: Any, state: Any, out: Any, self: Any, *a: Any, **kw: An
     when the queue is materialized, timed at the start of schedule() (the running
     requests' allocations come first in it). Resumed requests are left out: their
     allocation went through the hooked path and recorded its full list."""
+    step, t0, bypassed = state
+    if bypassed is not None:
+        _end_bypass(bypassed)
     if out is None:
         return
-    step, t0 = state
     tokens = out.num_scheduled_tokens
     # tokens and spec are queued packed (recorder.unpack_step restores the dicts when the
     # queue is materialized): the request ids as a list and the counts as bytes -- a decode
@@ -218,8 +233,16 @@ register("scheduler.finish", SCHED_MOD, "Scheduler._free_request", ("request",),
 
 def _free_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     rid = request.request_id
+    kvm = self.kv_cache_manager
+    if kvm.allocate_slots is getattr(kvm, "_pdtrace_bypass", _NO_PLAN)[3]:
+        # a preemption inside a bypassed schedule(): an allocation failed although
+        # _bypass_plan's bound said none could. Say so; record the rest of the step.
+        _end_bypass(kvm)
+        rec.hook_error("scheduler.allocate_slots", RuntimeError(
+            f"request {rid} preempted on step {sched_step(self)}, whose running requests' allocate_slots "
+            "calls were not wrapped (free-block bound); the failed allocations before it are not in the trace"))
     rec.put("sched.free", rid, sched_step(self),
-            {"inst": sched_inst(self), "block_ids": _held_ids(self.kv_cache_manager, rid)})
+            {"inst": sched_inst(self), "block_ids": _held_ids(kvm, rid)})
 
 
 register("scheduler.free", SCHED_MOD, "Scheduler._free_request_blocks", ("request",),
@@ -336,6 +359,67 @@ def _held_ids(kvm: Any, rid: str) -> list[list[int]]:
         return out
     except AttributeError:  # another coordinator layout
         return [list(g) for g in kvm.get_block_ids(rid)]
+
+
+# --- the allocate_slots bypass ---------------------------------------------------------------
+
+# KV cache spec types whose allocate_slots needs at most ceil((new + lookahead) / block_size)
+# new blocks per group for a running request (the blocks it holds cover its computed tokens;
+# a sliding window swaps skipped blocks for the null block and keeps the list's length).
+_BOUNDED_SPECS = ("FullAttentionSpec", "SlidingWindowSpec", "MLAAttentionSpec")
+
+
+def _bypass_plan(sched: Any, kvm: Any, groups: list) -> Any:
+    """The KV cache manager when its scheduler may skip the allocate_slots wrapper on some
+    steps, else None. The plan is kept on the manager as ``_pdtrace_bypass`` = (unwrapped
+    function, sum of 1 / block_size over groups, number of groups, the unwrapped method and
+    the wrapper bound to this manager), and the manager's ``allocate_slots`` instance
+    attribute holds one of the two bound methods from here on: the wrapper, or the original
+    during a bypassed schedule() call. (An instance attribute that stays, rather than one
+    set and deleted per step: deleting it or swapping the class attribute would cost every
+    call site more than the bypass saves. A manager built while hooks were installed keeps
+    calling the wrapper it was built with after ``uninstall_all``; with no recorder that
+    wrapper only calls the original.)
+
+    On a step where no request waits (``waiting`` and ``kv_holding_waiting`` empty), every
+    allocate_slots call comes from schedule()'s running loop: requests in RUNNING status,
+    asked for ``num_new_tokens`` (in all at most ``max_num_scheduled_tokens``) plus the
+    scheduler's ``num_lookahead_tokens``, without watermark or reserved blocks. The wrapper
+    records none of these calls that succeed (``_ALLOC_SKIP``), and one fails only when the
+    pool has fewer free blocks than it needs. Summed over the n running requests and the
+    groups, they need at most (B + n * (lookahead - 1)) * sum(1 / block_size) + n * groups
+    blocks. When the pool holds that many free blocks at the start of the step, no call can
+    fail, the step's trace is the same without the wrapper, and ``_schedule_before`` puts
+    the unwrapped method on this manager instance for that one schedule() call (about a
+    microsecond saved per running request and step). Anything else (a waiting request, a
+    tight pool, a spec type outside ``_BOUNDED_SPECS``, hooks not applied) keeps the
+    wrapper. Should a preemption still happen inside a bypassed step, the free hook
+    reports it as a hook error and restores the wrapper for the rest of the step."""
+    fn = getattr(type(kvm), "allocate_slots", None) if kvm is not None else None
+    orig = getattr(fn, "__wrapped__", None)
+    if orig is None or not getattr(fn, "__pdtrace_hook__", None):
+        return None
+    if not groups or any(type(g.kv_cache_spec).__name__ not in _BOUNDED_SPECS for g in groups):
+        return None
+    for attr in ("waiting", "kv_holding_waiting", "running", "max_num_scheduled_tokens", "num_lookahead_tokens"):
+        if not hasattr(sched, attr):
+            return None
+    if not callable(getattr(getattr(kvm, "block_pool", None), "get_num_free_blocks", None)):
+        return None
+    try:  # (no kvm.__dict__ here: reading it would cost every later attribute read on kvm)
+        kvm._pdtrace_bypass = (orig, sum(1 / int(g.kv_cache_spec.block_size) for g in groups), len(groups),
+                               orig.__get__(kvm), fn.__get__(kvm))
+        kvm.allocate_slots = fn.__get__(kvm)
+    except AttributeError:  # __slots__
+        return None
+    return kvm
+
+
+_NO_PLAN = (None,) * 5
+
+
+def _end_bypass(kvm: Any) -> None:
+    kvm.allocate_slots = kvm._pdtrace_bypass[4]
 
 
 register("scheduler.allocate_slots", KVM_MOD, "KVCacheManager.allocate_slots",

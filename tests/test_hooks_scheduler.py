@@ -325,3 +325,67 @@ def test_running_growth_from_scheduler_output_under_preemption(pd_harness, tmp_p
             elif e["ev"] == "sched.free":
                 assert last is not None and e["block_ids"] == last["block_ids"], rid
     assert resumed >= 1, "no request was preempted and resumed: the case under test did not happen"
+
+
+def _decode_run(pd_harness, cfg, n_reqs, prompt_len, out_len, tag):
+    """n_reqs requests through a real Scheduler until all finish (one accepted draft token per
+    step, EAGLE drafts of length k); the events recorded and the recorder."""
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+    rec = pd_harness.new_recorder()
+    with pd_harness.recording(rec):
+        sched = pd_harness.build_scheduler("P", cfg)
+        for i in range(n_reqs):
+            sched.add_request(pd_harness._make_request(f"{tag}-{i}", [10 + (i * 7 + j) % 900 for j in range(prompt_len)],
+                                                       out_len, None, cfg.block_size))
+        for _ in range(2000):
+            if not sched.has_requests():
+                break
+            out = sched.schedule()
+            spec = out.scheduled_spec_decode_tokens
+            ids, toks = [], []
+            for rid, n in out.num_scheduled_tokens.items():
+                req = sched.requests[rid]
+                ids.append(rid)
+                done = req.num_computed_tokens + n >= req.num_prompt_tokens
+                toks.append(([5, 6] if spec.get(rid) else [5]) if done else [])
+            sched.update_from_output(out, ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)}, sampled_token_ids=toks))
+            running = [r.request_id for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
+            if running:
+                sched.update_draft_token_ids(DraftTokenIds(running, [[7] * cfg.num_spec_tokens for _ in running]))
+        assert not sched.has_requests()
+    rec.flush()
+    return [{k: v for k, v in e.items() if k not in ("t", "w")} for e in rec.events], rec
+
+
+@pytest.mark.parametrize("num_blocks", [4096, 60])
+def test_allocate_slots_bypass_records_the_same_events(pd_harness, monkeypatch, num_blocks):
+    """On a step where no request waits and the pool has more free blocks than schedule()'s
+    running loop can ask for, allocate_slots runs unwrapped for that call (hooks/scheduler.py,
+    ``_bypass_plan``). Real Scheduler, the same workload run with the bypass allowed and with
+    it forbidden: the events recorded are the same apart from times. With a roomy pool the
+    bypass engages on the decode steps; with a tight one (60 blocks: 8 requests take 7 each
+    at admission, so none waits, then grow to 9 each) running requests' allocations fail
+    and requests are preempted, and those failures are recorded (``ok`` false) both ways:
+    the free-block bound keeps the wrapper on. (Without the bound the bypassed run misses
+    the first failure and its free hook reports a hook error: checked by hand.)"""
+    from pdtrace.hooks import scheduler as S
+
+    cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16, num_blocks=num_blocks)
+    engaged = []
+    end = S._end_bypass
+    monkeypatch.setattr(S, "_end_bypass", lambda kvm: (engaged.append(kvm), end(kvm)))
+    with_bypass, rec = _decode_run(pd_harness, cfg, 8, 100, 40, "byp")
+    assert not rec.hook_errors
+    n_engaged = len(engaged)
+    monkeypatch.setattr(S, "_BOUNDED_SPECS", ())
+    without, _ = _decode_run(pd_harness, cfg, 8, 100, 40, "byp")
+    assert len(engaged) == n_engaged  # forbidden: never engaged
+    assert with_bypass == without
+    steps = sum(e["ev"] == "sched.step" for e in without)
+    failed = [e for e in without if e["ev"] == "sched.alloc" and not e["ok"]]
+    if num_blocks == 4096:
+        assert n_engaged == steps - 1 and not failed  # every step but the first (prefill, requests waiting)
+    else:  # more frees than requests: some were preempted (and freed again at their finish)
+        assert failed and sum(e["ev"] == "sched.free" for e in without) > 8
