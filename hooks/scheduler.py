@@ -23,8 +23,8 @@ from time import monotonic_ns as _mono  # the recorder's clock
 from typing import Any
 
 from pdtrace import schema
-from pdtrace.recorder import GROW, Deferred
-from pdtrace.redact import summarize_kv_params, token_hash
+from pdtrace.recorder import GROW, PROMPT
+from pdtrace.redact import summarize_kv_params, token_digest
 
 from . import after, around, before, register
 
@@ -56,6 +56,10 @@ def sched_inst(sched: Any) -> str:
 
 def sched_step(sched: Any) -> int | None:
     return getattr(sched, "_pdtrace_step", None)
+
+
+# (Per-request hooks below read ``getattr(self, "_pdtrace_inst", None) or sched_inst(self)``
+# and ``getattr(self, "_pdtrace_step", None)`` inline: a C call instead of a Python one.)
 
 
 # --- Scheduler.__init__ -----------------------------------------------------------------
@@ -185,30 +189,21 @@ register("scheduler.schedule", SCHED_MOD, "Scheduler.schedule", (),
 
 def _add_after(rec: Any, _result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     ids = request.prompt_token_ids
-    fields: dict[str, Any] = {"inst": sched_inst(self), "prompt_len": request.num_prompt_tokens,
-                              "prompt_hash": PromptHash(ids)}
-    kv = summarize_kv_params(request.kv_transfer_params)
-    if kv is not None:
-        fields["kv"] = kv
+    # the prompt's tuple hash, which the queue's materialization turns into prompt_hash
+    # (blake2b); a request's prompt token list is not changed after add_request
+    fields: dict[str, Any] = {"inst": getattr(self, "_pdtrace_inst", None) or sched_inst(self),
+                              "prompt_len": request.num_prompt_tokens, PROMPT: token_digest(ids)}
+    kvp = request.kv_transfer_params
+    if kvp is not None:
+        kv = summarize_kv_params(kvp)
+        if kv is not None:
+            fields["kv"] = kv
     mt = getattr(request, "max_tokens", None)
     if mt is not None:
         fields["max_tokens"] = mt
     if not rec.redact and ids is not None:
         fields["prompt_ids"] = list(ids)
-    rec.put_deferred("req.add", request.request_id, sched_step(self), fields, ("prompt_hash",))
-
-
-class PromptHash(Deferred):
-    """token_hash of the prompt, computed on the writer thread (a request's prompt token
-    list is not changed after add_request; output tokens go elsewhere)."""
-
-    __slots__ = ("ids",)
-
-    def __init__(self, ids: Any):
-        self.ids = ids
-
-    def json(self) -> str:
-        return token_hash(self.ids)
+    rec.put("req.add", request.request_id, getattr(self, "_pdtrace_step", None), fields)
 
 
 register("scheduler.add_request", SCHED_MOD, "Scheduler.add_request", ("request",),
@@ -219,8 +214,10 @@ register("scheduler.add_request", SCHED_MOD, "Scheduler.add_request", ("request"
 
 def _finish_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     st = request.status
-    rec.put("req.finish", request.request_id, sched_step(self), {
-        "inst": sched_inst(self), "status": getattr(st, "name", None) or str(st),
+    rec.put("req.finish", request.request_id, getattr(self, "_pdtrace_step", None), {
+        "inst": getattr(self, "_pdtrace_inst", None) or sched_inst(self),
+        # an Enum member's _name_ is a plain attribute; .name is a Python-level property
+        "status": getattr(st, "_name_", None) or str(st),
         "num_computed_tokens": request.num_computed_tokens, "num_output_tokens": request.num_output_tokens})
 
 
@@ -241,8 +238,8 @@ def _free_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
         rec.hook_error("scheduler.allocate_slots", RuntimeError(
             f"request {rid} preempted on step {sched_step(self)}, whose running requests' allocate_slots "
             "calls were not wrapped (free-block bound); the failed allocations before it are not in the trace"))
-    rec.put("sched.free", rid, sched_step(self),
-            {"inst": sched_inst(self), "block_ids": _held_ids(kvm, rid)})
+    rec.put("sched.free", rid, getattr(self, "_pdtrace_step", None),
+            {"inst": getattr(self, "_pdtrace_inst", None) or sched_inst(self), "block_ids": _held_ids(kvm, rid)})
 
 
 register("scheduler.free", SCHED_MOD, "Scheduler._free_request_blocks", ("request",),

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable
 import orjson
 
 from . import schema
+from .redact import digest_hash
 
 _current: "Recorder | None" = None
 _mono = time.monotonic_ns
@@ -75,6 +76,10 @@ DEFERRED_KEYS = "\x00deferred"  # fields key put_deferred uses to name its Defer
 # SchedulerOutput (hooks/scheduler.py). ``materialize`` turns each row into a short
 # sched.alloc (``from_output: true``) timed t0; the key itself is never written.
 GROW = "\x00grow"
+# req.add fields key: ``redact.token_digest`` of the prompt (CPython's tuple hash, taken on
+# the caller's thread); ``materialize`` replaces it with the schema's ``prompt_hash``
+# (``redact.digest_hash``, blake2b), so the traced process never runs blake2b. Never written.
+PROMPT = "\x00prompt"
 # sched.step ``tokens`` / ``spec`` as queued by the scheduler hook: packed forms that cost the
 # caller and the writer less than 256-entry dicts; ``unpack_step`` restores the dicts.
 #   tokens: (request ids, counts)          -> {req: count}
@@ -86,7 +91,8 @@ def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
     """Queued ``(kind, t, req, step, fields)`` tuples -> event dicts, given the process's
     ``(pid, role, inst, rank, wall_offset_ns)`` (the in-memory sink, and shard frames read
     back by ``pdtrace.shards``). Fields may override the common ones (e.g. ``inst``). A
-    sched.step carrying ``GROW`` is preceded by the sched.alloc events it stands for."""
+    sched.step carrying ``GROW`` is preceded by the sched.alloc events it stands for; a
+    ``PROMPT`` digest becomes ``prompt_hash``."""
     pid, role, inst, rank, off = meta
     out = []
     for kind, t, req, step, fields in items:
@@ -100,6 +106,8 @@ def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
         grow = fields.pop(GROW, None) if GROW in fields else None
         if kind == "sched.step":
             unpack_step(fields)
+        elif PROMPT in fields:
+            fields["prompt_hash"] = digest_hash(fields.pop(PROMPT))
         ev.update(fields)
         if grow is not None:
             out.extend(_grow_allocs(ev, grow, off))

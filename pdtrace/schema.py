@@ -147,7 +147,7 @@ _KINDS: tuple[Kind, ...] = (
     ), hook="scheduler"),
     Kind("req.add", "A request entered the scheduler.", (
         F("prompt_len", "int", "number of prompt tokens"),
-        F("prompt_hash", "str", "blake2b-64 (16 hex digits) of the prompt token ids as a compact JSON array, `[1,2,3]` (redacted form)"),
+        F("prompt_hash", "str", "blake2b-64 (16 hex digits) of CPython's hash of the prompt token ids as a tuple, as 8 little-endian bytes (redact.token_hash; redacted form)"),
         F("max_tokens", "int", "sampling max_tokens", required=False),
         F("kv", "dict", "kv_transfer_params summary: do_remote_prefill, do_remote_decode, remote_engine_id, remote_request_id, n_remote_blocks", required=False),
         F("prompt_ids", "list[int]", "prompt token ids, only with --no-redact", required=False),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from pdtrace.redact import token_hash
 from pdtrace.trace import derive_block_lists
 
 pytestmark = pytest.mark.vllm
@@ -164,7 +165,6 @@ def test_steps_are_per_scheduler_and_step_events(pd_harness, pd_pair):
 
 
 def test_req_add_finish_and_redaction(pd_harness):
-    from pdtrace.redact import token_hash
 
     cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
     for redact in (True, False):
@@ -300,7 +300,10 @@ def test_running_growth_from_scheduler_output_under_preemption(pd_harness, tmp_p
         rec.close()
         events, problems = read_shard(rec.shard_path)
         assert not problems
-    assert not any(_rec.GROW in e for e in events)  # the carrier key is never written
+    assert not any(_rec.GROW in e or _rec.PROMPT in e for e in events)  # carrier keys are never written
+    adds = {e["req"]: e for e in events if e["ev"] == "req.add"}
+    for i in range(6):  # the prompt's tuple hash, taken by the hook, became its blake2b prompt_hash
+        assert adds[f"pre-{i}"]["prompt_hash"] == token_hash([10 + (i * 7 + j) % 900 for j in range(40)])
     steps = {e["step"]: e for e in events if e["ev"] == "sched.step"}
     grows = [e for e in events if e["ev"] == "sched.alloc" and e.get("from_output")]
     assert len(grows) >= 6 * 3
