@@ -189,8 +189,8 @@ register("scheduler.schedule", SCHED_MOD, "Scheduler.schedule", (),
 
 def _add_after(rec: Any, _result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     ids = request.prompt_token_ids
-    # the prompt's tuple hash, which the queue's materialization turns into prompt_hash
-    # (blake2b); a request's prompt token list is not changed after add_request
+    # the prompt's tuple hash (one C-level pass over the ids, cheaper than the block hashes
+    # vLLM computes for the same prompt); materialize turns it into prompt_hash (blake2b)
     fields: dict[str, Any] = {"inst": getattr(self, "_pdtrace_inst", None) or sched_inst(self),
                               "prompt_len": request.num_prompt_tokens, PROMPT: token_digest(ids)}
     kvp = request.kv_transfer_params
