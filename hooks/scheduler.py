@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from itertools import compress
 from time import monotonic_ns as _mono  # the recorder's clock
-from typing import Any
+from typing import Any, NamedTuple
 
 from pdtrace import schema
 from pdtrace.recorder import GROW, PROMPT
@@ -111,18 +111,19 @@ def _schedule_before(rec: Any, self: Any, *a: Any, **kw: Any) -> tuple[int, int,
     step = getattr(self, "_pdtrace_step", 0) + 1
     self._pdtrace_step = step
     rec.step = step
-    kvm = getattr(self, "_pdtrace_bypass", None)
-    if kvm is not None and not self.waiting and not self.kv_holding_waiting:
+    plan = getattr(self, "_pdtrace_bypass", None)
+    if plan is not None and not self.waiting and not self.kv_holding_waiting:
         # No request waits, so this step's only allocate_slots calls are the running loop's,
         # whose successful calls the wrapper skips anyway; when the pool holds more free
         # blocks than that loop can ask for, none of them can fail either, and the step
         # calls the unwrapped method (``_bypass_plan``). Undone in _schedule_after.
         B = self.max_num_scheduled_tokens
         n = len(self.running)
-        plan = kvm._pdtrace_bypass
-        if kvm.block_pool.get_num_free_blocks() >= (B + n * (self.num_lookahead_tokens - 1)) * plan[1] + n * plan[2]:
-            kvm.allocate_slots = plan[3]
-            return step, _mono(), kvm
+        kvm = plan.kvm
+        need = (B + n * (self.num_lookahead_tokens - 1)) * plan.inv_block_sizes + n * plan.groups
+        if kvm.block_pool.get_num_free_blocks() >= need:
+            kvm.allocate_slots = plan.original
+            return step, _mono(), plan
     return step, _mono(), None
 
 
@@ -231,10 +232,11 @@ register("scheduler.finish", SCHED_MOD, "Scheduler._free_request", ("request",),
 def _free_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     rid = request.request_id
     kvm = self.kv_cache_manager
-    if kvm.allocate_slots is getattr(kvm, "_pdtrace_bypass", _NO_PLAN)[3]:
+    plan = getattr(self, "_pdtrace_bypass", None)
+    if plan is not None and kvm.allocate_slots is plan.original:
         # a preemption inside a bypassed schedule(): an allocation failed although
         # _bypass_plan's bound said none could. Say so; record the rest of the step.
-        _end_bypass(kvm)
+        _end_bypass(plan)
         rec.hook_error("scheduler.allocate_slots", RuntimeError(
             f"request {rid} preempted on step {sched_step(self)}, whose running requests' allocate_slots "
             "calls were not wrapped (free-block bound); the failed allocations before it are not in the trace"))
@@ -366,13 +368,21 @@ def _held_ids(kvm: Any, rid: str) -> list[list[int]]:
 _BOUNDED_SPECS = ("FullAttentionSpec", "SlidingWindowSpec", "MLAAttentionSpec")
 
 
-def _bypass_plan(sched: Any, kvm: Any, groups: list) -> Any:
-    """The KV cache manager when its scheduler may skip the allocate_slots wrapper on some
-    steps, else None. The plan is kept on the manager as ``_pdtrace_bypass`` = (unwrapped
-    function, sum of 1 / block_size over groups, number of groups, the unwrapped method and
-    the wrapper bound to this manager), and the manager's ``allocate_slots`` instance
-    attribute holds one of the two bound methods from here on: the wrapper, or the original
-    during a bypassed schedule() call. (An instance attribute that stays, rather than one
+class _Bypass(NamedTuple):
+    """What a scheduler needs to bypass its KV cache manager's allocate_slots wrapper."""
+
+    kvm: Any
+    inv_block_sizes: float  # sum of 1 / block_size over the KV cache groups
+    groups: int
+    original: Any  # the unwrapped allocate_slots bound to kvm
+    wrapper: Any  # the wrapper bound to kvm
+
+
+def _bypass_plan(sched: Any, kvm: Any, groups: list) -> _Bypass | None:
+    """The plan (kept on the scheduler as ``_pdtrace_bypass``) when the scheduler may skip
+    the allocate_slots wrapper on some steps, else None. From here on the manager's
+    ``allocate_slots`` instance attribute holds one of the plan's two bound methods: the
+    wrapper, or the original during a bypassed schedule() call. (An instance attribute that stays, rather than one
     set and deleted per step: deleting it or swapping the class attribute would cost every
     call site more than the bypass saves. A manager built while hooks were installed keeps
     calling the wrapper it was built with after ``uninstall_all``; with no recorder that
@@ -403,20 +413,17 @@ def _bypass_plan(sched: Any, kvm: Any, groups: list) -> Any:
             return None
     if not callable(getattr(getattr(kvm, "block_pool", None), "get_num_free_blocks", None)):
         return None
+    plan = _Bypass(kvm, sum(1 / int(g.kv_cache_spec.block_size) for g in groups), len(groups),
+                   orig.__get__(kvm), fn.__get__(kvm))
     try:  # (no kvm.__dict__ here: reading it would cost every later attribute read on kvm)
-        kvm._pdtrace_bypass = (orig, sum(1 / int(g.kv_cache_spec.block_size) for g in groups), len(groups),
-                               orig.__get__(kvm), fn.__get__(kvm))
-        kvm.allocate_slots = fn.__get__(kvm)
+        kvm.allocate_slots = plan.wrapper
     except AttributeError:  # __slots__
         return None
-    return kvm
+    return plan
 
 
-_NO_PLAN = (None,) * 5
-
-
-def _end_bypass(kvm: Any) -> None:
-    kvm.allocate_slots = kvm._pdtrace_bypass[4]
+def _end_bypass(plan: _Bypass) -> None:
+    plan.kvm.allocate_slots = plan.wrapper
 
 
 register("scheduler.allocate_slots", KVM_MOD, "KVCacheManager.allocate_slots",

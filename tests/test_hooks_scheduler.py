@@ -378,7 +378,7 @@ def test_allocate_slots_bypass_records_the_same_events(pd_harness, monkeypatch, 
     cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16, num_blocks=num_blocks)
     engaged = []
     end = S._end_bypass
-    monkeypatch.setattr(S, "_end_bypass", lambda kvm: (engaged.append(kvm), end(kvm)))
+    monkeypatch.setattr(S, "_end_bypass", lambda plan: (engaged.append(plan), end(plan)))
     with_bypass, rec = _decode_run(pd_harness, cfg, 8, 100, 40, "byp")
     assert not rec.hook_errors
     n_engaged = len(engaged)
