@@ -58,10 +58,6 @@ def sched_step(sched: Any) -> int | None:
     return getattr(sched, "_pdtrace_step", None)
 
 
-# (Per-request hooks below read ``getattr(self, "_pdtrace_inst", None) or sched_inst(self)``
-# and ``getattr(self, "_pdtrace_step", None)`` inline: a C call instead of a Python one.)
-
-
 # --- Scheduler.__init__ -----------------------------------------------------------------
 
 def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_config: Any, *a: Any, **kw: Any) -> None:
@@ -192,19 +188,17 @@ def _add_after(rec: Any, _result: Any, self: Any, request: Any, *a: Any, **kw: A
     ids = request.prompt_token_ids
     # the prompt's tuple hash (one C-level pass over the ids, cheaper than the block hashes
     # vLLM computes for the same prompt); materialize turns it into prompt_hash (blake2b)
-    fields: dict[str, Any] = {"inst": getattr(self, "_pdtrace_inst", None) or sched_inst(self),
-                              "prompt_len": request.num_prompt_tokens, PROMPT: token_digest(ids)}
-    kvp = request.kv_transfer_params
-    if kvp is not None:
-        kv = summarize_kv_params(kvp)
-        if kv is not None:
-            fields["kv"] = kv
+    fields: dict[str, Any] = {"inst": sched_inst(self), "prompt_len": request.num_prompt_tokens,
+                              PROMPT: token_digest(ids)}
+    kv = summarize_kv_params(request.kv_transfer_params)
+    if kv is not None:
+        fields["kv"] = kv
     mt = getattr(request, "max_tokens", None)
     if mt is not None:
         fields["max_tokens"] = mt
     if not rec.redact and ids is not None:
         fields["prompt_ids"] = list(ids)
-    rec.put("req.add", request.request_id, getattr(self, "_pdtrace_step", None), fields)
+    rec.put("req.add", request.request_id, sched_step(self), fields)
 
 
 register("scheduler.add_request", SCHED_MOD, "Scheduler.add_request", ("request",),
@@ -215,8 +209,8 @@ register("scheduler.add_request", SCHED_MOD, "Scheduler.add_request", ("request"
 
 def _finish_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     st = request.status
-    rec.put("req.finish", request.request_id, getattr(self, "_pdtrace_step", None), {
-        "inst": getattr(self, "_pdtrace_inst", None) or sched_inst(self),
+    rec.put("req.finish", request.request_id, sched_step(self), {
+        "inst": sched_inst(self),
         # an Enum member's _name_ is a plain attribute; .name is a Python-level property
         "status": getattr(st, "_name_", None) or str(st),
         "num_computed_tokens": request.num_computed_tokens, "num_output_tokens": request.num_output_tokens})
@@ -240,8 +234,8 @@ def _free_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
         rec.hook_error("scheduler.allocate_slots", RuntimeError(
             f"request {rid} preempted on step {sched_step(self)}, whose running requests' allocate_slots "
             "calls were not wrapped (free-block bound); the failed allocations before it are not in the trace"))
-    rec.put("sched.free", rid, getattr(self, "_pdtrace_step", None),
-            {"inst": getattr(self, "_pdtrace_inst", None) or sched_inst(self), "block_ids": _held_ids(kvm, rid)})
+    rec.put("sched.free", rid, sched_step(self),
+            {"inst": sched_inst(self), "block_ids": _held_ids(kvm, rid)})
 
 
 register("scheduler.free", SCHED_MOD, "Scheduler._free_request_blocks", ("request",),
