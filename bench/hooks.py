@@ -23,7 +23,7 @@ machine, so they can judge a change of a few tenths of a percent that CPU time c
 ignore cache misses, which this scheduler loop has few of. One thing still moves them: where
 the cyclic GC's collections land in the loop. vLLM runs with the GC on (after a freeze), so
 the loops do too, and a change that allocates a few more or fewer objects can move the
-traced count by a few million instructions (0.3%) through GC alone. So the pair is counted
+traced count by up to 7M instructions (0.6%) through GC alone. So the pair is counted
 ``--gc-phases`` times (default 3), each time with the GC's generation counters started at
 another phase (``_gc_phase``), and the median ratio is the verdict. About 4 minutes on 2
 cores.
@@ -43,37 +43,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def loop(h, cfg, n_reqs: int, prompt_len: int, out_len: int, tag: str) -> tuple[float, int]:
-    """Runs the loop; returns (process CPU seconds, steps). CPU time of the whole process
-    counts the writer thread's work too and is less disturbed by other load on a shared
-    machine than wall time."""
-    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
-
+    """Runs the loop (``pd_harness.drive`` with EAGLE drafts); returns (process CPU seconds,
+    steps). CPU time of the whole process counts the writer thread's work too and is less
+    disturbed by other load on a shared machine than wall time."""
     sched = h.build_scheduler("P", cfg)
     for i in range(n_reqs):
         sched.add_request(h._make_request(f"{tag}-{i}", [10 + (i * 7 + j) % 900 for j in range(prompt_len)],
                                           out_len, None, cfg.block_size))
-    k = cfg.num_spec_tokens
-    steps = 0
     t0 = time.process_time()
-    while sched.has_requests() and steps < 10_000:
-        out = sched.schedule()
-        spec = out.scheduled_spec_decode_tokens
-        ids, toks = [], []
-        for rid in out.num_scheduled_tokens:
-            req = sched.requests.get(rid)
-            if req is None:
-                continue
-            ids.append(rid)
-            if req.num_computed_tokens + out.num_scheduled_tokens[rid] < req.num_prompt_tokens:
-                toks.append([])  # partial prefill: nothing sampled
-            else:
-                toks.append([5, 6] if spec.get(rid) else [5])
-        sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                                        sampled_token_ids=toks))
-        running = [r.request_id for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
-        if running:
-            sched.update_draft_token_ids(DraftTokenIds(running, [[7] * k for _ in running]))
-        steps += 1
+    steps = h.drive(sched, draft_k=cfg.num_spec_tokens)
     return time.process_time() - t0, steps
 
 

@@ -265,8 +265,6 @@ def test_running_growth_from_scheduler_output_under_preemption(pd_harness, tmp_p
     allocations equals the blocks the free hook read from the KV cache manager. With
     ``sink="shard"`` the events go through the production path (marshalled shard frame,
     read back by ``pdtrace.shards``)."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
     from pdtrace import recorder as _rec
     from pdtrace.recorder import Recorder
     from pdtrace.shards import read_shard
@@ -281,17 +279,7 @@ def test_running_growth_from_scheduler_output_under_preemption(pd_harness, tmp_p
         for i in range(6):
             sched.add_request(pd_harness._make_request(f"pre-{i}", [10 + (i * 7 + j) % 900 for j in range(40)],
                                                        60, None, cfg.block_size))
-        for _ in range(400):
-            if not sched.has_requests():
-                break
-            out = sched.schedule()
-            ids, toks = [], []
-            for rid, n in out.num_scheduled_tokens.items():
-                req = sched.requests[rid]
-                ids.append(rid)
-                toks.append([] if req.num_computed_tokens + n < req.num_prompt_tokens else [5])
-            sched.update_from_output(out, ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)}, sampled_token_ids=toks))
+        pd_harness.drive(sched, max_steps=400)  # no drafts: one token per request and step
         assert not sched.has_requests()
     rec.flush()
     if sink == "memory":
@@ -331,32 +319,16 @@ def test_running_growth_from_scheduler_output_under_preemption(pd_harness, tmp_p
 
 
 def _decode_run(pd_harness, cfg, n_reqs, prompt_len, out_len, tag):
-    """n_reqs requests through a real Scheduler until all finish (one accepted draft token per
-    step, EAGLE drafts of length k); the events recorded and the recorder."""
-    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
-
+    """n_reqs requests through a real Scheduler until all finish (``pd_harness.drive``: one
+    accepted draft token per step, EAGLE drafts of length k); the events recorded (without
+    their times) and the recorder."""
     rec = pd_harness.new_recorder()
     with pd_harness.recording(rec):
         sched = pd_harness.build_scheduler("P", cfg)
         for i in range(n_reqs):
             sched.add_request(pd_harness._make_request(f"{tag}-{i}", [10 + (i * 7 + j) % 900 for j in range(prompt_len)],
                                                        out_len, None, cfg.block_size))
-        for _ in range(2000):
-            if not sched.has_requests():
-                break
-            out = sched.schedule()
-            spec = out.scheduled_spec_decode_tokens
-            ids, toks = [], []
-            for rid, n in out.num_scheduled_tokens.items():
-                req = sched.requests[rid]
-                ids.append(rid)
-                done = req.num_computed_tokens + n >= req.num_prompt_tokens
-                toks.append(([5, 6] if spec.get(rid) else [5]) if done else [])
-            sched.update_from_output(out, ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: j for j, r in enumerate(ids)}, sampled_token_ids=toks))
-            running = [r.request_id for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
-            if running:
-                sched.update_draft_token_ids(DraftTokenIds(running, [[7] * cfg.num_spec_tokens for _ in running]))
+        pd_harness.drive(sched, draft_k=cfg.num_spec_tokens, max_steps=2000)
         assert not sched.has_requests()
     rec.flush()
     return [{k: v for k, v in e.items() if k not in ("t", "w")} for e in rec.events], rec

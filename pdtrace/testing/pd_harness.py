@@ -308,6 +308,41 @@ def _make_request(rid: str, prompt: list[int], max_tokens: int, kv: dict | None,
     return r
 
 
+def drive(sched: Any, draft_k: int = 0, max_steps: int = 10_000) -> int:
+    """Steps a Scheduler until it has no requests (or ``max_steps``); returns the steps.
+
+    Each step: schedule(), a ModelRunnerOutput that samples one token per request that
+    finished its prompt this step (two, i.e. one draft accepted, when drafts were scheduled
+    for it; none for a partial prefill chunk), update_from_output(), and with ``draft_k``
+    drafts of that length for every running request past its prompt
+    (update_draft_token_ids). No model runs: the scheduler, KV cache manager and connector
+    scheduler side are vLLM's own."""
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+    steps = 0
+    while sched.has_requests() and steps < max_steps:
+        out = sched.schedule()
+        spec = out.scheduled_spec_decode_tokens
+        ids, toks = [], []
+        for rid in out.num_scheduled_tokens:
+            req = sched.requests.get(rid)
+            if req is None:
+                continue
+            ids.append(rid)
+            if req.num_computed_tokens + out.num_scheduled_tokens[rid] < req.num_prompt_tokens:
+                toks.append([])  # partial prefill: nothing sampled
+            else:
+                toks.append([5, 6] if spec.get(rid) else [5])
+        sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                                        sampled_token_ids=toks))
+        if draft_k:
+            running = [r.request_id for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
+            if running:
+                sched.update_draft_token_ids(DraftTokenIds(running, [[7] * draft_k for _ in running]))
+        steps += 1
+    return steps
+
+
 def _mro(sched_out: Any, tokens: dict[str, list[int]], finished_sending: set | None = None,
          finished_recving: set | None = None) -> Any:
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
