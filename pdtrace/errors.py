@@ -6,7 +6,8 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # `check`: the trace shows at least one finding
 EXIT_UNUSABLE = 2  # bad input: unreadable / corrupt / newer-schema trace, bad arguments
-EXIT_INTERNAL = 3
+EXIT_INTERNAL = 3  # a bug in pdtrace itself ("please report")
+EXIT_NOT_CHECKED = 4  # `check`: no findings, but at least one bug class could not be decided
 
 
 class PdtraceError(Exception):
