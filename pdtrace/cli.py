@@ -3,19 +3,21 @@
 Each subcommand lives in ``pdtrace/commands/<name>.py`` and exposes ``run(...) -> int``
 (the exit code). Modules are imported when their command runs, so ``pdtrace --help`` and
 ``pdtrace check`` never import Textual, Plotly, torch or vLLM. Commands raise
-``PdtraceError``; ``main()`` prints it and exits with its code, in one place.
+``PdtraceError``; ``run_cli()`` turns that, usage errors, OSErrors and pdtrace bugs into one
+line on stderr and an exit code, in one place (see ``pdtrace.errors``).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from .errors import EXIT_INTERNAL, PdtraceError
+from .errors import EXIT_OK, EXIT_UNUSABLE, PdtraceError, TraceError, internal_error, os_error_line
 
 app = typer.Typer(
     name="pdtrace",
@@ -56,7 +58,7 @@ def record(
 
 @app.command()
 def check(
-    trace: Path = typer.Argument(..., help="Trace file (.jsonl)."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl)."),
     format: str = typer.Option("text", "--format", "-f", help="text | markdown | json"),
     only: Optional[List[str]] = typer.Option(None, "--only", help="Only this detector (repeatable)."),
     request: Optional[str] = typer.Option(None, "--request", help="Only findings about this request id."),
@@ -71,7 +73,7 @@ def check(
 
 @app.command()
 def view(
-    trace: Optional[Path] = typer.Argument(None, help="Trace file, or a directory of shards to merge."),
+    trace: Optional[Path] = typer.Argument(None, metavar="[TRACE]", help="Trace file, or a directory of shards to merge."),
 ) -> None:
     """Open the trace in the terminal viewer (Textual TUI). Press ? for help."""
     _run("view", trace=trace)
@@ -79,7 +81,7 @@ def view(
 
 @app.command()
 def report(
-    trace: Path = typer.Argument(..., help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write (self-contained, works offline)."),
     lenient: bool = LENIENT,
 ) -> None:
@@ -89,7 +91,7 @@ def report(
 
 @app.command()
 def export(
-    trace: Path = typer.Argument(..., help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     perfetto: Path = typer.Option(..., "--perfetto", help="Chrome/Perfetto trace-event JSON to write."),
     lenient: bool = LENIENT,
 ) -> None:
@@ -99,7 +101,7 @@ def export(
 
 @app.command()
 def bundle(
-    trace: Path = typer.Argument(..., help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     output: Path = typer.Option(Path("pdtrace-bug.tar.gz"), "-o", "--output", help="Archive to write (.tar.gz or .zip)."),
     allow_unredacted: bool = typer.Option(False, "--allow-unredacted", help="Bundle a trace recorded with --no-redact."),
     lenient: bool = LENIENT,
@@ -110,7 +112,7 @@ def bundle(
 
 @app.command()
 def merge(
-    inputs: List[Path] = typer.Argument(..., help="Traces to join (e.g. P.jsonl D.jsonl), or shard directories."),
+    inputs: List[Path] = typer.Argument(..., metavar="INPUT", help="Traces to join (e.g. P.jsonl D.jsonl), or shard directories."),
     output: Path = typer.Option(Path("trace.jsonl"), "-o", "--output", help="Merged trace to write."),
     lenient: bool = LENIENT,
 ) -> None:
@@ -128,7 +130,7 @@ def doctor(
 
 @app.command()
 def info(
-    trace: Path = typer.Argument(..., help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     lenient: bool = LENIENT,
 ) -> None:
     """Summarize a trace: header, versions, processes, event counts, drops, hook errors."""
@@ -137,7 +139,7 @@ def info(
 
 @app.command()
 def repro(
-    trace: Path = typer.Argument(..., help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     request: str = typer.Option(..., "--request", help="Request id whose situation to rebuild."),
     output: Path = typer.Option(Path("test_repro.py"), "-o", "--output", help="Pytest file to write."),
     lenient: bool = LENIENT,
@@ -152,27 +154,86 @@ def demo() -> None:
     _run("demo")
 
 
-def main() -> None:
+def _usage_error_types() -> tuple[type, ...]:
+    """The exception classes typer raises for bad arguments. typer >= 0.2x vendors click (its
+    errors derive from ``typer.TyperException``, and click need not be installed); older typer
+    depends on click and raises ``click.ClickException``. pdtrace needs typer only."""
+    types: list[type] = []
+    vendored = getattr(typer, "TyperException", None)
+    if isinstance(vendored, type):
+        types.append(vendored)
     try:
-        rc = app(standalone_mode=False)
+        import click
+    except ImportError:
+        pass
+    else:
+        types.append(click.ClickException)
+    return tuple(types)
+
+
+def _usage_line(exc: Exception) -> tuple[str, bool]:
+    """(one line for a typer/click usage error, whether it is the bare-command help)."""
+    msg = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        return msg, True
+    msg = " ".join(str(msg).split())
+    if ctx is not None:
+        try:
+            usage = " ".join(ctx.get_usage().split())
+            msg += f" ({usage}; see {ctx.command_path} --help)"
+        except Exception:  # noqa: BLE001 - the message alone is enough
+            pass
+    return msg, False
+
+
+def run_cli(argv: list[str] | None = None) -> int:
+    """Run the CLI on ``argv`` (default: sys.argv[1:]) and return the exit code. Every
+    error ends here: a ``PdtraceError`` or a usage error prints one line and gives its
+    code (2 for bad input / arguments), an OSError (unreadable input, unwritable output,
+    disk full) one line naming the file and 2, anything else is a pdtrace bug: one
+    "please report" line, the traceback in a log file, ``EXIT_INTERNAL``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        rc = app(args=args, prog_name="pdtrace", standalone_mode=False)
+    except TraceError as exc:
+        hint = ""
+        if exc.damaged and "--lenient" not in args and "--lenient" not in exc.reason:
+            hint = " (a damaged trace: --lenient keeps every valid event and reports the rest)"
+        print(f"pdtrace: error: {exc}{hint}", file=sys.stderr)
+        return exc.exit_code
     except PdtraceError as exc:
         print(f"pdtrace: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
         print("pdtrace: aborted", file=sys.stderr)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors and the like
-        import click
+        return 130
+    except BrokenPipeError:  # `pdtrace check t.jsonl | head`: the reader has what it wanted
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return EXIT_OK
+    except OSError as exc:
+        print(f"pdtrace: error: {os_error_line(exc)}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except MemoryError:
+        print("pdtrace: error: out of memory", file=sys.stderr)
+        return EXIT_UNUSABLE
+    except Exception as exc:
+        if isinstance(exc, _usage_error_types()):
+            msg, is_help = _usage_line(exc)
+            print(msg if is_help else f"pdtrace: error: {msg}", file=sys.stderr)
+            return EXIT_UNUSABLE
+        return internal_error(exc, ["pdtrace", *args])
+    return rc if isinstance(rc, int) else EXIT_OK
 
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(2)
-        raise
-    sys.exit(rc if isinstance(rc, int) else 0)
+
+def main() -> None:
+    sys.exit(run_cli())
 
 
 if __name__ == "__main__":  # pragma: no cover
     main()
-    sys.exit(EXIT_INTERNAL)

@@ -1,6 +1,21 @@
-"""One error type for the user, one exit path (see pdtrace.cli.main)."""
+"""One error type for the user, one exit path (see pdtrace.cli.main).
+
+Exit codes shared by every command (README, "Commands"):
+
+- 0 ok; 1 findings (``check``); 4 no findings but some bug class undecided (``check``);
+- 2 unusable input, bad arguments, an output that cannot be written: one line on stderr,
+  naming the file (and line) where there is one;
+- 3 a bug in pdtrace itself: one "please report" line, the traceback in a log file;
+- ``record`` exits with the recorded command's code (127: it could not be started).
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import traceback
 
 # Exit codes shared by every command.
 EXIT_OK = 0
@@ -22,11 +37,51 @@ class PdtraceError(Exception):
 
 
 class TraceError(PdtraceError):
-    """A trace file cannot be read as asked. ``line`` is 1-based (0 = the file as a whole)."""
+    """A trace file cannot be read as asked. ``line`` is 1-based (0 = the file as a whole).
 
-    def __init__(self, path: str, line: int, reason: str):
+    ``damaged`` is True for a problem on one line of an otherwise readable trace (a cut
+    last line, a corrupt line, a wrong-typed field): ``--lenient`` skips such lines, and
+    the CLI says so."""
+
+    def __init__(self, path: str, line: int, reason: str, *, damaged: bool | None = None):
         self.path = path
         self.line = line
         self.reason = reason
+        self.damaged = line > 1 if damaged is None else damaged
         where = f"{path}:{line}" if line else path
         super().__init__(f"{where}: {reason}", EXIT_UNUSABLE)
+
+
+def os_error_line(exc: OSError) -> str:
+    """One line for an OSError: what failed, on which file ("disk full" spelled out)."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    names = [n for n in (exc.filename, getattr(exc, "filename2", None)) if n]
+    where = " -> ".join(str(n) for n in names)
+    return f"{where}: {what}" if where else what
+
+
+def internal_error(exc: BaseException, argv: list[str] | None = None) -> int:
+    """A bug in pdtrace: write the traceback to a log file, print one line, EXIT_INTERNAL.
+
+    The log goes to ``$PDTRACE_CRASH_DIR`` (default: the temp dir). ``PDTRACE_TRACEBACK=1``
+    also prints the traceback (for pdtrace's own developers)."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    from . import __version__
+
+    head = (f"pdtrace {__version__}, python {sys.version.split()[0]}, "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%S')}\nargv: {' '.join(argv if argv is not None else sys.argv)}\n\n")
+    log = None
+    try:
+        fd, log = tempfile.mkstemp(prefix="pdtrace-crash-", suffix=".log",
+                                   dir=os.environ.get("PDTRACE_CRASH_DIR") or None)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(head + text)
+    except OSError:
+        log = None
+    where = f"traceback in {log}" if log else "traceback could not be saved (set PDTRACE_TRACEBACK=1 to print it)"
+    summary = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:200]
+    print(f"pdtrace: internal error ({summary}); this is a bug in pdtrace, please report it "
+          f"with the {where}", file=sys.stderr)
+    if os.environ.get("PDTRACE_TRACEBACK"):
+        print(text, file=sys.stderr, end="")
+    return EXIT_INTERNAL
