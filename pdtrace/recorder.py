@@ -197,6 +197,7 @@ class Recorder:
         self._mono0 = time.monotonic_ns()
         self._wall_off = time.time_ns() - self._mono0
         self._stop = threading.Event()
+        self._flush_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
         self.events: list[dict] | None = None  # in-memory sink storage
@@ -309,17 +310,23 @@ class Recorder:
         return materialize((self.pid, self.role, self.inst, self.rank, self._wall_off), items)
 
     def flush(self) -> None:
+        """Write what is queued (writer thread; ``close`` after the writer stopped). ``emitted``
+        counts events written, ``dropped`` those lost to a full queue or a failed write."""
         q = self._q
-        n = len(q)
-        if not n or self._sink is None:
+        if not q or self._sink is None:
             return
-        items = [q.popleft() for _ in range(n)]
-        self.emitted += n
-        try:
-            self._sink(self._encode(items))
-        except Exception as exc:  # disk full, closed file: count, never raise into the app
-            self.dropped += n
-            print(f"pdtrace: writer failed for pid {self.pid}: {exc}", file=sys.stderr)
+        with self._flush_lock:  # close() after a writer that did not stop in time
+            n = len(q)
+            items = [q.popleft() for _ in range(n)]
+            if not n:
+                return
+            try:
+                self._sink(self._encode(items))
+            except Exception as exc:  # disk full, closed file: count, never raise into the app
+                self.dropped += n
+                print(f"pdtrace: writer failed for pid {self.pid}: {exc}", file=sys.stderr)
+            else:
+                self.emitted += n
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval):
@@ -335,10 +342,15 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
-        self.emit("proc.exit", events=self.emitted + len(self._q) + 1, dropped=self.dropped, hook_errors=dict(self.hook_errors))
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5)  # its last flush empties the queue
+        # proc.exit carries the drop count: it bypasses the queue bound (``emit`` would drop
+        # it exactly when drops happened), and is queued after the writer stopped, so the
+        # counts it carries are final. ``events``: what this process wrote, proc.exit included.
+        self._q.append(("proc.exit", _mono(), None, self.step, {
+            "events": self.emitted + len(self._q) + 1, "dropped": self.dropped,
+            "hook_errors": dict(self.hook_errors)}))
         self.flush()
         fh = getattr(self, "_fh", None)
         if fh is not None:
