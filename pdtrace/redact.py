@@ -3,35 +3,131 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from typing import Any, Sequence
 
 MASK = "***"
-# flags whose next argument is a secret, and KEY=VALUE pairs whose key looks secret
-_SECRET_FLAGS = re.compile(r"^--?(api[-_]?key|token|hf[-_]token|password|secret|auth[-_a-z]*)$", re.I)
-_SECRET_KV = re.compile(r"^(--?)?([A-Za-z0-9_.-]*(KEY|TOKEN|SECRET|PASSWORD|PASSWD|AUTH)[A-Za-z0-9_]*)=(.+)$", re.I)
+
+# A key names a secret when one of its words (split at -, _, ., spaces and camelCase) is one
+# of these, or its words run together hold one of the compounds: `--api-key`, `HF_TOKEN`,
+# `apiKey`, `AWS_SECRET_ACCESS_KEY`, `Authorization`, `X-Api-Key`. Plural or longer words are
+# not secrets: `--max-num-batched-tokens`, `num_speculative_tokens`, `--tokenizer`,
+# `--ssl-keyfile` (a path), `keyboard`.
+_SECRET_WORDS = frozenset({
+    "key", "token", "secret", "password", "passwd", "pwd", "passphrase", "credential", "credentials",
+    "auth", "authorization", "authentication", "bearer", "cookie", "apikey", "signature", "sig",
+})
+_SECRET_COMPOUNDS = ("apikey", "secretkey", "accesskey", "privatekey", "authtoken", "accesstoken",
+                     "refreshtoken", "password", "passwd", "secret", "credential")
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+# "KEY: value" (an HTTP header) as a whole argument
+_HEADER = re.compile(r"^\s*([A-Za-z][\w-]*)\s*:\s*(\S.*)$", re.S)
+# key=value / "key": value / 'key': 'value' anywhere in an argument (query strings, dict
+# literals): every key is looked at, also one inside a value that is not a secret (a URL's query)
+_KEYSEP = re.compile(r"""(["']?)([A-Za-z_][\w.-]*)\1(\s*[:=]\s*)""")
+_VALUE = re.compile(r""""(?:[^"\\]|\\.)*"|'[^']*'|[^\s,;&}\]"']+""")
+_SCHEME_TOKEN = re.compile(r"\b(Bearer|Basic|Token|Digest)(\s+)[^\s,;\"']+", re.I)
 _URL_CRED = re.compile(r"(://[^/:@\s]+:)[^@/\s]+@")
 
 
+def is_secret_key(name: str) -> bool:
+    """Whether a flag / variable / JSON key / header name names a secret (see ``_SECRET_WORDS``)."""
+    words = [w.lower() for w in _WORDS.findall(name)]
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    joined = "".join(words)
+    return any(c in joined for c in _SECRET_COMPOUNDS)
+
+
+def _mask_json(obj: Any) -> tuple[Any, bool]:
+    """``obj`` with every value under a secret key replaced by MASK (nested), and whether any was."""
+    if isinstance(obj, dict):
+        changed = False
+        out = {}
+        for k, v in obj.items():
+            if isinstance(k, str) and is_secret_key(k) and v not in (None, "", MASK):
+                out[k], changed = MASK, True
+            else:
+                out[k], c = _mask_json(v)
+                changed = changed or c
+        return out, changed
+    if isinstance(obj, list):
+        items = [_mask_json(v) for v in obj]
+        return [v for v, _c in items], any(c for _v, c in items)
+    if isinstance(obj, str):
+        m = mask_text(obj)
+        return m, m != obj
+    return obj, False
+
+
+def _mask_pairs(text: str) -> str:
+    out: list[str] = []
+    pos = 0
+    for m in _KEYSEP.finditer(text):
+        if m.start() < pos or not is_secret_key(m.group(2)):
+            continue
+        v = _VALUE.match(text, m.end())
+        if v is None or v.group(0).strip("\"'") in ("", MASK):
+            continue
+        q = v.group(0)[0] if v.group(0)[0] in "\"'" else ""
+        out.append(text[pos:m.end()] + q + MASK + q)
+        pos = v.end()
+    return "".join(out) + text[pos:] if out else text
+
+
+def mask_text(text: str) -> str:
+    """Mask secrets inside one argument: a JSON value (masked by key, nested), an HTTP header
+    whose name is secret, ``Bearer X`` / ``Basic X``, ``key=value`` and ``"key": value``
+    pairs with a secret key, and ``user:password@`` in URLs."""
+    s = text.strip()
+    if s[:1] in ("{", "[") and s[-1:] in ("}", "]"):
+        try:
+            obj = json.loads(s)
+        except ValueError:
+            pass
+        else:
+            masked, changed = _mask_json(obj)
+            return json.dumps(masked, ensure_ascii=False) if changed else text
+    m = _HEADER.match(text)
+    if m and is_secret_key(m.group(1)):
+        return f"{m.group(1)}: {MASK}"
+    text = _SCHEME_TOKEN.sub(lambda t: f"{t.group(1)}{t.group(2)}{MASK}", text)
+    text = _mask_pairs(text)
+    return _URL_CRED.sub(rf"\1{MASK}@", text)
+
+
 def mask_argv(argv: Sequence[str]) -> list[str]:
-    """Mask secret values in a command line: --api-key X, HF_TOKEN=..., user:pass@ in URLs."""
+    """Mask secret values in a command line, by key name wherever a key is: the argument
+    after a secret flag (``--api-key X``, ``--secret-key X``; not one that is itself a
+    ``--flag``), ``--api-key=X``, ``HF_TOKEN=X``, JSON objects inside arguments
+    (``{"api_key": "X"}``, nested), HTTP headers (``--header "Authorization: Bearer X"``),
+    ``Bearer X`` anywhere, query strings (``?api_key=X``) and ``user:pass@`` in URLs.
+    tests/test_redact.py lists what is masked and what is kept."""
     out: list[str] = []
     hide_next = False
     for a in argv:
         a = str(a)
         if hide_next:
-            out.append(MASK)
             hide_next = False
-            continue
-        if _SECRET_FLAGS.match(a):
+            if not a.startswith("--"):
+                out.append(MASK)
+                continue
+        if a.startswith("-") and len(a) > 1 and not a[1:2].isdigit():
+            flag, eq, value = a.partition("=")
+            if is_secret_key(flag.lstrip("-")):
+                if eq:
+                    out.append(f"{flag}={MASK}")
+                else:
+                    out.append(a)
+                    hide_next = True
+                continue
+            if eq:
+                out.append(f"{flag}={mask_text(value)}")
+                continue
             out.append(a)
-            hide_next = True
             continue
-        m = _SECRET_KV.match(a)
-        if m:
-            out.append(f"{m.group(1) or ''}{m.group(2)}={MASK}")
-            continue
-        out.append(_URL_CRED.sub(rf"\1{MASK}@", a))
+        out.append(mask_text(a))
     return out
 
 
