@@ -54,6 +54,15 @@ def canonical(events: list[dict]) -> list[dict]:
     return json.loads(text)
 
 
+def sidecar(sc) -> dict:
+    """The expected `pdtrace check` outcome: findings, the classes reported "not checked"
+    (from what the scenario recorded) and the exit code they give."""
+    from pdtrace.errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK
+
+    code = EXIT_FINDINGS if sc.expected else (EXIT_NOT_CHECKED if sc.not_checked else EXIT_OK)
+    return {"findings": sc.expected, "not_checked": sc.not_checked, "exit": code, "scenario": sc.name}
+
+
 def build_all():
     from pdtrace.testing import scenarios
 
@@ -74,6 +83,8 @@ def provenance_md(sc) -> str:
     else:
         lines.append("- No fault: the fixed vLLM 0.32.0 code path.")
     lines.append(f"- Expected findings: {', '.join(sc.expected) or 'none'}.")
+    lines.append(f"- Not checked (no events recorded for them; `check` exits {sidecar(sc)['exit']}): "
+                 f"{', '.join(sc.not_checked) or 'none'}.")
     lines.append("")
     return "\n".join(lines)
 
@@ -87,7 +98,7 @@ def write(scs) -> None:
         write_scenario_trace(path, sc.events, scenario=sc.name, description=sc.description,
                              provenance={k: v for k, v in sc.provenance.items() if k != "facts"})
         with open(os.path.join(SAMPLES, f"{sc.name}.expected.json"), "w") as fh:
-            json.dump({"findings": sc.expected, "scenario": sc.name}, fh, indent=1)
+            json.dump(sidecar(sc), fh, indent=1)
             fh.write("\n")
         print(f"wrote {os.path.relpath(path, ROOT)} ({len(sc.events)} events; expected: {sc.expected or 'none'})")
     readme = os.path.join(SAMPLES, "README.md")
@@ -121,8 +132,8 @@ def check(scs) -> int:
         old = canonical(load(path).events)
         derive_block_lists(sc.events)  # as the loader does for the committed file
         new = canonical(sc.events)
-        exp = json.load(open(os.path.join(SAMPLES, f"{sc.name}.expected.json")))["findings"]
-        if old != new or exp != sc.expected:
+        exp = json.load(open(os.path.join(SAMPLES, f"{sc.name}.expected.json")))
+        if old != new or exp != sidecar(sc):
             first = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
             print(f"DIFFERS {sc.name}: first difference at event {first}")
             bad += 1

@@ -31,6 +31,7 @@ def buggy(tmp_path):
 def clean(tmp_path):
     b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True)
     E.metadata_scenario(b, fixed=True)
+    E.window_scenario(b, fixed=True)  # every class applying to this (non-hybrid) setup has its events
     return b.write(tmp_path / "clean.jsonl")
 
 
@@ -42,6 +43,16 @@ def test_clean_trace_exit_0(clean):
     r = _run("check", clean)
     assert r.exit_code == 0, r.output
     assert "no findings" in r.output
+    assert "not checked" not in r.output
+    assert "stale-accepted-count-read" in r.output and "does not apply" in r.output
+
+
+def test_clean_but_partial_trace_exit_4(tmp_path):
+    b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True)  # no worker events at all
+    r = _run("check", b.write(tmp_path / "p.jsonl"))
+    assert r.exit_code == 4, r.output
+    assert "no findings in the classes checked; 2 bug class(es) not checked" in r.output
+    assert "connector-metadata-cleared-before-drafter  not checked: the trace has no drafter spec.phase" in r.output
 
 
 def test_buggy_trace_exit_1_text(buggy):
@@ -81,7 +92,11 @@ def test_json_stable_shape_and_filters(buggy):
     (w,) = doc["what_if"]["requests"]
     assert w["groups"][0]["recorded"] == [[50, 11]] and w["groups"][0]["fixed"] == [[50, 10]]
     r2 = _run("check", buggy, "--format", "json", "--request", "nobody")
-    assert r2.exit_code == 0 and json.loads(r2.output)["findings"] == []
+    # no finding about that request; the worker classes have no events in this trace: exit 4
+    doc2 = json.loads(r2.output)
+    assert r2.exit_code == 4 and doc2["findings"] == []
+    assert doc2["summary"]["not_checked"] == ["connector-metadata-cleared-before-drafter",
+                                              "drafter-window-outside-allocation"]
 
 
 def test_what_if_text(buggy):

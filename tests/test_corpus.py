@@ -16,6 +16,7 @@ pytestmark = pytest.mark.vllm
 
 from pdtrace import detectors  # noqa: E402
 from pdtrace.detectors.base import ALL_KINDS  # noqa: E402
+from pdtrace.detectors.coverage import NOT_CHECKED, coverage  # noqa: E402
 from pdtrace.testing import scenarios  # noqa: E402
 
 
@@ -66,6 +67,33 @@ def test_two_trailing_blocks_and_hybrid(corpus):
         assert "Mamba" not in f.title
     sc, findings = corpus["lookahead_unaligned20_k3_buggy"]
     assert sc.provenance["facts"]["trailing_lookahead_blocks"] == 0 and not findings
+
+
+def test_coverage_matches_what_each_scenario_recorded(corpus):
+    """`check`'s per-class coverage against the builders' own account of what they recorded
+    (worker simulations added, hooks made to fail, hybrid or not)."""
+    for name, (sc, _findings) in corpus.items():
+        cov = coverage(sc.events)
+        assert sorted(k for k, c in cov.items() if c.status == NOT_CHECKED) == sc.not_checked, \
+            (name, {k: c.line() for k, c in cov.items()})
+
+
+def test_failed_hooks_are_never_clean(corpus):
+    sc, findings = corpus["hook_failure_scheduler_fixed"]
+    errs = [e for e in sc.events if e["ev"] == "hook.error"]
+    assert {e["hook"] for e in errs} >= {"scheduler.init", "scheduler.schedule", "scheduler.allocate_slots"}
+    assert not [e for e in sc.events if e["ev"].startswith(("sched.", "req."))]
+    assert findings == []
+    cov = coverage(sc.events)
+    assert all(c.status == NOT_CHECKED for c in cov.values())
+    assert "hook scheduler.init raised" in cov["lookahead-block-misalignment"].reason
+    # the buggy run whose NIXL hooks failed: the real defect is not visible, and the class says so
+    sc, findings = corpus["hook_failure_nixl_buggy"]
+    reported, filled = sc.provenance["facts"]["p_reported"][0], sc.provenance["facts"]["trim_remote"][0]
+    assert len(reported) == 2 and filled == reported[1:]  # D's block really got P's lookahead block
+    assert findings == []
+    c = coverage(sc.events)["lookahead-block-misalignment"]
+    assert c.status == NOT_CHECKED and "hook nixl.request_finished raised" in c.reason
 
 
 def test_fixed_runs_are_clean(corpus):

@@ -14,12 +14,16 @@ SAMPLES = sorted((ROOT / "sample_traces").glob("*.jsonl"))
 
 @pytest.mark.parametrize("trace", SAMPLES, ids=[p.stem for p in SAMPLES])
 def test_sample_gives_exactly_its_sidecar_findings(trace):
-    expected = json.loads(trace.with_suffix("").with_suffix(".expected.json").read_text())["findings"]
+    side = json.loads(trace.with_suffix("").with_suffix(".expected.json").read_text())
+    expected = side["findings"]
     r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(trace), "--format", "json"],
                        capture_output=True, text=True)
-    assert r.returncode == (1 if expected else 0), r.stderr
+    # 1 findings; 4 no findings but some class not checked (its events are not in the sample)
+    assert r.returncode == side["exit"] == (1 if expected else 4 if side["not_checked"] else 0), r.stderr
     out = json.loads(r.stdout)
     assert sorted({f["kind"] for f in out["findings"]}) == sorted(set(expected))
+    assert sorted(out["summary"]["not_checked"]) == side["not_checked"]
+    assert sorted(k for k, c in out["coverage"].items() if c["status"] == "not-checked") == side["not_checked"]
 
 
 @pytest.mark.parametrize("trace", SAMPLES, ids=[p.stem for p in SAMPLES])

@@ -1,7 +1,11 @@
 """`pdtrace check`: run the detectors over a trace.
 
-Exit codes: 0 no findings, 1 at least one finding (error or warning), 2 unusable trace or
-bad arguments (``PdtraceError``). Formats:
+Exit codes: 0 no findings and every selected bug class checked, 1 at least one finding
+(error or warning), 2 unusable trace or bad arguments (``PdtraceError``), 4 no findings but
+at least one bug class not checked (its events are missing, a hook feeding it raised, or a
+process emitting them dropped events; ``EXIT_NOT_CHECKED``). Every format states, per bug
+class, whether it was checked, does not apply to the recorded configuration, or was not
+checked and why (``pdtrace.detectors.coverage``). Formats:
 
 - ``text``: for a terminal.
 - ``markdown``: ready to paste into a GitHub issue (summary table, one section per
@@ -16,7 +20,10 @@ bad arguments (``PdtraceError``). Formats:
                 "problems": [{"line": int, "reason": str}]},
       "detectors": [kind, ...],                 # detectors that ran
       "request": str | null,                    # --request filter
-      "summary": {"findings": int, "errors": int, "warnings": int, "by_kind": {kind: int}},
+      "summary": {"findings": int, "errors": int, "warnings": int, "by_kind": {kind: int},
+                  "not_checked": [kind, ...]},
+      "coverage": {kind: {"kind", "status": "checked" | "not-applicable" | "not-checked",
+                          "reason": str, "events": int, "hook_errors": {hook: int}}},
       "findings": [{"kind", "severity", "req", "step", "inst", "event_ids", "title",
                     "explanation", "data"}, ...],   # sorted by (step, kind)
       "what_if": {"rule": str, "requests": [...]}   # only with --what-if (see pdtrace.whatif)
@@ -36,7 +43,8 @@ import orjson
 
 from .. import __version__
 from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
-from ..errors import EXIT_FINDINGS, EXIT_OK, PdtraceError
+from ..detectors.coverage import Coverage, coverage, not_checked
+from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError
 from ..trace import Trace, load
 
 FORMATS = ("text", "markdown", "json")
@@ -68,14 +76,15 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     wi = _whatif.run(what_if, tr.events, request) if what_if else None
 
     ran = only or list(DETECTORS)
+    cov = coverage(tr.events, tr.header, tr.footer, kinds=ran)
     if format == "json":
-        text = render_json(tr, findings, ran, request, what_if, wi)
+        text = render_json(tr, findings, ran, request, what_if, wi, cov=cov)
     elif format == "markdown":
-        text = render_markdown(tr, findings, ran, request)
+        text = render_markdown(tr, findings, ran, request, cov=cov)
         if wi is not None:
             text += "\n" + _whatif.render_markdown(wi)
     else:
-        text = render_text(tr, findings, ran, request)
+        text = render_text(tr, findings, ran, request, cov=cov)
         if wi is not None:
             text += "\n" + _whatif.render_text(wi)
     if output is not None:
@@ -83,7 +92,14 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
-    return EXIT_FINDINGS if findings else EXIT_OK
+    return exit_code(findings, cov)
+
+
+def exit_code(findings: list[Finding], cov: dict[str, Coverage]) -> int:
+    """1 with findings; else 4 when some class was not checked; else 0."""
+    if findings:
+        return EXIT_FINDINGS
+    return EXIT_NOT_CHECKED if not_checked(cov) else EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------
@@ -96,16 +112,23 @@ def _versions(tr: Trace) -> dict[str, str]:
     return {k: v.get(k, "") or "" for k in ("pdtrace", "vllm", "torch", "nixl", "python")}
 
 
-def _counts(findings: list[Finding]) -> dict[str, Any]:
+def _counts(findings: list[Finding], cov: dict[str, Coverage] | None = None) -> dict[str, Any]:
     by_kind: dict[str, int] = {}
     for f in findings:
         by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
     return {"findings": len(findings), "errors": sum(f.severity == "error" for f in findings),
-            "warnings": sum(f.severity == "warning" for f in findings), "by_kind": by_kind}
+            "warnings": sum(f.severity == "warning" for f in findings), "by_kind": by_kind,
+            "not_checked": not_checked(cov or {})}
+
+
+def _cov(tr: Trace, ran: list[str], cov: dict[str, Coverage] | None) -> dict[str, Coverage]:
+    return cov if cov is not None else coverage(tr.events, tr.header, tr.footer, kinds=ran)
 
 
 def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
-                what_if: str | None = None, wi: list | None = None) -> str:
+                what_if: str | None = None, wi: list | None = None,
+                cov: dict[str, Coverage] | None = None) -> str:
+    cov = _cov(tr, ran, cov)
     h = tr.header
     doc: dict[str, Any] = {
         "schema": JSON_SCHEMA, "version": JSON_VERSION,
@@ -113,7 +136,8 @@ def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str
                   "host": h.get("host", ""), "versions": _versions(tr), "events": len(tr.events),
                   "complete": tr.complete,
                   "problems": [{"line": p.line, "reason": p.reason} for p in tr.problems]},
-        "detectors": list(ran), "request": request, "summary": _counts(findings),
+        "detectors": list(ran), "request": request, "summary": _counts(findings, cov),
+        "coverage": {k: c.to_dict() for k, c in cov.items()},
         "findings": [f.to_dict() for f in findings],
     }
     if what_if is not None:
@@ -121,21 +145,27 @@ def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
 
 
-def _summary_line(findings: list[Finding]) -> str:
-    c = _counts(findings)
+def _summary_line(findings: list[Finding], cov: dict[str, Coverage] | None = None) -> str:
+    c = _counts(findings, cov)
+    nc = c["not_checked"]
+    tail = f"; {len(nc)} bug class(es) not checked" if nc else ""
     if not c["findings"]:
-        return "no findings"
-    return f"{c['findings']} finding(s): {c['errors']} error(s), {c['warnings']} warning(s)"
+        return ("no findings in the classes checked" if nc else "no findings") + tail
+    return f"{c['findings']} finding(s): {c['errors']} error(s), {c['warnings']} warning(s)" + tail
 
 
-def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None) -> str:
+def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
+                cov: dict[str, Coverage] | None = None) -> str:
+    cov = _cov(tr, ran, cov)
     v = _versions(tr)
     out = [f"pdtrace check {tr.path}",
            f"  origin {tr.header.get('origin', '?')}, {len(tr.events)} events, vLLM {v['vllm'] or '?'}, "
            f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
            + ("" if tr.complete else f"  [INCOMPLETE: {len(tr.problems)} problem line(s)]"),
            f"  detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""),
-           "", _summary_line(findings)]
+           "", _summary_line(findings, cov), "", "coverage:"]
+    width = max((len(k) for k in cov), default=0)
+    out.extend(f"  {k:<{width}}  {c.line()}" for k, c in cov.items())
     for n, f in enumerate(findings, 1):
         where = " ".join(x for x in (f"step {f.step}" if f.step is not None else "",
                                       f"inst {f.inst}" if f.inst else "", f"req {f.req}" if f.req else "") if x)
@@ -152,10 +182,12 @@ def _md_escape(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None) -> str:
+def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
+                    cov: dict[str, Coverage] | None = None) -> str:
+    cov = _cov(tr, ran, cov)
     v = _versions(tr)
     h = tr.header
-    out = [f"## pdtrace check: {_summary_line(findings)}", ""]
+    out = [f"## pdtrace check: {_summary_line(findings, cov)}", ""]
     if findings:
         out += ["| # | severity | kind | step | instance | request | summary |",
                 "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -172,7 +204,9 @@ def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request:
                     "```", "", "</details>", ""]
     else:
         out += [f"No findings from: {', '.join(f'`{k}`' for k in ran)}.", ""]
-    out += ["### Environment", "",
+    out += ["### Coverage", "", "| bug class | verdict |", "| --- | --- |"]
+    out += [f"| `{k}` | {_md_escape(c.line())} |" for k, c in cov.items()]
+    out += ["", "### Environment", "",
             "| | |", "| --- | --- |",
             f"| pdtrace (check) | {__version__} |",
             f"| pdtrace (recorded) | {v['pdtrace'] or 'unknown'} |",

@@ -204,7 +204,8 @@ def make_pair(cfg: PDConfig = PDConfig(), rec: Recorder | None = None) -> PDPair
         p = build_scheduler("P", cfg)
         d = build_scheduler("D", cfg)
     rec.flush()
-    setup = [e for e in (rec.events or [])[start:] if e["ev"] in ("sched.config", "proc.role", "hooks.status")]
+    setup = [e for e in (rec.events or [])[start:]
+             if e["ev"] in ("sched.config", "proc.role", "hooks.status", "hook.error")]
     return PDPair(cfg, p, d, rec, setup)
 
 

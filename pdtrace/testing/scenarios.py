@@ -37,6 +37,9 @@ class Scenario:
     events: list[dict[str, Any]]
     expected: list[str]  # detector kinds that must fire (sorted, unique)
     provenance: dict[str, Any]
+    # bug classes `check` must report "not checked": those that apply to the configuration
+    # built but whose events the scenario does not record (or whose hooks were made to fail)
+    not_checked: list[str] = dataclasses.field(default_factory=list)
 
 
 def _pd():
@@ -69,6 +72,18 @@ def _misaligned(r: Any, block_size: int) -> bool:
     return list(remote) != list(exp_tail)
 
 
+# What each builder records (an oracle from construction, not from the detectors): the
+# scheduler-side P/D run feeds the lookahead class only; the worker simulations add one
+# class each. The accepted-count copy exists only on hybrid models (else "does not apply"),
+# the drafter and metadata classes apply to every EAGLE / DFlash P/D pair built here.
+_WORKER_CLASSES = (METADATA_CLEARED_BEFORE_DRAFTER, DRAFTER_WINDOW_OUTSIDE_ALLOCATION)
+
+
+def _unrecorded(*recorded: str, hybrid: bool = False) -> list[str]:
+    applies = _WORKER_CLASSES + ((STALE_ACCEPTED_COUNT_READ,) if hybrid else ())
+    return sorted(k for k in applies if k not in recorded)
+
+
 def _lookahead(prompt_len: int, k: int, fault: bool, *, hybrid: bool = False) -> Callable[[], Scenario]:
     def build() -> Scenario:
         pd = _pd()
@@ -84,7 +99,7 @@ def _lookahead(prompt_len: int, k: int, fault: bool, *, hybrid: bool = False) ->
             "facts": {"prompt_len": prompt_len, "num_spec_tokens": k, "block_size": 16, "hybrid": hybrid,
                       "p_allocated": r.p_allocated, "p_reported": r.p_reported, "d_local": r.d_local,
                       "trim_remote": r.trim_remote, "trailing_lookahead_blocks": max(extra, 0)},
-        })
+        }, _unrecorded(hybrid=hybrid))
     return build
 
 
@@ -115,7 +130,7 @@ def _dflash(fault: bool) -> Callable[[], Scenario]:
                        "(pre-fix rule of vLLM PR #42971 / #43733)"] if fault else [],
             "facts": {"prompt_len": prompt_len, "num_spec_tokens": k, "block_size": bs,
                       "p_first_alloc": first["block_ids"], "windows": wins},
-        })
+        }, _unrecorded(DRAFTER_WINDOW_OUTSIDE_ALLOCATION))
     return build
 
 
@@ -139,7 +154,7 @@ def _metadata(fault: bool) -> Callable[[], Scenario]:
             "faults": ["clear-before-drafter: clear_connector_metadata() right after the target forward "
                        "(pre-fix rule of vLLM PR #34529)"] if fault else [],
             "facts": {"saved": res["saved"], "has_false": res["has_false"]},
-        })
+        }, _unrecorded(METADATA_CLEARED_BEFORE_DRAFTER))
     return build
 
 
@@ -172,7 +187,53 @@ def _stale(fault: bool, row_moves: bool) -> Callable[[], Scenario]:
             "faults": ["racy-accepted-count-read: _prepare_inputs reads the CPU copy without waiting for the "
                        "copy's event, after row moves (pre-fix behaviour of vLLM PR #45100)"] if fault else [],
             "facts": {"row_moves": row_moves, "reads": res["reads"][:12], "mismatches": len(res.get("mismatches") or [])},
-        })
+        }, _unrecorded(STALE_ACCEPTED_COUNT_READ))
+    return build
+
+
+SCHED_KINDS = ("sched.config", "sched.step", "req.add", "req.finish", "sched.alloc", "sched.free")
+NIXL_HOOK_KINDS = ("nixl.request_finished", "nixl.remote_alloc", "nixl.trim")
+
+
+def failing_recorder(kinds: tuple[str, ...]) -> Any:
+    """FAULT (pdtrace's own): an in-memory recorder that raises when a hook records one of
+    ``kinds``, as a hook broken by a vLLM change would. vLLM runs on (the hook wrappers
+    swallow the exception and record ``hook.error``); the harness's own simulated events
+    are emitted with ``sim=True`` and pass."""
+    from pdtrace.recorder import Recorder
+
+    class HookFault(Recorder):
+        def _check(self, kind: str, fields: dict) -> None:
+            if kind in kinds and not fields.get("sim"):
+                raise RuntimeError(f"injected: recording {kind} fails")
+
+        def emit(self, kind: str, req: str | None = None, step: int | None = None, **fields: Any) -> None:
+            self._check(kind, fields)
+            super().emit(kind, req, step, **fields)
+
+        def put(self, kind: str, req: str | None, step: int | None, fields: dict[str, Any]) -> None:
+            self._check(kind, fields)
+            super().put(kind, req, step, fields)
+
+    return HookFault.in_memory(role="engine-core", redact=True)
+
+
+def _hook_failure(kinds: tuple[str, ...], fault: bool) -> Callable[[], Scenario]:
+    def build() -> Scenario:
+        pd = _pd()
+        cfg = pd.PDConfig(spec_method="eagle", num_spec_tokens=1, block_size=16)
+        rec = failing_recorder(kinds)
+        r = pd.run_pd_request(cfg, 16, faults=("old_p_block_rule",) if fault else (), pair=pd.make_pair(cfg, rec))
+        errors = sorted({e["hook"] for e in r.events if e["ev"] == "hook.error"})
+        assert errors, "oracle: the injected recording fault must surface as hook.error events"
+        return Scenario("", "", r.events, [], {
+            "real": [REAL_SCHED], "simulated": [SIM_NIXL],
+            "faults": [f"hook-failure: pdtrace's recording of {', '.join(kinds)} raises (hooks: {', '.join(errors)})"]
+            + (["old_p_block_rule: P reports its full allocation (pre-fix rule of vLLM PR #44151)"] if fault else []),
+            "facts": {"hook_errors": errors, "p_reported": r.p_reported, "trim_remote": r.trim_remote},
+        }, [LOOKAHEAD_MISALIGNMENT, *_unrecorded()]
+            # no sched.config recorded: nothing rules the accepted-count class out either
+            + ([STALE_ACCEPTED_COUNT_READ] if "sched.config" in kinds else []))
     return build
 
 
@@ -213,6 +274,12 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
     "stale_read_norowmoves_buggy": ("async spec decode on D, no row moves, read before the copy completed",
                                     _stale(True, False)),
     "stale_read_norowmoves_fixed": ("async spec decode on D, no row moves, synchronized read", _stale(False, False)),
+    # issue 19: hooks that raise -> the classes they feed are "not checked", never clean
+    "hook_failure_scheduler_fixed": ("every scheduler hook raises (no sched.* / req.* events), fixed vLLM: "
+                                     "lookahead class not checked", _hook_failure(SCHED_KINDS, False)),
+    "hook_failure_nixl_buggy": ("the NIXL connector hooks raise while P reports its lookahead block (pre-fix "
+                                "rule): no transfer recorded, the class is not checked, not clean",
+                                _hook_failure(NIXL_HOOK_KINDS, True)),
 }
 
 # The bundled sample traces (sample_traces/): one buggy and one fixed per seed bug class.
@@ -230,4 +297,5 @@ def build(name: str) -> Scenario:
     sc = fn()
     sc.name, sc.description = name, desc
     sc.expected = sorted(set(sc.expected))
+    sc.not_checked = sorted(set(sc.not_checked))
     return sc

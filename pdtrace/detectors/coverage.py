@@ -1,0 +1,266 @@
+"""Coverage: could each bug class be decided on this trace?
+
+A detector that finds nothing is only worth "clean" when the events it reads are in the
+trace and the hooks that emit them raised no errors. ``coverage(events, header, footer)``
+answers that per bug class with one of three statuses:
+
+- ``checked``: the class's events are present and none of its hooks failed; its findings
+  (or their absence) are a verdict.
+- ``not-applicable``: the recorded configuration says the bug cannot occur here (e.g. no
+  speculative decoding, no instance that saves KV, a model runner without the code path);
+  decided from ``sched.config`` / the ``runner`` field of worker events, never from an
+  absence of events.
+- ``not-checked``: a hook feeding the class raised (``hook.error`` events, footer /
+  ``proc.exit`` ``hook_errors``), a process emitting its events dropped events, or its
+  events are simply not there; ``reason`` says which. Never reported clean.
+
+Everything class-specific sits in the ``CLASSES`` table (event kinds that feed a class,
+hook-name patterns, configuration rules and per-runner exclusions); the code below only
+evaluates it. Pure Python over loaded events: no vLLM / torch import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from itertools import repeat
+from typing import Any, Callable
+
+from .base import (
+    DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    LOOKAHEAD_MISALIGNMENT,
+    METADATA_CLEARED_BEFORE_DRAFTER,
+    STALE_ACCEPTED_COUNT_READ,
+)
+from .index import build, is_attention_group
+
+Event = dict[str, Any]
+
+CHECKED = "checked"
+NOT_APPLICABLE = "not-applicable"
+NOT_CHECKED = "not-checked"
+
+# spec methods whose drafter has no KV cache of its own (vLLM 0.32.0 accepted_counts.NO_KV_METHODS)
+NO_KV_DRAFTERS = frozenset({"", "ngram", "ngram_gpu", "suffix", "medusa", "extract_hidden_states"})
+SAVING_ROLES = frozenset({"kv_producer", "kv_both"})
+# worker events that may name their model runner (``runner``: "v1" | "v2"; absent = unknown)
+RUNNER_KINDS = ("kvmeta.bind", "spec.phase", "d2h.issue", "acc.read", "batch.add")
+
+ConfigRule = Callable[[Event], bool]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassSpec:
+    """What decides one bug class.
+
+    feeds: (event kind, {field: value} filter) pairs; the class is decidable from the
+    trace when at least one such event is present. needs: kinds that must be present as
+    well (e.g. ``sched.config`` for block sizes). hooks: fnmatch patterns of the hook
+    names (``pdtrace doctor``) whose errors make the verdict unsafe. rules: (predicate on
+    one ``sched.config``, reason); when the predicate holds for EVERY recorded scheduler
+    config (and no scheduler hook failed) the class does not apply. runners: model runner
+    (the ``runner`` field of worker events) -> why the class does not apply on it.
+    """
+
+    feeds: tuple[tuple[str, dict[str, Any]], ...]
+    hooks: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+    rules: tuple[tuple[ConfigRule, str], ...] = ()
+    runners: dict[str, str] = dataclasses.field(default_factory=dict)
+    side: str = ""  # where the events come from, for "not checked" texts
+
+
+def _no_spec(c: Event) -> bool:
+    return not c.get("num_spec_tokens")
+
+
+def _no_lookahead(c: Event) -> bool:
+    return not c.get("num_lookahead_tokens")
+
+
+def _no_connector(c: Event) -> bool:
+    return not c.get("connector") and not c.get("kv_role")
+
+
+def _no_kv_drafter(c: Event) -> bool:
+    return _no_spec(c) or (c.get("spec_method") or "") in NO_KV_DRAFTERS
+
+
+def _not_saving(c: Event) -> bool:
+    return (c.get("kv_role") or "") not in SAVING_ROLES
+
+
+def _no_state_group(c: Event) -> bool:
+    return all(is_attention_group(k) for k in (c.get("group_kinds") or []))
+
+
+_SCHED_HOOKS = ("scheduler.init", "scheduler.<import>")
+
+CLASSES: dict[str, ClassSpec] = {
+    LOOKAHEAD_MISALIGNMENT: ClassSpec(
+        feeds=(("nixl.request_finished", {"side": "P"}), ("nixl.remote_alloc", {})),
+        needs=("sched.config",),
+        hooks=(*_SCHED_HOOKS, "nixl.request_finished*", "nixl.remote_alloc", "nixl.trim*", "nixl.read",
+               "nixl.read_old", "nixl.<import>"),
+        rules=((_no_connector, "no KV connector is configured (no P/D transfer)"),
+               (_no_lookahead, "no scheduler reserves lookahead slots (num_lookahead_tokens = 0)")),
+        side="P-side nixl.request_finished or D-side nixl.remote_alloc events (engine core)",
+    ),
+    METADATA_CLEARED_BEFORE_DRAFTER: ClassSpec(
+        feeds=(("spec.phase", {"phase": "drafter"}),),
+        needs=("kvmeta.bind",),
+        hooks=("connector_metadata.*",),
+        rules=((_not_saving, "no instance saves KV (no kv_producer / kv_both scheduler)"),
+               (_no_kv_drafter, "no drafter with its own KV layers (no spec decode, or ngram-like method)")),
+        side="drafter spec.phase events (worker)",
+    ),
+    DRAFTER_WINDOW_OUTSIDE_ALLOCATION: ClassSpec(
+        feeds=(("spec.window", {}),),
+        needs=("sched.alloc", "sched.config"),
+        hooks=(*_SCHED_HOOKS, "scheduler.allocate_slots", "scheduler.schedule", "accepted_counts.window",
+               "accepted_counts.<import>"),
+        rules=((_no_kv_drafter, "no drafter writes KV (no spec decode, or ngram-like method)"),),
+        side="spec.window events (worker)",
+    ),
+    STALE_ACCEPTED_COUNT_READ: ClassSpec(
+        feeds=(("acc.read", {}), ("d2h.issue", {})),
+        hooks=("accepted_counts.issue", "accepted_counts.read", "accepted_counts.truth",
+               "accepted_counts.<import>", "input_batch.*"),
+        rules=((_no_spec, "no speculative decoding (no accepted counts)"),
+               (_no_state_group, "no state (Mamba / SSM) KV cache group: vLLM copies accepted counts to the "
+                                 "CPU only for hybrid models")),
+        runners={"v2": "model runner V2 keeps accepted counts on the device (no CPU copy to read)"},
+        side="d2h.issue or acc.read events (worker)",
+    ),
+}
+
+
+@dataclasses.dataclass
+class Coverage:
+    kind: str
+    status: str  # checked | not-applicable | not-checked
+    reason: str  # why (empty for a plain "checked")
+    events: int  # events that feed the class
+    hook_errors: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def decided(self) -> bool:
+        return self.status != NOT_CHECKED
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def line(self) -> str:
+        """``checked (n events)`` / ``does not apply: why`` / ``not checked: why``."""
+        if self.status == CHECKED:
+            return f"checked ({self.events} event(s))" + (f"; {self.reason}" if self.reason else "")
+        if self.status == NOT_APPLICABLE:
+            return f"does not apply: {self.reason}"
+        return f"not checked: {self.reason}"
+
+
+@dataclasses.dataclass
+class _Facts:
+    errors: dict[str, int]  # hook -> exceptions swallowed
+    messages: dict[str, str]  # hook -> first error text
+    skipped: dict[str, str]  # hook -> why it was not applied
+    dropped: dict[Any, int]  # pid -> events dropped
+    configs: list[Event]
+    runners: set[Any]
+
+
+def _facts(idx: Any, footer: dict | None) -> _Facts:
+    errors: dict[str, int] = {}
+    messages: dict[str, str] = {}
+    seen_events: dict[str, int] = {}
+    for e in idx.kind("hook.error"):
+        h = str(e.get("hook"))
+        seen_events[h] = seen_events.get(h, 0) + 1
+        messages.setdefault(h, str(e.get("error", "")))
+    exits: dict[str, int] = {}
+    dropped: dict[Any, int] = {}
+    for e in idx.kind("proc.exit"):
+        for h, c in (e.get("hook_errors") or {}).items():
+            exits[h] = exits.get(h, 0) + int(c or 0)
+        if e.get("dropped"):
+            dropped[e.get("pid")] = dropped.get(e.get("pid"), 0) + int(e["dropped"])
+    foot = (footer or {}).get("hook_errors") or {}
+    for h in set(seen_events) | set(exits) | set(foot):
+        errors[h] = max(seen_events.get(h, 0), exits.get(h, 0), int(foot.get(h) or 0))
+    for p in (footer or {}).get("processes") or ():
+        if p.get("dropped"):
+            dropped[p.get("pid")] = max(dropped.get(p.get("pid"), 0), int(p["dropped"]))
+    skipped = dict(((footer or {}).get("hooks") or {}).get("skipped") or {})
+    for e in idx.kind("hooks.status"):
+        for h, why in (e.get("skipped") or {}).items():
+            skipped.setdefault(h, why)
+        for h in e.get("applied") or ():
+            skipped.pop(h, None)
+    runners: set[str] = set()
+    for k in RUNNER_KINDS:  # C-level pass: a set of the values, usually {None}
+        runners.update(map(dict.get, idx.kind(k), repeat("runner")))
+    runners.discard(None)
+    return _Facts(errors, messages, skipped, dropped, list(idx.kind("sched.config")), runners)
+
+
+def _matches(hook: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(hook, p) for p in patterns)
+
+
+def _count(idx: Any, kind: str, filt: dict[str, Any]) -> tuple[int, set]:
+    evs = idx.kind(kind)
+    if filt:
+        evs = [e for e in evs if all(e.get(k) == v for k, v in filt.items())]
+    return len(evs), {e.get("pid") for e in evs}
+
+
+def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
+    n = 0
+    pids: set = set()
+    for k, filt in spec.feeds:
+        c, ps = _count(idx, k, filt)
+        n += c
+        pids |= ps
+    errs = {h: c for h, c in facts.errors.items() if c and _matches(h, spec.hooks)}
+    if errs:
+        h0 = sorted(errs)[0]
+        msg = facts.messages.get(h0)
+        why = "; ".join(f"hook {h} raised {c} error(s)" for h, c in sorted(errs.items()))
+        return Coverage(kind, NOT_CHECKED, why + (f" (first: {msg})" if msg else ""), n, errs)
+    lost = {p: c for p, c in facts.dropped.items() if p in pids}
+    if lost:
+        why = "; ".join(f"pid {p} dropped {c} event(s) (full queue)" for p, c in sorted(lost.items(), key=str))
+        return Coverage(kind, NOT_CHECKED, why + ": some of this class's events may be missing", n)
+    missing = [k for k in spec.needs if not idx.kind(k)]
+    if n and not missing:
+        return Coverage(kind, CHECKED, "", n)
+    # nothing to decide from: does the recorded configuration rule the bug out?
+    if facts.runners and all(r in spec.runners for r in facts.runners):
+        return Coverage(kind, NOT_APPLICABLE, "; ".join(sorted({spec.runners[r] for r in facts.runners})), n)
+    sched_failed = any(_matches(h, _SCHED_HOOKS) for h, c in facts.errors.items() if c)
+    if facts.configs and not sched_failed:
+        for rule, why in spec.rules:
+            if all(rule(c) for c in facts.configs):
+                return Coverage(kind, NOT_APPLICABLE, f"{why} in all {len(facts.configs)} scheduler config(s)", n)
+    if n:
+        why = f"no {', '.join(missing)} event(s) to read the {n} {spec.side} against"
+    else:
+        why = f"the trace has no {spec.side}"
+        if not facts.configs:
+            why += " and no sched.config"
+    skipped = {h: r for h, r in facts.skipped.items() if _matches(h, spec.hooks)}
+    if skipped:
+        why += "; hook(s) skipped: " + "; ".join(f"{h} ({r})" for h, r in sorted(skipped.items()))
+    return Coverage(kind, NOT_CHECKED, why, n)
+
+
+def coverage(events: list[Event], header: dict | None = None, footer: dict | None = None,
+             kinds: tuple[str, ...] | list[str] = ()) -> dict[str, Coverage]:
+    """Per bug class (all of ``CLASSES``, or ``kinds``): a ``Coverage`` for this trace."""
+    idx = build(events)
+    facts = _facts(idx, footer)
+    return {k: _one(k, spec, idx, facts) for k, spec in CLASSES.items() if not kinds or k in kinds}
+
+
+def not_checked(cov: dict[str, Coverage]) -> list[str]:
+    return [k for k, c in cov.items() if c.status == NOT_CHECKED]

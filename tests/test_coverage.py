@@ -1,0 +1,135 @@
+"""Per-class coverage (pdtrace.detectors.coverage) and `check`'s exit code 4 on hand-built
+traces: hook errors, dropped events, missing events, configuration rules, model runners.
+The real-vLLM cases (scheduler / NIXL hooks that raise during a real P/D run) are corpus
+scenarios (tests/test_corpus.py)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import eventlib as E  # noqa: E402
+
+from pdtrace.cli import app  # noqa: E402
+from pdtrace.detectors import ALL_KINDS, LOOKAHEAD_MISALIGNMENT, STALE_ACCEPTED_COUNT_READ  # noqa: E402
+from pdtrace.detectors.coverage import CHECKED, NOT_APPLICABLE, NOT_CHECKED, coverage  # noqa: E402
+from pdtrace.errors import EXIT_NOT_CHECKED  # noqa: E402
+from pdtrace.trace import load, make_footer  # noqa: E402
+
+runner = CliRunner()
+META, WINDOW = "connector-metadata-cleared-before-drafter", "drafter-window-outside-allocation"
+
+
+def _full(b=None, **kw):
+    b = E.lookahead_scenario(b, prompt_len=16, lookahead=1, fixed=True, **kw)
+    E.metadata_scenario(b, fixed=True)
+    E.window_scenario(b, fixed=True)
+    return b
+
+
+def _status(events, footer=None):
+    return {k: c.status for k, c in coverage(events, {}, footer).items()}
+
+
+def test_full_trace_is_checked_or_not_applicable():
+    st = _status(_full().events)
+    assert st == {LOOKAHEAD_MISALIGNMENT: CHECKED, META: CHECKED, WINDOW: CHECKED,
+                  STALE_ACCEPTED_COUNT_READ: NOT_APPLICABLE}
+
+
+def test_hook_error_makes_its_classes_not_checked():
+    b = _full()
+    b.add("hook.error", inst="D", role="engine-core", hook="nixl.remote_alloc", error="KeyError: 'remote_block_ids'")
+    cov = coverage(b.events)
+    c = cov[LOOKAHEAD_MISALIGNMENT]
+    assert c.status == NOT_CHECKED and c.hook_errors == {"nixl.remote_alloc": 1}
+    assert "hook nixl.remote_alloc raised 1 error(s) (first: KeyError: 'remote_block_ids')" in c.reason
+    assert cov[META].status == cov[WINDOW].status == CHECKED  # other classes' hooks were fine
+
+
+def test_footer_hook_errors_count_without_events():
+    b = _full()
+    foot = make_footer(b.events)
+    foot["hook_errors"] = {"connector_metadata.has": 7}  # only the count survived (e.g. >5 per hook)
+    cov = coverage(b.events, {}, foot)
+    assert cov[META].status == NOT_CHECKED and "hook connector_metadata.has raised 7 error(s)" in cov[META].reason
+    assert cov[LOOKAHEAD_MISALIGNMENT].status == CHECKED
+
+
+def test_dropped_events_in_a_feeding_process():
+    b = _full()
+    d_engine = next(e["pid"] for e in b.events if e["ev"] == "nixl.remote_alloc")
+    b.add("proc.exit", inst="D", role="engine-core", pid=d_engine, events=10, dropped=3, hook_errors={})
+    st = _status(b.events)
+    assert st[LOOKAHEAD_MISALIGNMENT] == NOT_CHECKED and st[META] == CHECKED
+
+
+def test_runner_table_says_does_not_apply():
+    b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True)
+    b.events[0]["group_kinds"] = ["FullAttentionSpec", "MambaSpec"]  # hybrid: the copy path would apply
+    b.events[0]["block_sizes"] = [16, 16]
+    assert _status(b.events)[STALE_ACCEPTED_COUNT_READ] == NOT_CHECKED
+    E.metadata_scenario(b, fixed=True)
+    for e in b.events:
+        if e["ev"].startswith(("kvmeta.", "spec.")):
+            e["runner"] = "v2"
+    c = coverage(b.events)[STALE_ACCEPTED_COUNT_READ]
+    assert c.status == NOT_APPLICABLE and "model runner V2" in c.reason
+    for e in b.events:  # one process on V1: the exclusion no longer holds for the whole trace
+        if e["ev"] == "kvmeta.bind":
+            e["runner"] = "v1"
+            break
+    assert coverage(b.events)[STALE_ACCEPTED_COUNT_READ].status == NOT_CHECKED
+
+
+def test_config_rules_need_every_scheduler():
+    b = E.EventBuilder()
+    b.config("P", num_spec_tokens=0, spec_method="", lookahead=0)
+    b.config("D", num_spec_tokens=0, spec_method="", lookahead=0)
+    assert set(_status(b.events).values()) == {NOT_APPLICABLE}
+    b.config("PD", num_spec_tokens=3, spec_method="eagle3")  # one scheduler with spec decode
+    st = _status(b.events)
+    assert st[WINDOW] == NOT_CHECKED and st[LOOKAHEAD_MISALIGNMENT] == NOT_CHECKED
+
+
+def test_scheduler_hook_failure_blocks_config_rules():
+    b = E.EventBuilder()
+    b.config("P", num_spec_tokens=0, spec_method="", lookahead=0)
+    b.add("hook.error", inst="D", role="engine-core", hook="scheduler.init", error="AttributeError: x")
+    assert set(_status(b.events).values()) == {NOT_CHECKED}  # D's config is unknown
+
+
+def test_check_exit_4_and_formats_carry_coverage(tmp_path):
+    b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True)
+    b.add("hook.error", inst="P", role="engine-core", hook="scheduler.init", error="TypeError: y")
+    path = b.write(tmp_path / "t.jsonl")
+    r = runner.invoke(app, ["check", path], catch_exceptions=False)
+    assert r.exit_code == EXIT_NOT_CHECKED == 4
+    assert "lookahead-block-misalignment" in r.output and "not checked: hook scheduler.init raised 1" in r.output
+    r = runner.invoke(app, ["check", path, "--format", "json"], catch_exceptions=False)
+    doc = json.loads(r.output)
+    assert r.exit_code == 4 and set(doc["coverage"]) == set(ALL_KINDS)
+    assert doc["summary"]["not_checked"] == list(ALL_KINDS)  # P's config is unknown: nothing is ruled out
+    assert doc["coverage"][LOOKAHEAD_MISALIGNMENT]["hook_errors"] == {"scheduler.init": 1}
+    r = runner.invoke(app, ["check", path, "--format", "markdown"], catch_exceptions=False)
+    assert r.exit_code == 4 and "### Coverage" in r.output
+    assert f"| `{LOOKAHEAD_MISALIGNMENT}` | not checked: hook scheduler.init raised 1 error(s)" in r.output
+    # --only narrows coverage to the classes asked for
+    r = runner.invoke(app, ["check", path, "--format", "json", "--only", STALE_ACCEPTED_COUNT_READ],
+                      catch_exceptions=False)
+    doc = json.loads(r.output)
+    assert list(doc["coverage"]) == [STALE_ACCEPTED_COUNT_READ] and r.exit_code == 4
+
+
+def test_findings_still_exit_1_when_classes_are_not_checked(tmp_path):
+    b = E.lookahead_scenario(prompt_len=16, lookahead=1)  # buggy, no worker events
+    path = b.write(tmp_path / "b.jsonl")
+    r = runner.invoke(app, ["check", path], catch_exceptions=False)
+    assert r.exit_code == 1 and "1 finding(s)" in r.output and "2 bug class(es) not checked" in r.output
+    tr = load(path)
+    assert coverage(tr.events, tr.header, tr.footer)[LOOKAHEAD_MISALIGNMENT].status == CHECKED
