@@ -66,7 +66,8 @@ def check(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the report here instead of stdout."),
     lenient: bool = LENIENT,
 ) -> None:
-    """Run the detectors. Exit 0: no findings, 1: findings, 2: unusable trace."""
+    """Run the detectors. Exit 0: no findings and every bug class checked, 1: findings, 2: unusable trace,
+    4: no findings but some bug class not checked (its events missing or its hooks failed; see the coverage lines)."""
     _run("check", trace=trace, format=format, only=only or [], request=request, what_if=what_if,
          output=output, lenient=lenient)
 
