@@ -338,8 +338,9 @@ class Recorder:
         self._thread.start()
 
     def close(self) -> None:
-        """Emit proc.exit, flush everything and stop the writer. Idempotent."""
-        if self._closed:
+        """Emit proc.exit, flush everything and stop the writer. Idempotent; a no-op in a
+        process that inherited this recorder through fork (the parent owns its shard)."""
+        if self._closed or os.getpid() != self.pid:
             return
         self._closed = True
         self._stop.set()
@@ -377,6 +378,12 @@ def start_process_recording(directory: str, session: str, redact: bool = True, *
         set_current(rec)
         rec.proc_start(session)
         atexit.register(rec.close)
+        # multiprocessing children (vLLM's engine core and workers) end in Process._bootstrap ->
+        # os._exit(): atexit never runs there, but threading._shutdown() does, and runs these.
+        try:
+            threading._register_atexit(rec.close)  # type: ignore[attr-defined]
+        except (AttributeError, RuntimeError):  # no such hook, or the process is already exiting
+            pass
         return rec
 
     def _after_fork_in_child() -> None:

@@ -55,6 +55,26 @@ def test_every_process_lands_in_one_trace(tmp_path):
     assert not list(tmp_path.glob(".pdtrace-*"))  # shard directory cleaned up
 
 
+def test_multiprocessing_children_that_return_at_once_keep_their_last_events(tmp_path):
+    """A fork child and a spawn child each emit 300 marks and return within one flush interval.
+    multiprocessing ends them with os._exit() (atexit never runs: this is how vLLM's engine core
+    and workers end), so their recorders must close through threading's exit hooks: every mark
+    and each child's proc.exit (the footer's "complete") reach the trace."""
+    proc, out = _record(tmp_path, "--burst", "300")
+    assert proc.returncode == 0, proc.stderr
+    tr = load(str(out))
+    by_pid: dict[int, int] = {}
+    for e in tr.events:
+        if e["ev"] == "mark" and e["label"] == "burst":
+            by_pid[e["pid"]] = by_pid.get(e["pid"], 0) + 1
+    assert sorted(by_pid.values()) == [300, 300], by_pid
+    procs = {p["pid"]: p for p in tr.footer["processes"]}
+    for pid in by_pid:
+        assert procs[pid]["complete"] is True, procs[pid]
+    exits = [e for e in tr.events if e["ev"] == "proc.exit" and e["pid"] in by_pid]
+    assert len(exits) == 2 and all(x["dropped"] == 0 for x in exits)
+
+
 def test_sigterm_mid_run_still_gives_a_valid_trace(tmp_path):
     out = tmp_path / "term.jsonl"
     cmd = PDTRACE + ["record", "-o", str(out), "--", sys.executable, APP, "--sleep", "60"]

@@ -2,7 +2,7 @@
 
 It knows nothing of pdtrace except that, when a recorder is active in a process, it marks
 what it does through the public recorder API (so the test can check which process wrote
-what). Usage: mp_app.py [--sleep S] [--exit N] [--kill-child]
+what). Usage: mp_app.py [--sleep S] [--exit N] [--kill-child] [--burst N]
 """
 
 import multiprocessing as mp
@@ -54,9 +54,23 @@ def doomed(q):
     time.sleep(60)
 
 
+def burst(n):
+    """Emit n marks and return at once, as vLLM's engine core and workers end: a multiprocessing
+    child leaves through Process._bootstrap and os._exit(), where atexit never runs."""
+    for i in range(n):
+        mark("burst", i=i)
+
+
 def main():
     args = sys.argv[1:]
     mark("main-start")
+    if "--burst" in args:
+        n = int(args[args.index("--burst") + 1])
+        for method in ("fork", "spawn"):
+            p = mp.get_context(method).Process(target=burst, args=(n,))
+            p.start()
+            p.join()
+        mark("burst-done")
     ctx = mp.get_context("spawn")
     # close()+join(): workers exit normally (atexit flushes their shards). A `with Pool()` block
     # would terminate() them with SIGTERM right after map() returns; that path is covered by
