@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from . import around, register
-from .scheduler import _held_ids, inst_for_kv_role, sched_inst, sched_step
+from .scheduler import _held_ids, inst_for_kv_role, sched_ident, sched_inst, sched_step
 
 PKG = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 CONN_MOD = PKG + ".connector"
@@ -50,6 +50,22 @@ def _conn_where(conn: Any, rec: Any) -> tuple[str, int | None]:
     if ktc is not None:
         return inst_for_kv_role(getattr(ktc, "kv_role", None)), None
     return rec.inst, None
+
+
+def _conn_ident(conn: Any, fields: dict, rnt: Any = None) -> dict:
+    """Adds ``sched`` / ``engine`` (the connector's scheduler and engine id) and, when the
+    params said it, ``remote_num_tokens`` to ``fields`` (absent stays absent, never 0)."""
+    if rnt is not None:
+        fields["remote_num_tokens"] = int(rnt)
+    sched = getattr(conn, "_pdtrace_sched", None)
+    sid, engine = sched_ident(sched) if sched is not None else (None, None)
+    if engine is None:
+        engine = getattr(conn, "engine_id", None)
+    if sid is not None:
+        fields["sched"] = sid
+    if engine is not None:
+        fields["engine"] = str(engine)
+    return fields
 
 
 def _worker_where(worker: Any, rec: Any) -> str:
@@ -95,18 +111,17 @@ def _rf_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any, 
     delay_free, params = result
     params = params or {}
     inst, step = _conn_where(self, rec)
-    rec.put("nixl.request_finished", request.request_id, step, {
+    rec.put("nixl.request_finished", request.request_id, step, _conn_ident(self, {
         "inst": inst,
         "side": st["side"],
         "allocated_block_ids": st["allocated"],
         "arg_block_ids": st["arg"],
         "block_ids": _groups(params.get("remote_block_ids")),
-        "remote_num_tokens": int(params.get("remote_num_tokens") or 0),
         "num_computed_tokens": int(request.num_computed_tokens),
         "prompt_len": int(request.num_prompt_tokens),
         "delay_free": bool(delay_free),
         "allocated_from": st["src"],
-    })
+    }, params.get("remote_num_tokens")))
 
 
 register("nixl.request_finished", CONN_MOD, "NixlBaseConnector.request_finished_all_groups",
@@ -151,6 +166,7 @@ def _usa_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any,
         fields["remote_req"] = str(st["rreq"])
     if st["reng"] is not None:
         fields["remote_engine"] = str(st["reng"])
+    _conn_ident(self, fields)
     rec.emit("nixl.remote_alloc", req=request.request_id, step=step, inst=inst,
              local_block_ids=st["local"], remote_block_ids=st["remote"],
              num_external_tokens=st["n_ext"], **fields)

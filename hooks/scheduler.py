@@ -58,6 +58,15 @@ def sched_step(sched: Any) -> int | None:
     return getattr(sched, "_pdtrace_step", None)
 
 
+_sched_ids = iter(range(1, 1 << 62))  # per-process ordinal of traced Scheduler objects
+
+
+def sched_ident(sched: Any) -> tuple[int | None, str | None]:
+    """(per-process scheduler ordinal, KV-transfer engine id) of the scheduler, where known:
+    two schedulers in one process (tests, harnesses) may reuse request ids."""
+    return getattr(sched, "_pdtrace_sid", None), getattr(sched, "_pdtrace_engine", None)
+
+
 # --- Scheduler.__init__ -----------------------------------------------------------------
 
 def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_config: Any, *a: Any, **kw: Any) -> None:
@@ -65,6 +74,10 @@ def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_co
     inst = inst_for_kv_role(kv_role)
     self._pdtrace_inst = inst
     self._pdtrace_step = 0
+    self._pdtrace_sid = next(_sched_ids)
+    ktc = getattr(vllm_config, "kv_transfer_config", None)
+    engine = getattr(ktc, "engine_id", None) if ktc is not None else None
+    self._pdtrace_engine = str(engine) if engine is not None else None
     kvm = getattr(self, "kv_cache_manager", None)
     if kvm is not None:
         kvm._pdtrace_sched = self
@@ -92,6 +105,8 @@ def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_co
         connector=type(conn).__name__ if conn is not None else "",
         async_scheduling=bool(getattr(sched_cfg, "async_scheduling", False)),
         num_blocks=int(getattr(kv_cache_config, "num_blocks", 0) or 0),
+        sched=self._pdtrace_sid,
+        **({"engine": self._pdtrace_engine} if self._pdtrace_engine is not None else {}),
     )
 
 

@@ -137,6 +137,11 @@ _KINDS: tuple[Kind, ...] = (
         F("connector", "str", "connector class on the scheduler ('' if none)"),
         F("async_scheduling", "bool", "scheduler_config.async_scheduling"),
         F("num_blocks", "int", "KV cache blocks in the pool"),
+        F("sched", "int", "ordinal of this Scheduler object in its process (1, 2, ...): tells apart schedulers "
+          "of one process, which may reuse request ids; nixl.request_finished / nixl.remote_alloc name it",
+          required=False),
+        F("engine", "str", "KVTransferConfig.engine_id (P's engine id is what D's remote_engine names)",
+          required=False),
     ), hook="scheduler"),
     Kind("sched.step", "One Scheduler.schedule() call returned.", (
         F("num_reqs", "int", "requests scheduled this step"),
@@ -193,11 +198,14 @@ _KINDS: tuple[Kind, ...] = (
         F("allocated_block_ids", "list[list[int]]", "all blocks the request holds on this instance, per group"),
         F("arg_block_ids", "list[list[int]]", "block ids the scheduler passed to request_finished, per group"),
         F("block_ids", "list[list[int]]", "remote_block_ids reported in kv_transfer_params, per group"),
-        F("remote_num_tokens", "int", "remote_num_tokens reported"),
+        F("remote_num_tokens", "int", "remote_num_tokens reported; absent when the params carried none "
+          "(unknown, not 0)", required=False),
         F("num_computed_tokens", "int", "request.num_computed_tokens"),
         F("prompt_len", "int", "request.num_prompt_tokens"),
         F("delay_free", "bool", "blocks held for the remote read"),
         F("allocated_from", "str", "where allocated_block_ids came from: kv_cache_manager | connector (the scheduler's arg)", required=False),
+        F("sched", "int", "the emitting scheduler (sched.config's sched, same pid)", required=False),
+        F("engine", "str", "this instance's engine id (D's nixl.remote_alloc names it as remote_engine)", required=False),
     ), hook="nixl"),
     Kind("nixl.remote_alloc", "D side: update_state_after_alloc for a request whose KV comes from P.", (
         F("local_block_ids", "list[list[int]]", "blocks D allocated, per group"),
@@ -206,6 +214,8 @@ _KINDS: tuple[Kind, ...] = (
         F("num_external_tokens", "int", "tokens D will load"),
         F("remote_req", "str", "P's request id (remote_request_id)", required=False),
         F("remote_engine", "str", "P's engine id", required=False),
+        F("sched", "int", "the emitting scheduler (sched.config's sched, same pid)", required=False),
+        F("engine", "str", "D's own engine id", required=False),
     ), hook="nixl"),
     Kind("nixl.trim", "D side: _apply_prefix_caching decided which local and remote blocks pair up.", (
         F("local_in", "list[list[int]]", "decode (local) block ids in"),

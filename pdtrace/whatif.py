@@ -33,7 +33,8 @@ def fixed_trim(events: list[dict[str, Any]], request: str | None = None) -> list
         for g, R in enumerate(tr.reported):
             B = tr.block_size(g)
             attention = tr.is_attention(g)
-            clipped = R[:blocks_needed(tr.remote_num_tokens, B)] if attention else list(R)
+            rnt = tr.remote_num_tokens
+            clipped = R[:blocks_needed(rnt, B)] if attention and rnt is not None else list(R)
             local = tr.local[g] if tr.local is not None and g < len(tr.local) else None
             recorded = [list(p) for p in tr.mapping[g]] if tr.mapping is not None and g < len(tr.mapping) else None
             if local is None:

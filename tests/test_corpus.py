@@ -100,3 +100,25 @@ def test_fixed_runs_are_clean(corpus):
     for name, (sc, findings) in corpus.items():
         if name.endswith("_fixed"):
             assert findings == [], name
+
+
+def test_reused_ids_do_not_cross_join(corpus):
+    """Two P/D pairs in one process, both with request id 'id-1': each D allocation is joined
+    with its own P (engine id, trace order), and block sizes come from that pair's config."""
+    from pdtrace.detectors.transfers import join_transfers
+
+    sc, findings = corpus["reused_ids_two_pairs_buggy"]
+    trs = [t for t in join_transfers(sc.events) if t.d_alloc is not None]
+    assert len(trs) == 2
+    for t in trs:
+        assert t.p_finished["engine"] == t.d_alloc["remote_engine"] == t.config["engine"]
+        assert t.config["pid"] == t.p_finished["pid"] and t.config["sched"] == t.p_finished["sched"]
+    assert sorted(t.config["block_sizes"][0] for t in trs) == [16, 32]
+    (f,) = findings
+    facts = sc.provenance["facts"]["pair1"]
+    assert f.severity == "error" and f.data["groups"][0]["block_size"] == 16
+    assert f.data["groups"][0]["reported"] == facts["p_reported"][0]
+    cfg = [e for e in sc.events if e["ev"] == "sched.config" and e["id"] in f.event_ids]
+    assert [c["block_sizes"] for c in cfg] == [[16]] and cfg[0]["kv_role"] == "kv_producer"
+    sc, findings = corpus["reused_ids_two_pairs_fixed"]
+    assert findings == []

@@ -331,7 +331,8 @@ def _decode_run(pd_harness, cfg, n_reqs, prompt_len, out_len, tag):
         pd_harness.drive(sched, draft_k=cfg.num_spec_tokens, max_steps=2000)
         assert not sched.has_requests()
     rec.flush()
-    return [{k: v for k, v in e.items() if k not in ("t", "w")} for e in rec.events], rec
+    # "sched": the scheduler's ordinal in this process, one more for the second run
+    return [{k: v for k, v in e.items() if k not in ("t", "w", "sched")} for e in rec.events], rec
 
 
 @pytest.mark.parametrize("num_blocks", [4096, 60])

@@ -3,7 +3,8 @@
 Exit codes: 0 no findings and every selected bug class checked, 1 at least one finding
 (error or warning), 2 unusable trace or bad arguments (``PdtraceError``), 4 no findings but
 at least one bug class not checked (its events are missing, a hook feeding it raised, or a
-process emitting them dropped events; ``EXIT_NOT_CHECKED``). Every format states, per bug
+process emitting them dropped events; ``EXIT_NOT_CHECKED``), also when the only findings are
+``inconclusive`` (the trace lacks what would decide them, e.g. a token count). Every format states, per bug
 class, whether it was checked, does not apply to the recorded configuration, or was not
 checked and why (``pdtrace.detectors.coverage``). Formats:
 
@@ -20,7 +21,7 @@ checked and why (``pdtrace.detectors.coverage``). Formats:
                 "problems": [{"line": int, "reason": str}]},
       "detectors": [kind, ...],                 # detectors that ran
       "request": str | null,                    # --request filter
-      "summary": {"findings": int, "errors": int, "warnings": int, "by_kind": {kind: int},
+      "summary": {"findings": int, "errors": int, "warnings": int, "inconclusive": int, "by_kind": {kind: int},
                   "not_checked": [kind, ...]},
       "coverage": {kind: {"kind", "status": "checked" | "not-applicable" | "not-checked",
                           "reason": str, "events": int, "hook_errors": {hook: int}}},
@@ -43,6 +44,7 @@ import orjson
 
 from .. import __version__
 from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
+from ..detectors.base import SEVERITY_INCONCLUSIVE
 from ..detectors.coverage import Coverage, coverage, not_checked
 from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError
 from ..trace import Trace, load
@@ -96,9 +98,12 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
 
 
 def exit_code(findings: list[Finding], cov: dict[str, Coverage]) -> int:
-    """1 with findings; else 4 when some class was not checked; else 0."""
-    if findings:
+    """1 with findings (errors / warnings); else 4 when some class was not checked or a finding
+    is inconclusive (the trace lacks what would decide it); else 0."""
+    if any(f.severity != SEVERITY_INCONCLUSIVE for f in findings):
         return EXIT_FINDINGS
+    if findings:
+        return EXIT_NOT_CHECKED
     return EXIT_NOT_CHECKED if not_checked(cov) else EXIT_OK
 
 
@@ -117,7 +122,8 @@ def _counts(findings: list[Finding], cov: dict[str, Coverage] | None = None) -> 
     for f in findings:
         by_kind[f.kind] = by_kind.get(f.kind, 0) + 1
     return {"findings": len(findings), "errors": sum(f.severity == "error" for f in findings),
-            "warnings": sum(f.severity == "warning" for f in findings), "by_kind": by_kind,
+            "warnings": sum(f.severity == "warning" for f in findings),
+            "inconclusive": sum(f.severity == SEVERITY_INCONCLUSIVE for f in findings), "by_kind": by_kind,
             "not_checked": not_checked(cov or {})}
 
 
@@ -151,7 +157,8 @@ def _summary_line(findings: list[Finding], cov: dict[str, Coverage] | None = Non
     tail = f"; {len(nc)} bug class(es) not checked" if nc else ""
     if not c["findings"]:
         return ("no findings in the classes checked" if nc else "no findings") + tail
-    return f"{c['findings']} finding(s): {c['errors']} error(s), {c['warnings']} warning(s)" + tail
+    inc = f", {c['inconclusive']} inconclusive" if c["inconclusive"] else ""
+    return f"{c['findings']} finding(s): {c['errors']} error(s), {c['warnings']} warning(s){inc}" + tail
 
 
 def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,

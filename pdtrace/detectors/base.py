@@ -7,6 +7,7 @@ from typing import Any
 
 SEVERITY_ERROR = "error"  # data was corrupted / wrong value used
 SEVERITY_WARNING = "warning"  # latent: the bug's precondition holds, the damage did not (yet) happen
+SEVERITY_INCONCLUSIVE = "inconclusive"  # the trace lacks what would decide it (not a claim of a bug)
 
 # Detector kinds (names are part of the CLI: `pdtrace check --only KIND`, sidecar files).
 LOOKAHEAD_MISALIGNMENT = "lookahead-block-misalignment"
@@ -24,7 +25,7 @@ ALL_KINDS = (
 @dataclasses.dataclass
 class Finding:
     kind: str  # one of ALL_KINDS
-    severity: str  # error | warning
+    severity: str  # error | warning | inconclusive
     req: str | None  # request id
     step: int | None  # engine step
     inst: str | None  # P | D | ...

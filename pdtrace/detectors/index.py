@@ -55,6 +55,8 @@ class Index:
                     lst.append(e)
         self.by_kind = by_kind
         self._configs: dict[str, Event] = {}
+        self._by_sched: dict[tuple, Event] | None = None  # (pid, sched) -> config, built on first use
+        self._by_proc: dict[tuple, list[Event]] = {}
         for c in by_kind.get("sched.config", ()):
             self._configs.setdefault(c.get("inst", ""), c)  # first config per instance
 
@@ -89,6 +91,34 @@ class Index:
         if c is None and len(self._configs) == 1:
             c = next(iter(self._configs.values()))
         return c
+
+    def config_of(self, e: Event) -> Event | None:
+        """The ``sched.config`` of the scheduler that emitted ``e``: same pid and ``sched``
+        ordinal when both are recorded; else the latest config of the same pid and
+        instance before ``e``; else the instance's first config (``config``)."""
+        by_sched = self._by_sched
+        if by_sched is None:
+            by_sched, by_proc = {}, {}
+            for c in self.by_kind.get("sched.config", ()):
+                if c.get("sched") is not None:
+                    by_sched.setdefault((c.get("pid"), c["sched"]), c)
+                by_proc.setdefault((c.get("pid"), c.get("inst", "")), []).append(c)
+            self._by_sched, self._by_proc = by_sched, by_proc
+        sid = e.get("sched")
+        if sid is not None:
+            c = by_sched.get((e.get("pid"), sid))
+            if c is not None:
+                return c
+        cands = self._by_proc.get((e.get("pid"), e.get("inst", "")))
+        if cands:
+            at = e.get("id")
+            best = cands[0]
+            if at is not None:
+                for c in cands:
+                    if c.get("id", -1) < at:
+                        best = c
+            return best
+        return self.config(e.get("inst"))
 
     def block_sizes(self, inst: str | None) -> list[int] | None:
         c = self.config(inst)

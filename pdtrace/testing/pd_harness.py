@@ -401,6 +401,7 @@ def run_pd_request(
     decode_steps: int = 3,
     pair: PDPair | None = None,
     rec: Recorder | None = None,
+    req_ids: tuple[str, str] | None = None,
 ) -> PDResult:
     """Run one disaggregated request through real P and D schedulers.
 
@@ -416,7 +417,8 @@ def run_pd_request(
 
     ``faults``: names from FAULTS. ``old_dflash_lookahead`` applies to both schedulers
     (``dflash_variant`` "k" or "zero"). ``pair``: reuse schedulers (and their recorder);
-    otherwise a fresh pair is built. Returns a PDResult with only this run's events.
+    otherwise a fresh pair is built. ``req_ids``: (P's, D's) request ids instead of fresh
+    ones (to reuse ids across schedulers). Returns a PDResult with only this run's events.
     """
     for f in faults:
         if f not in FAULTS:
@@ -425,7 +427,7 @@ def run_pd_request(
         pair = make_pair(cfg, rec)
     cfg, rec = pair.cfg, pair.rec
     n = next(_ids)
-    p_req, d_req = f"req-{n}-P", f"req-{n}-D"
+    p_req, d_req = req_ids or (f"req-{n}-P", f"req-{n}-D")
     base = 10 + (n * 97) % 500  # distinct prompts per run: no accidental prefix-cache hits
     prompt = [base + i for i in range(prompt_len)]
     rec.flush()

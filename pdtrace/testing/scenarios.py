@@ -237,6 +237,39 @@ def _hook_failure(kinds: tuple[str, ...], fault: bool) -> Callable[[], Scenario]
     return build
 
 
+def _reused_ids(fault: bool) -> Callable[[], Scenario]:
+    """Two P/D scheduler pairs in one process (as vLLM's own unit tests build them), with
+    different KV layouts (block size 16 vs 32) and the SAME request ids on both pairs.
+    Pair 1 runs a block-aligned prompt (the pre-fix P rule applies to it with ``fault``);
+    pair 2 runs a prompt whose lookahead fits its last block."""
+    def build() -> Scenario:
+        pd = _pd()
+        rec = pd.new_recorder()
+        c1 = pd.PDConfig(spec_method="eagle", num_spec_tokens=1, block_size=16)
+        c2 = pd.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=32)
+        p1, p2 = pd.make_pair(c1, rec), pd.make_pair(c2, rec)
+        r1 = pd.run_pd_request(c1, 32, faults=("old_p_block_rule",) if fault else (), pair=p1,
+                               req_ids=("id-1", "id-1"))
+        r2 = pd.run_pd_request(c2, 40, pair=p2, req_ids=("id-1", "id-1"))
+        expected = [LOOKAHEAD_MISALIGNMENT] if _misaligned(r1, 16) or _misaligned(r2, 32) else []
+        if fault:
+            assert expected and not _misaligned(r2, 32), "oracle: only pair 1's transfer is shifted"
+        seen: set[int] = set()
+        events = []
+        for e in list(p1.setup_events) + list(p2.setup_events) + r1.events + r2.events:
+            if id(e) not in seen:
+                seen.add(id(e))
+                events.append(e)
+        events.sort(key=lambda e: e["t"])
+        return Scenario("", "", events, expected, {
+            "real": [REAL_SCHED + " (two P/D pairs in one process)"], "simulated": [SIM_NIXL],
+            "faults": ["old_p_block_rule on pair 1 only (pre-fix rule of vLLM PR #44151)"] if fault else [],
+            "facts": {"pair1": {"p_reported": r1.p_reported, "trim_remote": r1.trim_remote, "block_size": 16},
+                      "pair2": {"p_reported": r2.p_reported, "trim_remote": r2.trim_remote, "block_size": 32}},
+        }, _unrecorded())
+    return build
+
+
 def _merge(a: list[dict], b: list[dict]) -> list[dict]:
     return sorted(list(a) + list(b), key=lambda e: e["t"])
 
@@ -274,6 +307,11 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
     "stale_read_norowmoves_buggy": ("async spec decode on D, no row moves, read before the copy completed",
                                     _stale(True, False)),
     "stale_read_norowmoves_fixed": ("async spec decode on D, no row moves, synchronized read", _stale(False, False)),
+    # issue 19: two schedulers per role in one process reusing request ids
+    "reused_ids_two_pairs_buggy": ("two P/D pairs in one process (block 16 and 32), both with request id "
+                                   "'id-1'; pair 1 under the pre-fix P rule", _reused_ids(True)),
+    "reused_ids_two_pairs_fixed": ("two P/D pairs in one process reusing request id 'id-1', fixed vLLM",
+                                   _reused_ids(False)),
     # issue 19: hooks that raise -> the classes they feed are "not checked", never clean
     "hook_failure_scheduler_fixed": ("every scheduler hook raises (no sched.* / req.* events), fixed vLLM: "
                                      "lookahead class not checked", _hook_failure(SCHED_KINDS, False)),

@@ -1,0 +1,278 @@
+"""P->D KV transfers joined from the trace: one ``Transfer`` per D allocation (or P report).
+
+Every event belongs to its own scheduler: a process (``pid``), an instance (``inst``), and
+where the hooks record it, a scheduler ordinal in that process (``sched``) and a KV-transfer
+engine id (``engine``). P's ``nixl.request_finished`` and D's ``nixl.remote_alloc`` are
+paired when
+
+- D's ``remote_req`` (P's request id as D received it; D's own id in older traces) is P's
+  ``req``,
+- P's ``engine`` is D's ``remote_engine`` when both are recorded, and
+- P finished before D allocated (trace order; ``pdtrace merge`` aligns clocks on exactly
+  this causality). Of several such P reports (a retried or reused request id) the latest
+  one not already taken is used.
+
+So two schedulers of one process that reuse ``id-1`` never cross-join, and a D allocation
+whose P side is not in the trace stays D-only. D's trims / reads are those of the same
+instance and request after the allocation and before that request's next allocation. Block
+sizes and group kinds come from the scheduler that emitted the event (``sched.config`` of
+the same pid and ``sched``; else the latest of the same pid and instance; else the
+instance's first), not from the first ``sched.config`` of the trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .index import Index, build, is_attention_group
+
+Event = dict[str, Any]
+_INF = float("inf")
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size) if block_size > 0 else 0
+
+
+@dataclasses.dataclass
+class Transfer:
+    """Everything the trace says about one P->D KV transfer of one request."""
+
+    p_req: str | None
+    d_req: str | None
+    p_finished: Event | None  # P's nixl.request_finished
+    d_alloc: Event | None  # D's nixl.remote_alloc
+    trim: Event | None  # D's last nixl.trim for the request
+    reads: list[Event]  # D's nixl.read events for the request
+    config: Event | None  # sched.config used for block sizes / group kinds
+    remote_num_tokens: int | None  # None: nothing in the trace says it (see tokens_source)
+    reported: list[list[int]]  # P's remote_block_ids per group
+    local: list[list[int]] | None  # D's local blocks to load, per group (None: no D side)
+    mapping: list[list[tuple[int, int]]] | None  # recorded (local, remote) pairs per group
+    mapping_source: str  # nixl.read | nixl.trim | inferred | none
+    tokens_source: str = ""  # where remote_num_tokens came from
+
+    @property
+    def req(self) -> str | None:
+        return self.p_req or self.d_req
+
+    def block_size(self, g: int) -> int:
+        sizes = (self.config or {}).get("block_sizes") or [16]
+        return int(sizes[g] if g < len(sizes) else sizes[-1])
+
+    def group_kind(self, g: int) -> str:
+        kinds = (self.config or {}).get("group_kinds") or []
+        return kinds[g] if g < len(kinds) else ""
+
+    def is_attention(self, g: int) -> bool:
+        return is_attention_group(self.group_kind(g))
+
+    def event_ids(self) -> list[int]:
+        evs = [self.p_finished, self.config, self.d_alloc, self.trim, *self.reads]
+        return sorted({e["id"] for e in evs if e is not None and "id" in e})
+
+
+def end_trim(local: list[int], remote: list[int]) -> list[tuple[int, int]]:
+    """D's ``_apply_prefix_caching`` for one token-indexed group: keep ``remote[-n_local:]``."""
+    n = len(local)
+    if n == 0:
+        return []
+    if n < len(remote):
+        remote = remote[-n:]
+    return list(zip(local, remote))
+
+
+def _pairs_from_reads(reads: list[Event], ngroups: int) -> list[list[tuple[int, int]]]:
+    if len(reads) == 1:  # the usual case: one read, no local block twice in a group
+        r = reads[0]
+        groups = list(zip(r.get("local_block_ids") or [], r.get("remote_block_ids") or []))
+        if all(len(set(ls)) == len(ls) for ls, _rs in groups):
+            pairs: list[list[tuple[int, int]]] = [list(zip(ls, rs)) for ls, rs in groups]
+            pairs.extend([] for _ in range(ngroups - len(groups)))
+            return pairs
+    out: list[list[tuple[int, int]]] = [[] for _ in range(ngroups)]
+    seen: list[set[int]] = [set() for _ in range(ngroups)]
+    for r in reads:
+        for g, (ls, rs) in enumerate(zip(r.get("local_block_ids") or [], r.get("remote_block_ids") or [])):
+            if g >= ngroups:
+                out.append([])
+                seen.append(set())
+                ngroups += 1
+            for lb, rb in zip(ls, rs):
+                if lb not in seen[g]:
+                    seen[g].add(lb)
+                    out[g].append((lb, rb))
+    return out
+
+
+def join_transfers(events: list[Event], idx: Index | None = None) -> list[Transfer]:
+    """Pair P's reports with D's allocations / trims / reads (see the module docstring)."""
+    idx = idx or build(events)
+    return [_make(idx, p, a, *ctx) for p, a, ctx in _pairs(idx)]
+
+
+def _pos(e: Event) -> Any:
+    """Trace order of an event: its id (loaded / merged traces), else its time."""
+    i = e.get("id")
+    return i if i is not None else e["t"]
+
+
+def _match(cands: list[Event] | None, a: Event, taken: set[int]) -> Event | None:
+    """The P report D's allocation ``a`` pulled: same request id (the caller's key), same
+    engine where both say, finished before ``a``; the latest one not taken yet."""
+    if not cands:
+        return None
+    at = _pos(a)
+    want = a.get("remote_engine")
+    best = fallback = None
+    for p in cands:  # trace order; usually one
+        if _pos(p) >= at:
+            break
+        eng = p.get("engine")
+        if want is not None and eng is not None and eng != want:
+            continue
+        fallback = p
+        if id(p) not in taken:
+            best = p
+    return best if best is not None else fallback
+
+
+def _window(by_key: dict[tuple, list[Event]], key: tuple, lo: Any, hi: Any) -> list[Event]:
+    evs = by_key.get(key)
+    if not evs:
+        return []
+    if len(evs) == 1:
+        p = _pos(evs[0])
+        return evs if lo < p < hi else []
+    return [e for e in evs if lo < _pos(e) < hi]
+
+
+def _pairs(idx: Index) -> list[tuple[Event | None, Event | None, tuple]]:
+    """(P's nixl.request_finished, D's nixl.remote_alloc, (trims, reads, unkeyed trims))
+    per transfer: P reports in trace order (each with the D allocation that pulled it, or
+    None), then D allocations whose P side is not in the trace."""
+    finished = [e for e in idx.kind("nixl.request_finished") if e.get("side", "P") == "P"]
+    allocs = idx.kind("nixl.remote_alloc")
+    if not finished and not allocs:
+        return []
+    p_by_req: dict[Any, list[Event]] = {}
+    for p in finished:
+        p_by_req.setdefault(p.get("req"), []).append(p)
+    a_by_key: dict[tuple, list[Event]] = {}  # (inst, D req) -> allocations in trace order
+    for a in allocs:
+        a_by_key.setdefault((a.get("inst"), a.get("req")), []).append(a)
+    trims: dict[tuple, list[Event]] = {}
+    unkeyed: list[Event] = []
+    for t in idx.kind("nixl.trim"):
+        if t.get("req") is not None:
+            trims.setdefault((t.get("inst"), t["req"]), []).append(t)
+        else:
+            unkeyed.append(t)
+    reads: dict[tuple, list[Event]] = {}
+    for r in idx.kind("nixl.read"):
+        key = r.get("req") or r.get("remote_req")
+        if key is not None:
+            reads.setdefault((r.get("inst"), key), []).append(r)
+
+    taken: set[int] = set()
+    d_of: dict[int, tuple[Event, tuple]] = {}
+    d_only: list[tuple[Event, tuple]] = []
+    for key, lst in a_by_key.items():
+        for k, a in enumerate(lst):
+            lo = _pos(a)
+            hi = _pos(lst[k + 1]) if k + 1 < len(lst) else _INF
+            rkey = a.get("remote_req") or a.get("req")
+            p = _match(p_by_req.get(rkey), a, taken)
+            rd = _window(reads, key, lo, hi)
+            if not rd and rkey is not None and rkey != key[1]:  # reads keyed by P's id only
+                rd = [r for r in _window(reads, (key[0], rkey), lo, hi) if r.get("remote_req") == rkey]
+            want_eng, want_req = a.get("remote_engine"), rkey
+            rd = [r for r in rd if (r.get("remote_engine") in (None, want_eng) or want_eng is None)
+                  and (r.get("remote_req") is None or r.get("remote_req") in (want_req, a.get("req")))]
+            tr = _window(trims, key, lo, hi)
+            ctx = (tr[-1] if tr else None, rd, unkeyed)
+            if p is None:
+                d_only.append((a, ctx))
+            else:
+                taken.add(id(p))
+                d_of[id(p)] = (a, ctx)
+    none_ctx: tuple = (None, [], unkeyed)
+    out: list[tuple[Event | None, Event | None, tuple]] = []
+    for p in finished:
+        a, ctx = d_of.get(id(p), (None, none_ctx))
+        out.append((p, a, ctx))
+    d_only.sort(key=lambda x: _pos(x[0]))
+    out.extend((None, a, ctx) for a, ctx in d_only)
+    return out
+
+
+def _same(groups: Any) -> Any:
+    return groups
+
+
+def _copied(groups: Any) -> list[list[int]]:
+    return [list(g) for g in groups]
+
+
+def _tokens(idx: Index, p: Event | None, a: Event | None) -> tuple[int | None, str]:
+    """How many tokens P computed for the transfer, and which field says so. A field the
+    trace lacks is unknown, never 0: D's remote_num_tokens, then P's report, then D's
+    num_external_tokens (tokens D loads: all of P's when D has no local prefix hit)."""
+    if p is not None and p.get("remote_num_tokens") is not None:
+        return int(p["remote_num_tokens"]), "P nixl.request_finished.remote_num_tokens"
+    if a is not None and a.get("remote_num_tokens") is not None:
+        return int(a["remote_num_tokens"]), "D nixl.remote_alloc.remote_num_tokens"
+    if p is not None and p.get("num_computed_tokens") is not None:
+        return int(p["num_computed_tokens"]), "P nixl.request_finished.num_computed_tokens"
+    if a is not None and a.get("num_external_tokens"):
+        local = a.get("local_block_ids") or []
+        remote = a.get("remote_block_ids") or []
+        # D loads everything P computed only when it allocated a block for every remote one
+        if local and all(len(lo) == len(ro) for lo, ro in zip(local, remote)):
+            return int(a["num_external_tokens"]), "D nixl.remote_alloc.num_external_tokens (no local prefix hit)"
+    return None, ""
+
+
+def _make(idx: Index, p: Event | None, a: Event | None, trim: Event | None, rd: list[Event],
+          unkeyed_trims: list[Event], copy: bool = True) -> Transfer:
+    """The ``Transfer`` of one pair. ``copy=False`` (a first look by ``detect``) leaves the
+    per-group block lists as the events hold them instead of copying them."""
+    lists = _copied if copy else _same
+    d_req = a.get("req") if a is not None else None
+    p_req = p.get("req") if p is not None else (a.get("remote_req") if a is not None else None)
+    config = idx.config_of(p) if p is not None else None
+    if config is None and a is not None:
+        config = idx.config_of(a)
+    reported = lists(p["block_ids"] if p is not None else a["remote_block_ids"])  # type: ignore[index]
+    rnt, source = _tokens(idx, p, a)
+    local = None
+    mapping = None
+    msource = "none"
+    if a is not None:
+        local = lists(a["local_block_ids"])
+        if trim is None:
+            for t in unkeyed_trims:
+                if t["local_in"] == a["local_block_ids"] and t["remote_in"] == a["remote_block_ids"]:
+                    trim = t
+        if trim is not None:
+            local = lists(trim["local_in"])
+        if rd:
+            mapping = _pairs_from_reads(rd, len(reported))
+            msource = "nixl.read"
+        elif trim is not None:
+            mapping = [list(zip(lo, ro)) for lo, ro in zip(trim["local_out"], trim["remote_out"])]
+            msource = "nixl.trim"
+        else:
+            remote_in = lists(a["remote_block_ids"])
+            kinds = (config or {}).get("group_kinds") or []
+            mapping = []
+            for g, lo in enumerate(local):
+                ro = remote_in[g] if g < len(remote_in) else []
+                kind = kinds[g] if g < len(kinds) else ""
+                mapping.append(end_trim(lo, ro) if is_attention_group(kind) else list(zip(lo, ro)))
+            msource = "inferred"
+    return Transfer(p_req, d_req, p, a, trim, list(rd), config, rnt, reported, local, mapping, msource, source)
+
+
+__all__ = ["Transfer", "blocks_needed", "end_trim", "join_transfers"]

@@ -1,0 +1,74 @@
+"""The P/D join (pdtrace.detectors.transfers) and missing token counts, on hand-built events.
+The real-vLLM cases (two P/D pairs in one process reusing request ids) are corpus scenarios."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+import eventlib as E  # noqa: E402
+
+from pdtrace.cli import app  # noqa: E402
+from pdtrace.detectors import LOOKAHEAD_MISALIGNMENT, run_all  # noqa: E402
+from pdtrace.detectors.transfers import join_transfers  # noqa: E402
+
+
+def _d_only(remote_num_tokens=None, n_ext=16, local=(50,), remote=(10, 11)):
+    b = E.EventBuilder()
+    b.config("D", lookahead=0)
+    extra = {} if remote_num_tokens is None else {"remote_num_tokens": remote_num_tokens}
+    b.add("nixl.remote_alloc", inst="D", req="d1", step=1, local_block_ids=[list(local)],
+          remote_block_ids=[list(remote)], num_external_tokens=n_ext, remote_req="p1",
+          remote_engine="P-engine", **extra)
+    return b
+
+
+def test_missing_remote_num_tokens_is_unknown_not_zero(tmp_path):
+    b = _d_only()
+    (t,) = join_transfers(b.events)
+    assert t.remote_num_tokens is None and t.tokens_source == ""
+    (f,) = [f for f in run_all(b.events) if f.kind == LOOKAHEAD_MISALIGNMENT]
+    assert f.severity == "inconclusive" and "None" not in f.title + f.explanation
+    assert "remote_num_tokens=0" not in f.title
+    r = CliRunner().invoke(app, ["check", b.write(tmp_path / "t.jsonl"), "--format", "json"])
+    doc = json.loads(r.output)
+    assert r.exit_code == 4 and doc["summary"]["inconclusive"] == 1 and doc["summary"]["errors"] == 0
+
+
+def test_token_count_falls_back_to_other_evidence():
+    b = _d_only(local=(50, 51), remote=(10, 11), n_ext=32)  # every remote block loaded: no prefix hit
+    (t,) = join_transfers(b.events)
+    assert t.remote_num_tokens == 32 and "num_external_tokens" in t.tokens_source
+    assert run_all(b.events) == []
+    b = _d_only(remote_num_tokens=16)  # D's params said it: the extra block is P's lookahead block
+    (f,) = run_all(b.events)
+    assert f.severity == "error" and f.data["groups"][0]["extra_blocks"] == [11]
+
+
+def test_p_engine_must_match_and_p_must_finish_first():
+    b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True, req="r1")
+    p = next(e for e in b.events if e["ev"] == "nixl.request_finished")
+    p["engine"] = "P0"  # eventlib's D names remote_engine "P0"
+    (t,) = join_transfers(b.events)
+    assert t.p_finished is p and t.d_alloc is not None
+    p["engine"] = "another-P"  # same request id, another engine: not this D's source
+    trs = join_transfers(b.events)
+    assert [(x.p_finished is not None, x.d_alloc is not None) for x in trs] == [(True, False), (False, True)]
+    p["engine"] = "P0"
+    a = next(e for e in b.events if e["ev"] == "nixl.remote_alloc")
+    a["id"], p["id"] = p["id"], a["id"]  # D allocated before P finished: causality says no
+    trs = join_transfers(b.events)
+    assert all(x.p_finished is None or x.d_alloc is None for x in trs)
+
+
+def test_shift_text_never_says_none():
+    b = E.lookahead_scenario(prompt_len=16, lookahead=1)
+    rd = next(e for e in b.events if e["ev"] == "nixl.read")
+    rd["remote_block_ids"] = [[999]]  # a block P never reported
+    (f,) = [f for f in run_all(b.events) if f.kind == LOOKAHEAD_MISALIGNMENT]
+    assert "None" not in f.title + f.explanation and "not a shift of P's blocks" in f.title
