@@ -47,13 +47,14 @@ def record(
     instance: Optional[str] = typer.Option(None, "--instance", help="Force the instance id (P, D, ...) instead of reading vLLM's kv_role."),
     keep_shards: bool = typer.Option(False, "--keep-shards", help="Keep the per-process shard directory next to the trace."),
     flush_interval: float = typer.Option(0.2, "--flush-interval", help="Seconds between writer flushes (the most a SIGKILLed process loses)."),
+    orphan_wait: float = typer.Option(10.0, "--orphan-wait", help="Seconds to wait, after CMD exits, for its other processes (daemonized or orphaned workers) before merging; those still running are reported."),
 ) -> None:
     """Run CMD unmodified with pdtrace hooks in every Python process it starts: pdtrace record [-o trace.jsonl] -- CMD ...
 
     The exit code is CMD's. Ctrl-C / SIGTERM are forwarded to CMD and the trace is still written.
     """
     _run("record", cmd=list(ctx.args), output=output, no_redact=no_redact, instance=instance,
-         keep_shards=keep_shards, flush_interval=flush_interval)
+         keep_shards=keep_shards, flush_interval=flush_interval, orphan_wait=orphan_wait)
 
 
 @app.command()

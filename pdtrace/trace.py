@@ -547,16 +547,23 @@ def write_trace(path: str, header: dict[str, Any], events: list[dict[str, Any]],
         footer = make_footer(events, exit_code=None)
     dumps = orjson.dumps
     tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        buf = io.BufferedWriter(fh, 1 << 20)  # type: ignore[arg-type]
-        buf.write(dumps(header) + b"\n")
-        for i, e in enumerate(events):
-            if assign_ids:
-                e["id"] = i
-            if "block_ids_derived" in e:  # loader-derived (schema v2): keep the file compact
-                e = {k: v for k, v in e.items() if k != "block_ids" and k != "block_ids_derived"}
-            buf.write(dumps(e) + b"\n")
-        buf.write(dumps(footer) + b"\n")
-        buf.flush()
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            buf = io.BufferedWriter(fh, 1 << 20)  # type: ignore[arg-type]
+            buf.write(dumps(header) + b"\n")
+            for i, e in enumerate(events):
+                if assign_ids:
+                    e["id"] = i
+                if "block_ids_derived" in e:  # loader-derived (schema v2): keep the file compact
+                    e = {k: v for k, v in e.items() if k != "block_ids" and k != "block_ids_derived"}
+                buf.write(dumps(e) + b"\n")
+            buf.write(dumps(footer) + b"\n")
+            buf.flush()
+        os.replace(tmp, path)
+    except BaseException:  # disk full, interrupted: no half-written .tmp left behind
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return footer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -13,9 +14,9 @@ import uuid
 from pathlib import Path
 
 from ..bootstrap.runtime import BOOTSTRAP_DIR
-from ..errors import PdtraceError
+from ..errors import PdtraceError, os_error_line
 from ..redact import mask_argv
-from ..shards import finalize_session
+from ..shards import finalize_session, shard_files
 
 
 def _in_terminal_foreground() -> bool:
@@ -26,17 +27,89 @@ def _in_terminal_foreground() -> bool:
         return False
 
 
+def _check_output(output: Path) -> Path:
+    """Make sure the trace can be written before the program starts: its directory exists
+    (created if missing) and a file can be created there. Returns the directory."""
+    out_dir = output.parent if str(output.parent) else Path(".")
+    try:
+        if output.is_dir():
+            raise PdtraceError(f"{output}: is a directory; give a file name for the trace (-o)")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = Path(str(output) + ".tmp")
+        with open(probe, "ab"):
+            pass
+        probe.unlink()
+    except OSError as exc:
+        raise PdtraceError(f"{output}: cannot write the trace there: {os_error_line(exc)}; "
+                           "nothing was run") from None
+    return out_dir
+
+
+def _alive_shard_writers(shard_dir: str, exclude: set[int]) -> list[int]:
+    """Pids of processes of this recording (one shard each, named by pid) still running.
+    On Linux a pid counts only while it holds its shard open (a reused pid, a zombie do not)."""
+    alive = []
+    for f in shard_files(shard_dir):
+        stem = os.path.basename(f).split(".")[0]
+        if not stem.isdigit() or int(stem) in exclude:
+            continue
+        pid = int(stem)
+        fd_dir = f"/proc/{pid}/fd"
+        if os.path.isdir("/proc/self/fd"):
+            try:
+                target = os.path.realpath(f)
+                if any(os.path.realpath(os.path.join(fd_dir, fd)) == target for fd in os.listdir(fd_dir)):
+                    alive.append(pid)
+            except OSError:  # gone, or not ours to look at
+                pass
+            continue
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            alive.append(pid)
+    return alive
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return " ".join(" ".join(mask_argv(fh.read().decode(errors="replace").split("\0")[:-1])).split())[:120]
+    except OSError:
+        return "?"
+
+
+def _wait_for_orphans(shard_dir: str, wait: float, flush_interval: float, exclude: set[int]) -> list[int]:
+    """Wait up to ``wait`` seconds for every process that opened a shard in this recording
+    (daemonized or orphaned workers outlive CMD) to exit; returns those still running."""
+    deadline = time.monotonic() + max(0.0, wait)
+    alive = _alive_shard_writers(shard_dir, exclude)
+    if alive:
+        print(f"pdtrace: waiting up to {wait:g}s for {len(alive)} process(es) of this recording still running "
+              f"(pid {', '.join(map(str, alive))}; --orphan-wait sets how long)", file=sys.stderr)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = _alive_shard_writers(shard_dir, exclude)
+    time.sleep(min(0.5, 2 * flush_interval))  # a writer that just exited flushed; one that did not, once more
+    return alive
+
+
 def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | None = None,
-        keep_shards: bool = False, flush_interval: float = 0.2) -> int:
+        keep_shards: bool = False, flush_interval: float = 0.2, orphan_wait: float = 10.0) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
         raise PdtraceError("nothing to record: give a command after --, e.g. pdtrace record -- vllm serve MODEL")
     output = Path(output)
-    out_dir = output.parent if str(output.parent) else Path(".")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = _check_output(output)
     session = uuid.uuid4().hex[:12]
-    shard_dir = tempfile.mkdtemp(prefix=f".pdtrace-{session}-", dir=str(out_dir))
+    try:
+        shard_dir = tempfile.mkdtemp(prefix=f".pdtrace-{session}-", dir=str(out_dir))
+    except OSError as exc:
+        raise PdtraceError(f"{out_dir}: cannot create the shard directory: {os_error_line(exc)}; "
+                           "nothing was run") from None
 
     env = os.environ.copy()
     env["PYTHONPATH"] = BOOTSTRAP_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -47,7 +120,9 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
     if instance:
         env["PDTRACE_INSTANCE"] = instance
 
+    recover = f"pdtrace merge {shlex.quote(shard_dir)} -o {shlex.quote(str(output))}"
     print(f"pdtrace: recording {' '.join(mask_argv(cmd))}", file=sys.stderr)
+    print(f"pdtrace: shards go to {shard_dir} (if pdtrace itself is killed: {recover})", file=sys.stderr)
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
@@ -73,12 +148,15 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
                 break
             except KeyboardInterrupt:  # pragma: no cover - handler above replaces SIGINT
                 continue
+        still = _wait_for_orphans(shard_dir, orphan_wait, flush_interval, exclude={os.getpid()})
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     exit_code = rc if rc >= 0 else 128 - rc  # killed by signal N -> 128+N, like a shell
+    for pid in still:
+        print(f"pdtrace: warning: pid {pid} ({_cmdline(pid)}) is still running after {orphan_wait:g}s: "
+              "its later events are not in the trace (it shows as incomplete)", file=sys.stderr)
 
-    time.sleep(min(0.5, 2 * flush_interval))  # let orphaned children's writers flush once more
     t0 = time.monotonic()
     try:
         footer, problems = finalize_session(shard_dir, str(output), cmd=mask_argv(cmd), redacted=not no_redact,
@@ -87,6 +165,11 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
         print(f"pdtrace: no trace written: {exc}", file=sys.stderr)
         if not keep_shards:
             shutil.rmtree(shard_dir, ignore_errors=True)
+        return exit_code
+    except Exception as exc:  # disk full, or a bug in the merge: the shards hold the recording
+        why = os_error_line(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        print(f"pdtrace: error: could not write {output}: {why}; the recording is kept in {shard_dir}; "
+              f"recover it with: {recover}", file=sys.stderr)
         return exit_code
     procs = footer["processes"]
     print(f"pdtrace: wrote {output} ({footer['events']} events from {len(procs)} processes, "
