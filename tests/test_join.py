@@ -72,3 +72,17 @@ def test_shift_text_never_says_none():
     rd["remote_block_ids"] = [[999]]  # a block P never reported
     (f,) = [f for f in run_all(b.events) if f.kind == LOOKAHEAD_MISALIGNMENT]
     assert "None" not in f.title + f.explanation and "not a shift of P's blocks" in f.title
+
+
+def test_fresh_row_after_batch_growth_is_not_stale():
+    from pdtrace.detectors import STALE_ACCEPTED_COUNT_READ
+
+    b = E.stale_read_scenario(fixed=True)  # rows 0-2 copied at step 4
+    b.add("batch.add", inst="D", req="r4", step=5, row=3)  # the batch grew after the copy
+    b.add("acc.read", inst="D", req="r4", step=5, row=3, value=1, event="ev7", event_done=True)
+    assert [f for f in run_all(b.events) if f.kind == STALE_ACCEPTED_COUNT_READ] == []
+    # the same read without the add: row 3 was never written for r4 -> still reported
+    b2 = E.stale_read_scenario(fixed=True)
+    b2.add("acc.read", inst="D", req="r4", step=5, row=3, value=1, event="ev7", event_done=True)
+    (f,) = [f for f in run_all(b2.events) if f.kind == STALE_ACCEPTED_COUNT_READ]
+    assert f.req == "r4" and "row-moved" in f.data["reasons"]

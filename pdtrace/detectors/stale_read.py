@@ -9,7 +9,9 @@ completed and the runner did not synchronize.
 Per worker process, events are replayed in trace order: ``d2h.issue`` (rows at issue
 time), ``d2h.done``, ``batch.*`` (row moves, kept as history), ``acc.read``, ``acc.truth``.
 A wrong value (differs from ``acc.truth``) is an error; a race whose value happened to be
-right is a warning.
+right is a warning. A read is judged only against a copy that covered its row: a row past
+the copy's rows that ``batch.add`` gave the reading request after the copy holds the value
+``InputBatch.add_request`` set, not a stale one.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     seen: dict[tuple, list] = {}  # dedup key -> ranks of that read
     READ, ISSUE, DONE = kind_code("acc.read"), kind_code("d2h.issue"), kind_code("d2h.done")
     no_issues: dict[str, Event] = {}
+    added: dict[Any, dict[int, Event]] = {}  # pid -> row -> its latest batch.add
     seq, codes = idx.ordered_codes(_KINDS)
     # Reads come in runs between the state changes (issues, completions, row moves): a run
     # whose reads all agree with the issue they read is cleared at once by C-level passes;
@@ -76,6 +79,8 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
                 done.setdefault(e["pid"], set()).add(e["event"])
             else:  # batch.*
                 moves.setdefault(e["pid"], []).append(e)
+                if e["ev"] == "batch.add":
+                    added.setdefault(e["pid"], {})[e["row"]] = e
             i += 1
             continue
         j = not_read.find(1, i)
@@ -102,6 +107,10 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
             if not moved and (e.get("event_done") is not False or e.get("synced") is True
                               or (ev_id is not None and ev_id in done.get(pid, ()))):
                 continue
+            if issue is not None and not 0 <= row < len(issue["rows"]):
+                fresh = added.get(pid, {}).get(row)
+                if fresh is not None and fresh.get("req") == req and fresh["id"] > issue["id"]:
+                    continue  # the copy never wrote this row: it holds what add_request set
             reasons = []
             row_req_at_issue = None
             if issue is not None:
