@@ -20,15 +20,16 @@ import atexit
 import collections
 import marshal
 import os
-import struct
 import sys
 import threading
 import time
+import zlib
 from typing import Any, Callable, Iterable
 
 import orjson
 
 from . import schema
+from .frames import FRAME_HEAD, SHARD_MAGIC, SHARD_SUFFIX, frame_head, write_frame  # noqa: F401
 from .redact import digest_hash
 
 _current: "Recorder | None" = None
@@ -66,10 +67,7 @@ def _json_default(obj: Any) -> Any:
     return repr(obj)[:300]
 
 
-# Shard frames: MAGIC, little-endian u32 length, marshal.dumps(((pid, role, inst, rank,
-# wall_offset_ns), [(kind, t_mono_ns, req, step, fields), ...]), version 4).
-SHARD_MAGIC = b"PDS1"
-SHARD_SUFFIX = ".pdshard"
+# Shard frames: see pdtrace.frames (format, writer loop, reader with resynchronisation).
 DEFERRED_KEYS = "\x00deferred"  # fields key put_deferred uses to name its Deferred values
 # sched.step fields key: (t0, num_lookahead_tokens, [(req, num_computed_tokens, new_block_ids
 # per group), ...]), the blocks that step appended to running requests, read from its
@@ -198,6 +196,7 @@ class Recorder:
         self._wall_off = time.time_ns() - self._mono0
         self._stop = threading.Event()
         self._flush_lock = threading.Lock()
+        self._failing = False
         self._thread: threading.Thread | None = None
         self._closed = False
         self.events: list[dict] | None = None  # in-memory sink storage
@@ -224,11 +223,17 @@ class Recorder:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"{os.getpid()}{SHARD_SUFFIX}")
         fh = open(path, "ab", buffering=0)
-        rec = cls(fh.write, **kw)
+        rec = cls(None, **{**kw, "threaded": False})
+        rec._sink = rec._write_frame
         rec._encode = rec._encode_frame  # the sink takes framed shard bytes, not dicts
         rec.shard_path = path  # type: ignore[attr-defined]
         rec._fh = fh  # type: ignore[attr-defined]
+        if kw.get("threaded", True):
+            rec._start_thread()
         return rec
+
+    def _write_frame(self, frame: bytes) -> None:
+        write_frame(self._fh, frame)  # type: ignore[attr-defined]
 
     # -- hot path ---------------------------------------------------------------------
     def emit(self, kind: str, req: str | None = None, step: int | None = None, **fields: Any) -> None:
@@ -304,7 +309,7 @@ class Recorder:
                                                        option=orjson.OPT_NON_STR_KEYS))
                 safe.append((kind, t, req, step, fields))
             blob = marshal.dumps((meta, safe), 4)
-        return SHARD_MAGIC + struct.pack("<I", len(blob)) + blob
+        return frame_head(len(blob), len(items), zlib.crc32(blob)) + blob
 
     def _materialize(self, items: Iterable[tuple]) -> list[dict]:
         return materialize((self.pid, self.role, self.inst, self.rank, self._wall_off), items)
@@ -324,9 +329,16 @@ class Recorder:
                 self._sink(self._encode(items))
             except Exception as exc:  # disk full, closed file: count, never raise into the app
                 self.dropped += n
-                print(f"pdtrace: writer failed for pid {self.pid}: {exc}", file=sys.stderr)
+                if not self._failing:  # once per failing spell, not once per flush
+                    self._failing = True
+                    print(f"pdtrace: writer failed for pid {self.pid}: {exc}; dropping events "
+                          "(counted) until writes succeed again", file=sys.stderr)
             else:
                 self.emitted += n
+                if self._failing:
+                    self._failing = False
+                    print(f"pdtrace: writer for pid {self.pid} writes again ({self.dropped} events "
+                          "dropped so far)", file=sys.stderr)
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval):

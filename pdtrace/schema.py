@@ -277,6 +277,8 @@ _KINDS: tuple[Kind, ...] = (
         F("buf", "str", "destination buffer name"),
         F("rows", "list[str]", "request id held by each row at issue time ('' = empty row)"),
         F("event", "str", "id of the CUDA event recorded after the copy"),
+        F("blocking", "bool", "the copy was complete when the call returned (source tensor on CPU)",
+          required=False),
     ), hook="accepted_counts"),
     Kind("d2h.done", "The copy's event was observed complete (event.query() is True, no sync).", (
         F("event", "str", "event id"),
@@ -338,6 +340,10 @@ FOOTER_FIELDS: tuple[Field, ...] = (
     F("hooks", "dict", "{'applied': [...], 'skipped': {hook: reason}} over all processes"),
     F("processes", "list[dict]", "pid, role, inst, events, dropped, complete (False: shard ended without proc.exit)"),
     F("exit_code", "int", "exit code of the recorded command", required=False),
+    F("lost", "int", "events in shard frames that could not be read back (damaged by a crash or a "
+      "failed write; counted from the frame header where it survived)", required=False),
+    F("shard_problems", "list[str]", "record only: each damaged shard stretch skipped, with its file, "
+      "frame, bytes skipped and events lost", required=False),
 )
 
 

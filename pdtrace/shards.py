@@ -3,7 +3,8 @@
 A shard is ``<pid>.pdshard`` written by one process's recorder: framed batches of queued
 events in marshal form (``pdtrace.recorder.Recorder._encode_frame``), appended by the
 writer thread; events only, no header or footer. A process killed with SIGKILL may leave a
-cut last frame: it is dropped and reported, every earlier frame is kept. JSON-lines shards
+cut last frame, a failed write a cut frame in the middle: each damaged frame is skipped and
+reported (with the events it held), every intact frame before and after it is kept. JSON-lines shards
 (``<pid>.jsonl``, one event object per line) are read too.
 """
 
@@ -12,22 +13,22 @@ from __future__ import annotations
 import dataclasses
 import glob
 import heapq
-import marshal
 import os
-import struct
 from typing import Any, Iterable
 
 import orjson
 
 from . import schema
 from .errors import PdtraceError
-from .recorder import SHARD_MAGIC, SHARD_SUFFIX, materialize
+from .frames import SHARD_SUFFIX, read_frames
+from .recorder import materialize
 from .trace import Problem, load, make_footer, make_header, write_trace
 
 
 def read_shard(path: str) -> tuple[list[dict[str, Any]], list[Problem]]:
     if path.endswith(SHARD_SUFFIX):
-        events, problems = _read_frames(path)
+        frames, problems = read_frames(path)
+        events = [e for meta, items in frames for e in materialize(meta, items)]
         events.sort(key=lambda e: e["t"])  # several threads of one process may interleave
         return events, problems
     events: list[dict[str, Any]] = []
@@ -46,37 +47,6 @@ def read_shard(path: str) -> tuple[list[dict[str, Any]], list[Problem]]:
                 continue
             events.append(obj)
     events.sort(key=lambda e: e["t"])  # several threads of one process may interleave
-    return events, problems
-
-
-def _read_frames(path: str) -> tuple[list[dict[str, Any]], list[Problem]]:
-    """Events of a framed shard; the first bad frame ends the read (problem says which)."""
-    events: list[dict[str, Any]] = []
-    problems: list[Problem] = []
-    name = os.path.basename(path)
-    with open(path, "rb") as fh:
-        data = fh.read()
-    pos, n, size = 0, 0, len(data)
-    while pos < size:
-        n += 1
-        if size - pos < 8:
-            problems.append(Problem(n, f"{name}: frame {n}: truncated header (process killed mid-write)"))
-            break
-        if data[pos:pos + 4] != SHARD_MAGIC:
-            problems.append(Problem(n, f"{name}: frame {n} at byte {pos}: bad magic, rest of shard skipped"))
-            break
-        (length,) = struct.unpack_from("<I", data, pos + 4)
-        if pos + 8 + length > size:
-            problems.append(Problem(n, f"{name}: frame {n}: truncated ({size - pos - 8} of {length} bytes; "
-                                       "process killed mid-write)"))
-            break
-        try:
-            meta, items = marshal.loads(data[pos + 8:pos + 8 + length])
-            events.extend(materialize(meta, items))
-        except Exception as exc:
-            problems.append(Problem(n, f"{name}: frame {n}: corrupt ({type(exc).__name__}), rest of shard skipped"))
-            break
-        pos += 8 + length
     return events, problems
 
 
@@ -108,6 +78,7 @@ def finalize_session(directory: str, output: str, *, cmd: list[str], redacted: b
     footer = make_footer(events, exit_code=exit_code)
     if problems:
         footer["shard_problems"] = [str(p) for p in problems]
+        footer["lost"] = sum(p.lost for p in problems)
     write_trace(output, header, events, footer)
     return footer, problems
 
@@ -222,5 +193,6 @@ def merge_traces(paths: Iterable[str], output: str, *, lenient: bool = False) ->
     footer = make_footer(merged)
     if problems:
         footer["input_problems"] = [str(p) for p in problems]
+        footer["lost"] = sum(p.lost for p in problems)
     write_trace(output, header, merged, footer)
     return {"events": len(merged), "clock": clock, "problems": problems}

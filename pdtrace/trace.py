@@ -31,6 +31,7 @@ _KIND_REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schem
 class Problem:
     line: int
     reason: str
+    lost: int = 0  # events known lost with it (a damaged shard frame's count)
 
     def __str__(self) -> str:
         return f"line {self.line}: {self.reason}"

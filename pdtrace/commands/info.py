@@ -30,7 +30,8 @@ def run(trace: Path | str, lenient: bool = False) -> int:
            + (f", exit code {footer['exit_code']}" if footer.get("exit_code") is not None else "")]
     out.append(f"events     {len(tr.events)}" + (f" (footer says {footer.get('events')})"
                                                   if not derived and footer.get("events") != len(tr.events) else ""))
-    out.append(f"dropped    {footer.get('dropped', 0)}")
+    out.append(f"dropped    {footer.get('dropped', 0)}" + (f"   lost {footer['lost']} (damaged shard frames)"
+                                                              if footer.get("lost") else ""))
     procs = footer.get("processes") or []
     out.append(f"processes  {len(procs)}")
     for p in procs:
