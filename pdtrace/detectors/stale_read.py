@@ -11,7 +11,11 @@ time), ``d2h.done``, ``batch.*`` (row moves, kept as history), ``acc.read``, ``a
 A wrong value (differs from ``acc.truth``) is an error; a race whose value happened to be
 right is a warning. A read is judged only against a copy that covered its row: a row past
 the copy's rows that ``batch.add`` gave the reading request after the copy holds the value
-``InputBatch.add_request`` set, not a stale one.
+``InputBatch.add_request`` set, not a stale one. ``swap_states`` and ``condense`` move
+``num_accepted_tokens_cpu`` with their rows (vLLM 0.32.0 ``v1/worker/gpu_input_batch.py``), so
+a copy known complete before every row change after it (a ``blocking`` copy, as on CPU, or
+an observed ``d2h.done``) follows its requests: a read of the row the moves carried the
+request's value to is right.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     issues: dict[Any, dict[str, Event]] = {}  # pid -> event id -> d2h.issue
     last_issue: dict[Any, Event] = {}
     done: dict[Any, set[str]] = {}
+    done_at: dict[Any, dict[str, int]] = {}  # pid -> copy event -> trace id when known complete
     moves: dict[Any, list[Event]] = {}  # pid -> batch events in order (row history)
     stale: list[tuple] = []  # the stale reads, one per dedup key, in trace order
     seen: dict[tuple, list] = {}  # dedup key -> ranks of that read
@@ -75,8 +80,11 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
             if code == ISSUE:
                 issues.setdefault(e["pid"], {})[e["event"]] = e
                 last_issue[e["pid"]] = e
+                if e.get("blocking") is True:
+                    done_at.setdefault(e["pid"], {})[e["event"]] = e["id"]
             elif code == DONE:
                 done.setdefault(e["pid"], set()).add(e["event"])
+                done_at.setdefault(e["pid"], {}).setdefault(e["event"], e["id"])
             else:  # batch.*
                 moves.setdefault(e["pid"], []).append(e)
                 if e["ev"] == "batch.add":
@@ -111,6 +119,10 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
                 fresh = added.get(pid, {}).get(row)
                 if fresh is not None and fresh.get("req") == req and fresh["id"] > issue["id"]:
                     continue  # the copy never wrote this row: it holds what add_request set
+            if moved and issue is not None:
+                complete = done_at.get(pid, {}).get(issue["event"])
+                if complete is not None and _followed(moves.get(pid, ()), issue, complete, row, req):
+                    continue  # the copy landed before any row change; the changes carried its values
             reasons = []
             row_req_at_issue = None
             if issue is not None:
@@ -169,6 +181,37 @@ def _run_clean(run: list[Event], issues: dict[Any, dict[str, Event]], last_issue
         return True
     except Exception:  # odd field values: the per-read check raises or decides
         return False
+
+
+def _followed(pid_moves: Any, issue: Event, complete: int, row: Any, req: Any) -> bool:
+    """True when the copy was complete (trace id ``complete``) before every row change after
+    it, and replaying those changes (swap, condense, or ``add_request`` giving ``req`` a row,
+    which sets the count to 1) puts ``req``'s value in ``row``."""
+    rows = issue["rows"]
+    r = rows.index(req) if req in rows else None
+    lo = issue["id"]
+    for m in pid_moves:
+        if m["id"] <= lo:
+            continue
+        mk = m["ev"]
+        if mk == "batch.remove":
+            continue
+        if m["id"] < complete:
+            return False  # a row changed while the copy could still land in the old layout
+        if mk == "batch.add":
+            if m.get("req") == req:
+                r = m["row"]
+        elif mk == "batch.swap":
+            if r == m["i1"]:
+                r = m["i2"]
+            elif r == m["i2"]:
+                r = m["i1"]
+        elif mk == "batch.condense":
+            for q, old, new in m["moves"]:
+                if old == r:
+                    r = new
+                    break
+    return r is not None and r == row
 
 
 def _history(pid_moves: Any, issue: Event | None, row: Any, req: Any) -> list[dict]:
