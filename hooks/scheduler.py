@@ -18,6 +18,7 @@ scheduler so hooks on them (here and in ``hooks/nixl.py``) can do the same.
 
 from __future__ import annotations
 
+import os
 from itertools import compress
 from time import monotonic_ns as _mono  # the recorder's clock
 from typing import Any, NamedTuple
@@ -38,8 +39,13 @@ _ROLE_TO_INST = {
 }
 
 
+# `pdtrace record --instance NAME` (env PDTRACE_INSTANCE) names this process's instance
+# outright: it wins over the kv_role, so xPyD runs can tell decoders D, D2, ... apart.
+_FORCED_INST = os.environ.get("PDTRACE_INSTANCE") or ""
+
+
 def inst_for_kv_role(kv_role: str | None) -> str:
-    return _ROLE_TO_INST.get(kv_role or "", schema.INST_NONE)
+    return _FORCED_INST or _ROLE_TO_INST.get(kv_role or "", schema.INST_NONE)
 
 
 def _kv_role(vllm_config: Any) -> str:
