@@ -28,7 +28,7 @@ pip install -q torch==2.13.0 numpy packaging regex pydantic cbor2 psutil pyzmq u
 pip install -q -e ".[test]"
 if [ "${1:-}" = "--live" ]; then  # opt-in: real P/D servers (tests/test_live_cpu.py, ~430 MB for nixl)
   pip install -q -c <(echo "torch==2.13.0") nixl==1.5.1 uvicorn watchfiles "prometheus-fastapi-instrumentator>=8.0.0" \
-    blake3 setproctitle python-json-logger ijson "compressed-tensors==0.17.0" "model-hosting-container-standards>=0.1.14,<1.0.0"
+    blake3 setproctitle python-json-logger ijson "compressed-tensors==0.17.0" "numba==0.65.0" "model-hosting-container-standards>=0.1.14,<1.0.0"
 fi
 # Optional system tools for the real-terminal and real-browser checks (tests skip without them).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

