@@ -163,8 +163,6 @@ def buggy_events() -> list[dict[str, Any]]:
         dw("spec.window", step=step, req="d-r1", start=16 + step, end=19 + step, method="eagle", group=0)
         dw("spec.phase", step=step, phase="drafter", edge="end", method="eagle", dt=200_000)
         dw("kvmeta.clear", step=step, phase="")
-        if step == 2:
-            dw("d2h.done", step=step, event="ev2", dt=900_000)
     dw("batch.remove", step=5, req="d-r1", row=1)
     dw("batch.remove", step=5, req="d-r2", row=0)
     de("req.finish", step=5, req="d-r1", status="FINISHED_STOPPED", num_computed_tokens=24, num_output_tokens=8)
