@@ -33,6 +33,8 @@ from . import __version__, schema
 from .errors import TraceError
 from .trace import _KIND_REQUIRED, Problem, _check_header
 
+_FIELD_CHECKS = schema.FIELD_CHECKS
+_type_error = schema.type_error
 KIND_NAMES: tuple[str, ...] = tuple(schema.KINDS)
 KIND_CODE: dict[str, int] = {k: i for i, k in enumerate(KIND_NAMES)}
 UNKNOWN_KIND = 255  # an unknown kind kept in a newer trace read leniently
@@ -195,10 +197,17 @@ class TraceIndex:
         if kind is None:
             self._problem(line_no, "corrupt line: not a JSON object with an 'ev' field")
             return None
+        if type(kind) is not str:
+            self._problem(line_no, f"corrupt line: 'ev' should be a string, got {orjson.dumps(kind).decode()[:40]}")
+            return None
         if self.footer is not None:
             self._problem(line_no, "data after the footer")
             return None
         if kind == schema.FOOTER:
+            reason = schema.type_error(obj, schema.FOOTER_CHECKS, "footer")
+            if reason is not None:
+                self._problem(line_no, reason)
+                obj = {"ev": schema.FOOTER}  # seen (data after it is still flagged), its summary not trusted
             self.footer = obj
             return None
         req = _KIND_REQUIRED.get(kind)
@@ -208,6 +217,10 @@ class TraceIndex:
             return None
         if not obj.keys() >= req:
             self._problem(line_no, f"{kind}: missing field(s) {', '.join(sorted(req - obj.keys()))}")
+            return None
+        reason = schema.type_error(obj, schema.FIELD_CHECKS[kind], kind)
+        if reason is not None:
+            self._problem(line_no, reason)
             return None
         return obj
 
@@ -260,8 +273,9 @@ class TraceIndex:
                         obj = loads(raw)
                     except JSONError:
                         obj = None
-                    if obj is not None and type(obj) is dict and "ev" in obj and self.footer is None \
-                            and obj["ev"] in _KIND_REQUIRED and obj.keys() >= _KIND_REQUIRED[obj["ev"]]:
+                    if obj is not None and type(obj) is dict and type(obj.get("ev")) is str and self.footer is None \
+                            and obj["ev"] in _KIND_REQUIRED and obj.keys() >= _KIND_REQUIRED[obj["ev"]] \
+                            and _type_error(obj, _FIELD_CHECKS[obj["ev"]], obj["ev"]) is None:
                         self._add(obj, off, ln)  # fast path: a valid event
                     else:
                         ev = self._check_line(obj, raw + b"\n", line_no, False)

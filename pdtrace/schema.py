@@ -347,6 +347,72 @@ FOOTER_FIELDS: tuple[Field, ...] = (
 )
 
 
+# --- field types ----------------------------------------------------------------------
+# Each Field's ``type`` string is also what the loader checks (``type_error``): int, str and
+# bool are exact (``true`` is not an int), list[...] / dict[...] check their elements. A
+# field that is not required may also be null. ``type_error`` names the first bad field.
+
+def _check_for(t: str) -> Any:
+    t = t.replace(" ", "")
+    exact = {"int": int, "str": str, "bool": bool, "float": float}
+    if t in exact:
+        want = exact[t]
+        if want is float:
+            return lambda v: type(v) is float or type(v) is int
+        return lambda v, want=want: type(v) is want
+    if t == "dict":
+        return lambda v: type(v) is dict
+    if t == "list":
+        return lambda v: type(v) is list
+    if t.startswith("list[") and t.endswith("]"):
+        inner = _check_for(t[5:-1])
+        return lambda v: type(v) is list and all(map(inner, v))
+    if t.startswith("dict[") and t.endswith("]"):
+        kt, vt = t[5:-1].split(",", 1)
+        kc, vc = _check_for(kt), _check_for(vt)
+        return lambda v: type(v) is dict and all(map(kc, v)) and all(map(vc, v.values()))
+    return lambda v: True  # a documentation-only type: anything goes
+
+
+def _field_checks(fields: tuple[Field, ...]) -> dict[str, tuple[Any, str, bool]]:
+    return {f.name: (_check_for(f.type), f.type, f.required) for f in fields}
+
+
+_COMMON_CHECKS = _field_checks(COMMON)
+FIELD_CHECKS: dict[str, dict[str, tuple[Any, str, bool]]] = {
+    name: {**_COMMON_CHECKS, **_field_checks(k.fields)} for name, k in KINDS.items()}
+HEADER_CHECKS = _field_checks(HEADER_FIELDS)
+FOOTER_CHECKS = _field_checks(FOOTER_FIELDS)
+_PROC_CHECKS = {"pid": _check_for("int"), "role": _check_for("str"), "inst": _check_for("str"),
+                "events": _check_for("int"), "dropped": _check_for("int"), "complete": _check_for("bool")}
+FOOTER_CHECKS["hooks"] = (lambda v: type(v) is dict and _check_for("list[str]")(v.get("applied", []))
+                          and _check_for("dict[str,str]")(v.get("skipped", {})),
+                          "{'applied': list[str], 'skipped': dict[str,str]}", True)
+FOOTER_CHECKS["processes"] = (lambda v: type(v) is list and all(
+    type(p) is dict and all(c(p[k]) for k, c in _PROC_CHECKS.items() if k in p) for p in v),
+    "list of {pid: int, role: str, inst: str, events: int, dropped: int, complete: bool}", True)
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "boolean", int: "integer", str: "string", list: "list", dict: "object",
+            float: "number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def type_error(obj: dict[str, Any], checks: dict[str, tuple[Any, str, bool]], what: str) -> str | None:
+    """The first field of ``obj`` whose value does not have its declared type, as a reason
+    naming it ("sched.alloc: field 'ok' should be bool, got string"), or None."""
+    for name, value in obj.items():
+        c = checks.get(name)
+        if c is None:
+            continue  # a field this version does not know: ignored
+        check, t, required = c
+        if value is None and not required:
+            continue
+        if not check(value):
+            return f"{what}: field {name!r} should be {t}, got {_type_name(value)}"
+    return None
+
+
 def new_kind_error(kind: str) -> str:
     return f"unknown event kind {kind!r} (not in schema v{SCHEMA_VERSION})"
 

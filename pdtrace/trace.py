@@ -60,8 +60,12 @@ def _check_header(path: str, obj: Any) -> dict[str, Any]:
     if not isinstance(obj, dict) or obj.get("ev") != schema.HEADER or obj.get("schema") != schema.SCHEMA_NAME:
         raise TraceError(path, 1, "not a pdtrace trace: line 1 is not a pdtrace 'trace.header' line")
     ver = obj.get("schema_version")
-    if not isinstance(ver, int):
-        raise TraceError(path, 1, "header has no integer schema_version")
+    if type(ver) is not int or ver < 1:  # (true is not a version)
+        shown = orjson.dumps(ver).decode()[:40] if "schema_version" in obj else "none"
+        raise TraceError(path, 1, f"header schema_version must be a positive integer, got {shown}")
+    reason = schema.type_error(obj, schema.HEADER_CHECKS, "header")
+    if reason is not None:
+        raise TraceError(path, 1, reason)
     return obj
 
 
@@ -139,16 +143,21 @@ def scan(
                     problem = "data after the footer"
                 elif kind == schema.FOOTER:
                     footer_seen = True
-                    yield "footer", line_no, obj
-                    continue
+                    problem = schema.type_error(obj, schema.FOOTER_CHECKS, "footer")
+                    if problem is None:
+                        yield "footer", line_no, obj
+                        continue
                 elif validate:
-                    req = required.get(kind)
+                    req = required.get(kind) if type(kind) is str else None
                     if req is None:
-                        problem = schema.new_kind_error(kind)
-                        if newer:  # expected: a newer writer has kinds we do not know
+                        problem = (schema.new_kind_error(kind) if type(kind) is str
+                                   else f"corrupt line: 'ev' should be a string, got {orjson.dumps(kind).decode()[:40]}")
+                        if newer and type(kind) is str:  # expected: a newer writer has kinds we do not know
                             continue
                     elif not obj.keys() >= req:
                         problem = f"{kind}: missing field(s) {', '.join(sorted(req - obj.keys()))}"
+                    else:
+                        problem = schema.type_error(obj, schema.FIELD_CHECKS[kind], kind)
             if problem is not None:
                 if not lenient:
                     raise TraceError(path, line_no, problem)
@@ -313,13 +322,16 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
                 except (KeyError, TypeError, IndexError):
                     # the footer (not in the table) as the file's last line, or a line for
                     # ``scan`` to judge (not an object, unknown kind, a required field missing)
-                    if type(obj) is not dict or obj.get("ev") != schema.FOOTER or obj is not objs[-1]:
+                    if type(obj) is not dict or obj.get("ev") != schema.FOOTER or obj is not objs[-1] \
+                            or schema.type_error(obj, schema.FOOTER_CHECKS, "footer") is not None:
                         return None
                     footer = obj
                     break
                 # (subscripts and ``in``, not dict methods: no call per event)
                 try:
                     if obj[ID] != n:  # an id from the file that is not the position
+                        if type(obj[ID]) is not int:
+                            return None  # scan names it
                         aligned = False
                 except KeyError:
                     obj[ID] = n
