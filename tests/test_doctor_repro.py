@@ -34,6 +34,25 @@ def test_doctor_json_lists_every_subsystem(pd_harness, capsys):
     assert rc == (1 if failed else 0)
 
 
+def test_doctor_json_keeps_stdout_json_when_imports_print(pd_harness, capsys, monkeypatch):
+    """vLLM 0.30.0 printed INFO log lines on stdout when doctor imported it, before the JSON.
+    Whatever is printed while doctor inspects the hooks now goes to stderr: stdout is one JSON
+    document. (0.32.0 prints nothing there, so the test makes the import step print.)"""
+    from pdtrace.commands import doctor
+
+    real_rows = doctor._rows
+
+    def noisy_rows():
+        print("INFO 11-23 [__init__.py:239] Automatically detected platform cpu.")
+        return real_rows()
+
+    monkeypatch.setattr(doctor, "_rows", noisy_rows)
+    doctor.run(json_out=True)
+    cap = capsys.readouterr()
+    data = json.loads(cap.out)
+    assert data["hooks"] and "Automatically detected platform" in cap.err
+
+
 def test_doctor_reports_signature_drift(pd_harness, capsys, monkeypatch):
     """A hook whose expected parameters no longer match is skipped with the reason, exit 1."""
     from pdtrace import hooks

@@ -8,6 +8,7 @@ skipped (optional hooks for other vLLM layouts never count). 2: vLLM is not inst
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -40,12 +41,20 @@ def _rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def run(json_out: bool = False) -> int:
+    # Importing vLLM logs to stdout on some versions (0.30.0 prints INFO lines): whatever the
+    # imports print goes to stderr, so `doctor --json` writes only JSON on stdout.
+    out = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return _run(json_out, out)
+
+
+def _run(json_out: bool, out: Any) -> int:
     versions = collect_versions()
     if importlib.util.find_spec("vllm") is None:
         msg = ("vLLM is not installed in this Python environment, so there is nothing to hook. "
                "Install the recording extra: pip install 'pdtrace[record]'")
         if json_out:
-            print(json.dumps({"versions": versions, "error": msg, "hooks": []}, indent=2))
+            print(json.dumps({"versions": versions, "error": msg, "hooks": []}, indent=2), file=out)
         else:
             print(f"pdtrace doctor: {msg}", file=sys.stderr)
         return 2
@@ -54,21 +63,22 @@ def run(json_out: bool = False) -> int:
     failed = [r for r in rows if r["status"] != "ok" and not r["optional"]]
     if json_out:
         print(json.dumps({"versions": versions, "hooks": rows,
-                          "ok": sum(r["status"] == "ok" for r in rows), "failed": len(failed)}, indent=2))
+                          "ok": sum(r["status"] == "ok" for r in rows), "failed": len(failed)}, indent=2),
+              file=out)
     else:
-        print("pdtrace doctor")
-        print("  " + "  ".join(f"{k}={v or '-'}" for k, v in versions.items()))
-        print()
+        print("pdtrace doctor", file=out)
+        print("  " + "  ".join(f"{k}={v or '-'}" for k, v in versions.items()), file=out)
+        print(file=out)
         w_hook = max(len(r["hook"]) for r in rows) if rows else 10
         w_tgt = min(max((len(r["target"]) for r in rows), default=10), 90)
-        print(f"  {'hook':<{w_hook}}  {'status':<18}  {'target':<{w_tgt}}  why")
+        print(f"  {'hook':<{w_hook}}  {'status':<18}  {'target':<{w_tgt}}  why", file=out)
         for r in rows:
             st = r["status"] if r["status"] == "ok" else ("skipped (optional)" if r["optional"] else "SKIPPED")
-            print(f"  {r['hook']:<{w_hook}}  {st:<18}  {r['target']:<{w_tgt}}  {r['reason']}")
-        print()
+            print(f"  {r['hook']:<{w_hook}}  {st:<18}  {r['target']:<{w_tgt}}  {r['reason']}", file=out)
+        print(file=out)
         n_ok = sum(r["status"] == "ok" for r in rows)
         n_opt = sum(r["status"] != "ok" and r["optional"] for r in rows)
-        print(f"  {n_ok} ok, {len(failed)} skipped, {n_opt} optional (other vLLM layouts) absent")
+        print(f"  {n_ok} ok, {len(failed)} skipped, {n_opt} optional (other vLLM layouts) absent", file=out)
         if failed:
-            print("  Skipped hooks record nothing; the detectors that need their events cannot run.")
+            print("  Skipped hooks record nothing; the detectors that need their events cannot run.", file=out)
     return 1 if failed else 0
