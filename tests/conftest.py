@@ -98,3 +98,39 @@ def pd_pair(pd_harness):
         return cache[cfg]
 
     return get
+
+
+# ---------------------------------------------------------------- live runs (tests/test_live_*.py)
+
+@pytest.fixture(scope="session")
+def live_scripts():
+    """scripts/ importable, after the live preflight: skips with its reason where a live run
+    cannot work (a failure under PDTRACE_STRICT_SKIPS=1). Returns a namespace with the
+    live_cpu_pd and live_cpu_hybrid modules and ``workdir(name, tmp_path_factory)``:
+    $PDTRACE_LIVE_WORKDIR/name when set (artifacts kept), else a fresh temp dir."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    if str(scripts) not in sys.path:
+        sys.path.insert(0, str(scripts))
+    import live_cpu_hybrid
+    import live_cpu_pd
+
+    why = live_cpu_pd.preflight()
+    if why:
+        pytest.skip(f"live CPU run impossible here: {why}")
+
+    def workdir(name, tmp_path_factory):
+        base = os.environ.get("PDTRACE_LIVE_WORKDIR")
+        return Path(base) / name if base else tmp_path_factory.mktemp(name)
+
+    return SimpleNamespace(pd=live_cpu_pd, hybrid=live_cpu_hybrid, workdir=workdir)
+
+
+def load_live_events(res: dict) -> list:
+    """The merged trace of a live run, loaded strictly (a damaged trace fails the test)."""
+    from pdtrace.trace import load
+
+    return load(res["trace"], lenient=False).events

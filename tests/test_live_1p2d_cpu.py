@@ -14,33 +14,20 @@ with the reason; under PDTRACE_STRICT_SKIPS=1 that is a failure (tests/conftest.
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import load_live_events
 
 pytestmark = pytest.mark.live
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
 
 @pytest.fixture(scope="module")
-def xpyd(tmp_path_factory):
-    import live_cpu_pd
-
-    why = live_cpu_pd.preflight()
-    if why:
-        pytest.skip(f"live CPU 1P2D run impossible here: {why}")
-    wd = os.environ.get("PDTRACE_LIVE_WORKDIR")
-    res = live_cpu_pd.run_live(Path(wd) / "1p2d" if wd else tmp_path_factory.mktemp("1p2d"), spec="eagle",
-                               num_spec=3, block_size=32, decoders=2, start_timeout=600, log=lambda m: None)
-    assert res["status"] == "served", live_cpu_pd.format_report(res)
+def xpyd(live_scripts, tmp_path_factory):
+    L = live_scripts.pd
+    res = L.run_live(live_scripts.workdir("1p2d", tmp_path_factory), spec="eagle", num_spec=3, block_size=32,
+                     decoders=2, start_timeout=600, log=lambda m: None)
+    assert res["status"] == "served", L.format_report(res)
     assert res.get("summary"), f"no merged trace: {res.get('merge')}"
-    from pdtrace.trace import load
-
-    res["events"] = load(res["trace"], lenient=False).events
+    res["events"] = load_live_events(res)
     return res
 
 

@@ -23,33 +23,22 @@ is a failure (tests/conftest.py).
 from __future__ import annotations
 
 import math
-import os
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import load_live_events
 
 pytestmark = pytest.mark.live
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    import live_cpu_pd
-
-    why = live_cpu_pd.preflight()
-    if why:
-        pytest.skip(f"live CPU P/D run impossible here: {why}")
-    workdir = os.environ.get("PDTRACE_LIVE_WORKDIR") or tmp_path_factory.mktemp("live")
-    res = live_cpu_pd.run_live(workdir, spec="eagle", num_spec=3, block_size=32, log=lambda m: None)
-    print(live_cpu_pd.format_report(res))
-    assert res["status"] == "served", live_cpu_pd.format_report(res)
+def live(live_scripts, tmp_path_factory):
+    L = live_scripts.pd
+    res = L.run_live(live_scripts.workdir("live", tmp_path_factory), spec="eagle", num_spec=3, block_size=32,
+                     log=lambda m: None)
+    print(L.format_report(res))
+    assert res["status"] == "served", L.format_report(res)
     assert res.get("summary"), f"no merged trace: {res.get('merge')}"
-    from pdtrace.trace import load
-
-    res["events"] = load(res["trace"], lenient=False).events
+    res["events"] = load_live_events(res)
     return res
 
 

@@ -17,33 +17,17 @@ vLLM's CPU kernels it skips with the reason; under PDTRACE_STRICT_SKIPS=1 that i
 
 from __future__ import annotations
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import load_live_events
 
 pytestmark = pytest.mark.live
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
 
 @pytest.fixture(scope="module")
-def hyb(tmp_path_factory):
-    import live_cpu_hybrid
-    import live_cpu_pd
-
-    why = live_cpu_pd.preflight()
-    if why:
-        pytest.skip(f"live CPU hybrid run impossible here: {why}")
-    wd = os.environ.get("PDTRACE_LIVE_WORKDIR")
-    res = live_cpu_hybrid.run_hybrid(Path(wd) / "hybrid" if wd else tmp_path_factory.mktemp("hybrid"),
-                                     log=lambda m: None)
+def hyb(live_scripts, tmp_path_factory):
+    res = live_scripts.hybrid.run_hybrid(live_scripts.workdir("hybrid", tmp_path_factory), log=lambda m: None)
     assert res["status"] == "served", res.get("error") or res.get("requests")
-    from pdtrace.trace import load
-
-    res["events"] = load(res["trace"], lenient=False).events
+    res["events"] = load_live_events(res)
     return res
 
 
