@@ -123,21 +123,25 @@ def test_sigkill_of_record_then_recover_with_merge_and_view(tmp_path):
     assert "mark" in kinds and "proc.start" in kinds
 
 
-def _orphan_program(sleep: float) -> str:
-    """Main starts a detached child (new session, never waited for) and exits at once; the
-    child marks, sleeps, marks again and exits."""
+def _orphan_program(sleep: float, ready: Path) -> str:
+    """Main starts a detached child (new session, never waited for) and exits once the child
+    has started recording (``ready`` exists: its shard is open); the child marks, sleeps,
+    marks again and exits. (A process that has not opened its shard by the time CMD exits is
+    not waited for.)"""
     inner = (f"import time\nfrom pdtrace import recorder\nr = recorder.get()\nr.emit('mark', label='orphan-early')\n"
+             f"open({str(ready)!r}, 'w').close()\n"
              f"time.sleep({sleep})\nr.emit('mark', label='orphan-late')\n")
-    return ("import subprocess, sys, time\n"
+    return ("import os, subprocess, sys, time\n"
             f"p = subprocess.Popen([sys.executable, '-c', {inner!r}], start_new_session=True,\n"
             "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
             "print(p.pid, flush=True)\n"
-            "time.sleep(0.5)\n")
+            f"while not os.path.exists({str(ready)!r}):\n"
+            "    time.sleep(0.05)\n")
 
 
 def test_orphaned_worker_is_waited_for(tmp_path):
     out = tmp_path / "t.jsonl"
-    r = _record("-o", str(out), "--", sys.executable, "-c", _orphan_program(2.0))
+    r = _record("-o", str(out), "--", sys.executable, "-c", _orphan_program(2.0, tmp_path / "ready"))
     assert r.returncode == 0, r.stderr
     assert "waiting up to 10s for 1 process(es)" in r.stderr
     tr = load(str(out))
@@ -148,7 +152,7 @@ def test_orphaned_worker_is_waited_for(tmp_path):
 
 def test_orphan_still_running_after_the_wait_is_reported(tmp_path):
     out = tmp_path / "t.jsonl"
-    r = _record("-o", str(out), "--orphan-wait", "0.5", "--", sys.executable, "-c", _orphan_program(60))
+    r = _record("-o", str(out), "--orphan-wait", "0.5", "--", sys.executable, "-c", _orphan_program(60, tmp_path / "ready"))
     orphan = int(r.stdout.split()[0])
     try:
         assert r.returncode == 0, r.stderr
