@@ -1,7 +1,7 @@
 """pdtrace.hooks: monkeypatch hooks on vLLM, one module per vLLM subsystem.
 
 Each subsystem module (``scheduler``, ``nixl``, ``connector_metadata``, ``accepted_counts``,
-``input_batch``) declares ``HookSpec``s with ``register(...)`` at import. A spec names the
+``input_batch``, ``worker``, ``runner``) declares ``HookSpec``s with ``register(...)`` at import. A spec names the
 vLLM target (module, ``Class.attr``), the parameter names it expects, and a ``wrap``
 factory (original function -> patched function).
 
@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from pdtrace import recorder as _recorder
 
-SUBSYSTEMS = ("scheduler", "nixl", "connector_metadata", "accepted_counts", "input_batch", "worker")
+SUBSYSTEMS = ("scheduler", "nixl", "connector_metadata", "accepted_counts", "input_batch", "worker", "runner")
 
 
 @dataclasses.dataclass
@@ -44,6 +44,9 @@ class HookSpec:
     subsystem: str = ""
     doc: str = ""
     optional: bool = False  # absent in some vLLM layouts: skipped without being a failure
+    # which model runner's code the target lives in: "v1" (vllm/v1/worker/gpu_model_runner.py and
+    # what only it calls), "v2" (vllm/v1/worker/gpu/), "" (not runner code: it fires whichever runs)
+    runner: str = ""
     # runtime state
     status: str = "pending"  # pending | applied | skipped
     reason: str = ""
@@ -58,9 +61,9 @@ _finder: "_PostImportFinder | None" = None
 
 
 def register(name: str, module: str, qualname: str, params: tuple[str, ...], wrap: Callable[[Callable], Callable],
-             *, doc: str = "", optional: bool = False) -> HookSpec:
+             *, doc: str = "", optional: bool = False, runner: str = "") -> HookSpec:
     sub = name.split(".", 1)[0]
-    spec = HookSpec(name, module, qualname, tuple(params), wrap, sub, doc, optional)
+    spec = HookSpec(name, module, qualname, tuple(params), wrap, sub, doc, optional, runner)
     REGISTRY[name] = spec
     return spec
 

@@ -262,24 +262,27 @@ def _settle_before(rec: Any, self: Any, *a: Any, **kw: Any) -> None:
 ISSUE = register(
     "accepted_counts.issue", RUNNER_MODULE, "GPUModelRunner._update_states_after_model_execute",
     ("output_token_ids", "scheduler_output"),
-    around("accepted_counts.issue", _issue_before, _issue_after), doc="d2h.issue (+ d2h.done of the previous copy)")
+    around("accepted_counts.issue", _issue_before, _issue_after), doc="d2h.issue (+ d2h.done of the previous copy)",
+    runner="v1")
 READ = register(
     "accepted_counts.read", RUNNER_MODULE, "GPUModelRunner._prepare_inputs",
     ("scheduler_output", "num_scheduled_tokens"),
-    around("accepted_counts.read", _read_before, _read_after), doc="acc.read per row (CPU-read path), d2h.done")
+    around("accepted_counts.read", _read_before, _read_after), doc="acc.read per row (CPU-read path), d2h.done",
+    runner="v1")
 TRUTH = register(
     "accepted_counts.truth", RUNNER_MODULE, "GPUModelRunner._get_valid_sampled_token_count", (),
-    around("accepted_counts.truth", _none_before, _rec_truth), doc="acc.truth from valid_sampled_token_count")
+    around("accepted_counts.truth", _none_before, _rec_truth), doc="acc.truth from valid_sampled_token_count",
+    runner="v1")
 WINDOW = register(
     "accepted_counts.window", RUNNER_MODULE, "GPUModelRunner.propose_draft_token_ids",
     ("scheduler_output", "sampled_token_ids", "sampling_metadata", "hidden_states", "sample_hidden_states",
      "aux_hidden_states", "spec_decode_metadata", "common_attn_metadata", "slot_mappings"),
     around("accepted_counts.window", _window_before, lambda rec, s, r, *a, **kw: None),
-    doc="spec.window per request from the drafter's propose inputs")
+    doc="spec.window per request from the drafter's propose inputs", runner="v1")
 
 SETTLE = register(
     "accepted_counts.settle", RUNNER_MODULE, "GPUModelRunner._update_states", ("scheduler_output",),
     before("accepted_counts.settle", _settle_before),
-    doc="d2h.done of the last copy when it completed before this step's row moves")
+    doc="d2h.done of the last copy when it completed before this step's row moves", runner="v1")
 
 SPECS = (ISSUE, READ, TRUTH, WINDOW, SETTLE)

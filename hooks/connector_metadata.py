@@ -266,17 +266,17 @@ TARGET_SPEC = register(
     "connector_metadata.target_forward", RUNNER_MODULE, "GPUModelRunner._model_forward",
     ("input_ids", "positions", "intermediate_tensors", "inputs_embeds"),
     around("connector_metadata.target_forward", _target_before, _phase_end(schema.PHASE_TARGET)),
-    doc="spec.phase target begin/end; sets Recorder.phase")
+    doc="spec.phase target begin/end; sets Recorder.phase", runner="v1")
 
 _PROPOSE_PARAMS = ("num_speculative_tokens", "target_token_ids", "target_positions", "target_hidden_states",
                    "next_token_ids")
 DRAFTER_SPEC = register(
     "connector_metadata.drafter_propose", PROPOSER_MODULE, "SpecDecodeBaseProposer.propose", _PROPOSE_PARAMS,
     around("connector_metadata.drafter_propose", _drafter_before, _phase_end(schema.PHASE_DRAFTER)),
-    doc="spec.phase drafter begin/end (EAGLE, DFlash, draft model)")
+    doc="spec.phase drafter begin/end (EAGLE, DFlash, draft model)", runner="v1")
 DRAFTER_STEP3P5_SPEC = register(
     "connector_metadata.drafter_propose_step3p5", STEP3P5_MODULE, "Step3p5MTPProposer.propose", _PROPOSE_PARAMS,
     around("connector_metadata.drafter_propose_step3p5", _drafter_before, _phase_end(schema.PHASE_DRAFTER)),
-    doc="spec.phase drafter begin/end (Step3p5 MTP overrides propose)", optional=True)
+    doc="spec.phase drafter begin/end (Step3p5 MTP overrides propose)", optional=True, runner="v1")
 
 SPECS = (*BASE_SPECS.values(), INIT_SPEC, TARGET_SPEC, DRAFTER_SPEC, DRAFTER_STEP3P5_SPEC)

@@ -66,14 +66,14 @@ def _condense_after(rec: Any, state: Any, result: Any, self: Any, *a: Any, **kw:
 
 
 ADD = register("input_batch.add", MODULE, "InputBatch.add_request", ("request",),
-               after("input_batch.add", _rec_add), doc="batch.add: request id + row")
+               after("input_batch.add", _rec_add), doc="batch.add: request id + row", runner="v1")
 REMOVE = register("input_batch.remove", MODULE, "InputBatch.remove_request", ("req_id",),
-                  after("input_batch.remove", _rec_remove), doc="batch.remove: request id + row")
+                  after("input_batch.remove", _rec_remove), doc="batch.remove: request id + row", runner="v1")
 SWAP = register("input_batch.swap", MODULE, "InputBatch.swap_states", ("i1", "i2"),
                 around("input_batch.swap", _swap_before, _swap_after),
-                doc="batch.swap: rows and the request ids in them before the swap")
+                doc="batch.swap: rows and the request ids in them before the swap", runner="v1")
 CONDENSE = register("input_batch.condense", MODULE, "InputBatch.condense", (),
                     around("input_batch.condense", _condense_before, _condense_after),
-                    doc="batch.condense: [req, old_row, new_row] per moved request")
+                    doc="batch.condense: [req, old_row, new_row] per moved request", runner="v1")
 
 SPECS = (ADD, REMOVE, SWAP, CONDENSE)

@@ -310,6 +310,14 @@ _KINDS: tuple[Kind, ...] = (
     Kind("batch.condense", "InputBatch.condense() moved requests into empty rows.", (
         F("moves", "list[list]", "[request id, old row, new row] for each moved request"),
     ), hook="input_batch"),
+    # --- model runner ------------------------------------------------------------------------
+    Kind("runner", "A worker built its model runner (vLLM's V1 runner or model runner V2, the GPU default). "
+                   "On V2, pdtrace's V1-runner hooks (phases, drafter windows, accepted counts, InputBatch "
+                   "rows) record nothing: `check` reports their bug classes as not checked.", (
+        F("runner", "str", "'v1' (vllm/v1/worker/gpu_model_runner.py; vLLM's CPU runner too) or 'v2' "
+                           "(vllm/v1/worker/gpu/model_runner.py)"),
+        F("cls", "str", "the runner's class, module-qualified"),
+    ), hook="runner"),
 )
 
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}

