@@ -11,7 +11,9 @@ answers that per bug class with one of three statuses:
   decided from ``sched.config`` / the ``runner`` field of worker events, never from an
   absence of events.
 - ``not-checked``: a hook feeding the class raised (``hook.error`` events, footer /
-  ``proc.exit`` ``hook_errors``), a process emitting its events dropped events, or its
+  ``proc.exit`` ``hook_errors``), a process emitting its events dropped events, a worker
+  ran a model runner pdtrace has no hooks for this class on (the ``runner`` event,
+  hooks/runner.py: model runner V2, the GPU default, for the worker-side classes), or its
   events are simply not there; ``reason`` says which. Never reported clean.
 
 Everything class-specific sits in the ``CLASSES`` table (event kinds that feed a class,
@@ -43,8 +45,10 @@ NOT_CHECKED = "not-checked"
 # spec methods whose drafter has no KV cache of its own (vLLM 0.32.0 accepted_counts.NO_KV_METHODS)
 NO_KV_DRAFTERS = frozenset({"", "ngram", "ngram_gpu", "suffix", "medusa", "extract_hidden_states"})
 SAVING_ROLES = frozenset({"kv_producer", "kv_both"})
-# worker events that may name their model runner (``runner``: "v1" | "v2"; absent = unknown)
-RUNNER_KINDS = ("kvmeta.bind", "spec.phase", "d2h.issue", "acc.read", "batch.add")
+# worker events that may name their model runner (``runner``: "v1" | "v2"; absent = unknown);
+# ``runner`` (hooks/runner.py) is the one every worker emits when it builds its runner
+RUNNER_KINDS = ("runner", "kvmeta.bind", "spec.phase", "d2h.issue", "acc.read", "batch.add")
+RUNNER_NAMES = {"v1": "model runner V1", "v2": "model runner V2"}
 
 ConfigRule = Callable[[Event], bool]
 
@@ -60,6 +64,10 @@ class ClassSpec:
     one ``sched.config``, reason); when the predicate holds for EVERY recorded scheduler
     config (and no scheduler hook failed) the class does not apply. runners: model runner
     (the ``runner`` field of worker events) -> why the class does not apply on it.
+    unhooked: model runner -> what pdtrace has no hooks for on it; when any worker ran it,
+    the class is not checked (its events from that worker cannot exist). runner_hooks:
+    hook-name patterns of the model-runner hooks that produce the class's feeding events
+    (``pdtrace doctor`` tells from them whether the class is recorded under each runner).
     """
 
     feeds: tuple[tuple[str, dict[str, Any]], ...]
@@ -67,6 +75,8 @@ class ClassSpec:
     needs: tuple[str, ...] = ()
     rules: tuple[tuple[ConfigRule, str], ...] = ()
     runners: dict[str, str] = dataclasses.field(default_factory=dict)
+    unhooked: dict[str, str] = dataclasses.field(default_factory=dict)
+    runner_hooks: tuple[str, ...] = ()
     side: str = ""  # where the events come from, for "not checked" texts
 
 
@@ -112,6 +122,8 @@ CLASSES: dict[str, ClassSpec] = {
         hooks=("connector_metadata.*",),
         rules=((_not_saving, "no instance saves KV (no kv_producer / kv_both scheduler)"),
                (_no_kv_drafter, "no drafter with its own KV layers (no spec decode, or ngram-like method)")),
+        unhooked={"v2": "the target / drafter phases (spec.phase) that place the connector-metadata calls"},
+        runner_hooks=("connector_metadata.target_forward", "connector_metadata.drafter_propose*"),
         side="drafter spec.phase events (worker)",
     ),
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION: ClassSpec(
@@ -120,6 +132,8 @@ CLASSES: dict[str, ClassSpec] = {
         hooks=(*_SCHED_HOOKS, "scheduler.allocate_slots", "scheduler.schedule", "accepted_counts.window",
                "accepted_counts.<import>"),
         rules=((_no_kv_drafter, "no drafter writes KV (no spec decode, or ngram-like method)"),),
+        unhooked={"v2": "the drafter's KV write windows (spec.window)"},
+        runner_hooks=("accepted_counts.window",),
         side="spec.window events (worker)",
     ),
     STALE_ACCEPTED_COUNT_READ: ClassSpec(
@@ -129,7 +143,10 @@ CLASSES: dict[str, ClassSpec] = {
         rules=((_no_spec, "no speculative decoding (no accepted counts)"),
                (_no_state_group, "no state (Mamba / SSM) KV cache group: vLLM copies accepted counts to the "
                                  "CPU only for hybrid models")),
-        runners={"v2": "model runner V2 keeps accepted counts on the device (no CPU copy to read)"},
+        # V2 (gpu/model_states/mamba_hybrid.py) appears to keep the counts on the device, but
+        # nothing here observes that at run time: not checked, rather than "does not apply"
+        unhooked={"v2": "the accepted-count copies and CPU reads (d2h.issue / acc.read)"},
+        runner_hooks=("accepted_counts.issue", "accepted_counts.read"),
         side="d2h.issue or acc.read events (worker)",
     ),
 }
@@ -167,6 +184,7 @@ class _Facts:
     dropped: dict[Any, int]  # pid -> events dropped
     configs: list[Event]
     runners: set[Any]
+    runner_procs: dict[str, set]  # runner -> {"inst pid N"} of the workers that named it
 
 
 def _facts(idx: Any, footer: dict | None) -> _Facts:
@@ -200,7 +218,21 @@ def _facts(idx: Any, footer: dict | None) -> _Facts:
     for k in RUNNER_KINDS:  # C-level pass: a set of the values, usually {None}
         runners.update(map(dict.get, idx.kind(k), repeat("runner")))
     runners.discard(None)
-    return _Facts(errors, messages, skipped, dropped, list(idx.kind("sched.config")), runners)
+    procs: dict[str, set] = {}
+    for e in idx.kind("runner"):
+        procs.setdefault(e.get("runner"), set()).add(f"{e.get('inst', '?')} pid {e.get('pid')}")
+    return _Facts(errors, messages, skipped, dropped, list(idx.kind("sched.config")), runners, procs)
+
+
+def _unhooked(spec: ClassSpec, facts: _Facts) -> str:
+    """"model runner V2 ran (...); pdtrace has no hooks for X there", or ""."""
+    parts = []
+    for r in sorted(r for r in facts.runners if r in spec.unhooked):
+        who = facts.runner_procs.get(r)
+        where = f" ({', '.join(sorted(who))})" if who else ""
+        parts.append(f"{RUNNER_NAMES.get(r, f'model runner {r}')} ran{where}; pdtrace has no hooks for "
+                     f"{spec.unhooked[r]} there")
+    return "; ".join(parts)
 
 
 def _matches(hook: str, patterns: tuple[str, ...]) -> bool:
@@ -232,7 +264,8 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
         why = "; ".join(f"pid {p} dropped {c} event(s) (full queue)" for p, c in sorted(lost.items(), key=str))
         return Coverage(kind, NOT_CHECKED, why + ": some of this class's events may be missing", n)
     missing = [k for k in spec.needs if not idx.kind(k)]
-    if n and not missing:
+    unhooked = _unhooked(spec, facts)
+    if n and not missing and not unhooked:
         return Coverage(kind, CHECKED, "", n)
     # nothing to decide from: does the recorded configuration rule the bug out?
     if facts.runners and all(r in spec.runners for r in facts.runners):
@@ -242,6 +275,8 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
         for rule, why in spec.rules:
             if all(rule(c) for c in facts.configs):
                 return Coverage(kind, NOT_APPLICABLE, f"{why} in all {len(facts.configs)} scheduler config(s)", n)
+    if unhooked:  # some of the class's events cannot exist: never clean, even with others present
+        return Coverage(kind, NOT_CHECKED, unhooked + (f" ({n} event(s) from other workers)" if n else ""), n)
     if n:
         why = f"no {', '.join(missing)} event(s) to read the {n} {spec.side} against"
     else:
