@@ -34,6 +34,51 @@ def test_doctor_json_lists_every_subsystem(pd_harness, capsys):
     assert rc == (1 if failed else 0)
 
 
+def test_doctor_coverage_per_class_and_runner(pd_harness, capsys, monkeypatch):
+    """Per bug class on the installed vLLM 0.32.0: the hooks feeding it and whether they fire
+    under model runner V1 / V2; vLLM's default runner from its own code (VllmConfig.
+    use_v2_model_runner reads VLLM_USE_V2_MODEL_RUNNER and HAS_TRITON; no VllmConfig built)."""
+    import importlib.util
+
+    from pdtrace.commands import doctor
+    from pdtrace.detectors import ALL_KINDS, LOOKAHEAD_MISALIGNMENT
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    doctor.run(json_out=True)
+    data = json.loads(capsys.readouterr().out)
+    cov = {c["class"]: c for c in data["coverage"]}
+    assert set(cov) == set(ALL_KINDS)
+    look = cov[LOOKAHEAD_MISALIGNMENT]
+    assert "nixl.remote_alloc" in look["hooks"] and look["runner_hooks"] == []
+    assert look["v1"].startswith("recorded") and look["v2"].startswith("recorded")
+    for kind, runner_hook in (("connector-metadata-cleared-before-drafter", "connector_metadata.drafter_propose"),
+                              ("drafter-window-outside-allocation", "accepted_counts.window"),
+                              ("stale-accepted-count-read", "accepted_counts.read")):
+        c = cov[kind]
+        h = c["hooks"][runner_hook]
+        assert runner_hook in c["runner_hooks"] and h["status"] == "ok" and h["runner"] == "v1"
+        assert h["v1"] is True and h["v2"] is False
+        assert c["v1"].startswith("recorded (") and runner_hook in c["v1"]
+        assert c["v2"].startswith("not checked: pdtrace has no hooks for") and "model runner V2" in c["v2"]
+    # connector methods run under either runner (V2's ActiveKVConnector calls bind/clear too)
+    bind = cov["connector-metadata-cleared-before-drafter"]["hooks"]["connector_metadata.bind"]
+    assert bind["runner"] == "any" and bind["v1"] and bind["v2"]
+    mr = data["model_runner"]
+    assert mr["switch"] and mr["reads_env"] and mr["reads_triton"]
+    assert {"suffix", "medusa", "mlp_speculator", "custom_class"} <= set(mr["v2_off_spec_methods"])
+    assert "eagle" not in mr["v2_off_spec_methods"]
+    assert mr["gpu_default"] == "v2" and mr["env_VLLM_USE_V2_MODEL_RUNNER"] is None
+    triton = importlib.util.find_spec("triton") is not None
+    assert mr["triton_here"] == triton and mr["here"] == ("v2" if triton else "v1")
+    # the environment variable decides over Triton, as in vLLM's property
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert doctor.run(json_out=False) in (0, 1)
+    out = capsys.readouterr().out
+    assert "bug-class coverage on this vLLM" in out
+    assert "default on a GPU host: V1 (VLLM_USE_V2_MODEL_RUNNER=0 is set)" in out
+    assert "the trace's 'runner' event" in out
+
+
 def test_doctor_json_keeps_stdout_json_when_imports_print(pd_harness, capsys, monkeypatch):
     """vLLM 0.30.0 printed INFO log lines on stdout when doctor imported it, before the JSON.
     Whatever is printed while doctor inspects the hooks now goes to stderr: stdout is one JSON

@@ -2,7 +2,9 @@
 
 Checks every hook of every subsystem in ``pdtrace.hooks.SUBSYSTEMS`` with
 ``hooks.check(spec)`` (imports the target module, resolves the attribute, compares the
-signature; patches nothing). Exit 0: all required hooks ok. 1: at least one required hook
+signature; patches nothing), then, per bug class, which hooks feed it and whether they
+fire under model runner V1 and V2, and which runner vLLM builds by default
+(``pdtrace/commands/doctor_coverage.py``). Exit 0: all required hooks ok. 1: at least one required hook
 skipped (optional hooks for other vLLM layouts never count). 2: vLLM is not installed.
 """
 
@@ -59,11 +61,16 @@ def _run(json_out: bool, out: Any) -> int:
             print(f"pdtrace doctor: {msg}", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pdtrace.commands import doctor_coverage
+
     rows, _broken = _rows()
     failed = [r for r in rows if r["status"] != "ok" and not r["optional"]]
+    cov = doctor_coverage.class_coverage(rows)
+    runner = doctor_coverage.default_runner()
     if json_out:
         print(json.dumps({"versions": versions, "hooks": rows,
-                          "ok": sum(r["status"] == "ok" for r in rows), "failed": len(failed)}, indent=2),
+                          "ok": sum(r["status"] == "ok" for r in rows), "failed": len(failed),
+                          "coverage": cov, "model_runner": runner}, indent=2),
               file=out)
     else:
         print("pdtrace doctor", file=out)
@@ -81,4 +88,5 @@ def _run(json_out: bool, out: Any) -> int:
         print(f"  {n_ok} ok, {len(failed)} skipped, {n_opt} optional (other vLLM layouts) absent", file=out)
         if failed:
             print("  Skipped hooks record nothing; the detectors that need their events cannot run.", file=out)
+        doctor_coverage.print_text(cov, runner, out)
     return 1 if failed else 0
