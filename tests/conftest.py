@@ -6,6 +6,7 @@ pair) are built once per session and cached per PDConfig.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -134,3 +135,20 @@ def load_live_events(res: dict) -> list:
     from pdtrace.trace import load
 
     return load(res["trace"], lenient=False).events
+
+
+@contextlib.contextmanager
+def small_tmpfs(where, size: str):
+    """A tmpfs of ``size`` mounted at ``where`` (a new directory) for disk-full tests; skips
+    with the reason where mounting is not allowed (a failure under PDTRACE_STRICT_SKIPS=1)."""
+    import subprocess
+
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)

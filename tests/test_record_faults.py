@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import small_tmpfs
 
 from pdtrace.commands.view import open_source
 from pdtrace.trace import load
@@ -44,24 +45,12 @@ def test_unwritable_output_fails_before_the_program_runs(tmp_path):
     assert not list(tmp_path.glob(".pdtrace-*"))
 
 
-@contextlib.contextmanager
-def _small_tmpfs(where: Path, size: str):
-    where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
 
 def test_disk_full_at_merge_keeps_the_shards_and_the_exit_code(tmp_path):
     """4000 marks: ~330 kB of shards fit on a 768 kB disk, the ~690 kB JSON trace does not."""
     prog = tmp_path / "bulk.py"
     prog.write_text(BULK)
-    with _small_tmpfs(tmp_path / "disk", "768k") as disk:
+    with small_tmpfs(tmp_path / "disk", "768k") as disk:
         out = disk / "t.jsonl"
         r = _record("-o", str(out), "--", sys.executable, str(prog), "4000")
         assert r.returncode == 5, r.stderr  # the program's code, not pdtrace's

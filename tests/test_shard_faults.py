@@ -6,13 +6,12 @@ stretch, resynchronises on the next intact frame and counts what it skipped."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from conftest import small_tmpfs
 
 from pdtrace.recorder import FRAME_HEAD, Recorder
 from pdtrace.shards import finalize_session, read_shard
@@ -115,18 +114,6 @@ def test_failed_write_is_cut_back_and_counted(tmp_path):
     assert ex["dropped"] == 3
 
 
-@contextlib.contextmanager
-def _small_tmpfs(where: Path, size: str):
-    where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
 
 # A recorded program that fills its disk for a moment: 500 marks, disk full, 500 marks,
 # disk freed, 500 marks.
@@ -158,7 +145,7 @@ burst('after')
 def test_disk_full_mid_run_recovers_every_event_after_the_fault(tmp_path):
     prog = tmp_path / "fill.py"
     prog.write_text(FILL)
-    with _small_tmpfs(tmp_path / "disk", "2m") as disk:
+    with small_tmpfs(tmp_path / "disk", "2m") as disk:
         out = disk / "t.jsonl"
         r = subprocess.run([sys.executable, "-m", "pdtrace", "record", "-o", str(out), "--flush-interval", "0.05",
                             "--", sys.executable, str(prog), str(disk)], capture_output=True, text=True, timeout=120,
