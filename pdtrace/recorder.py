@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import marshal
 import os
 import sys
@@ -379,6 +380,12 @@ class Recorder:
                   python=sys.version.split()[0], session=session)
 
 
+def _close_in_mp_child(rec: "Recorder") -> None:
+    mp = sys.modules.get("multiprocessing")
+    if mp is not None and mp.parent_process() is not None:  # inside Process._bootstrap
+        rec.close()
+
+
 def start_process_recording(directory: str, session: str, redact: bool = True, **kw: Any) -> Recorder:
     """Start recording this process into ``directory`` (called by the bootstrap).
 
@@ -392,8 +399,10 @@ def start_process_recording(directory: str, session: str, redact: bool = True, *
         atexit.register(rec.close)
         # multiprocessing children (vLLM's engine core and workers) end in Process._bootstrap ->
         # os._exit(): atexit never runs there, but threading._shutdown() does, and runs these.
+        # Only there: elsewhere threading._shutdown() comes BEFORE atexit, and closing then would
+        # lose what the program's own atexit handlers still record.
         try:
-            threading._register_atexit(rec.close)  # type: ignore[attr-defined]
+            threading._register_atexit(functools.partial(_close_in_mp_child, rec))  # type: ignore[attr-defined]
         except (AttributeError, RuntimeError):  # no such hook, or the process is already exiting
             pass
         return rec

@@ -75,6 +75,18 @@ def test_multiprocessing_children_that_return_at_once_keep_their_last_events(tmp
     assert len(exits) == 2 and all(x["dropped"] == 0 for x in exits)
 
 
+def test_main_process_closes_after_its_own_atexit_handlers(tmp_path):
+    """The threading exit hook closes recorders only in multiprocessing children: in a main
+    process threading._shutdown() runs BEFORE atexit, and a mark the program records from its
+    own atexit handler must still reach the trace, before that process's proc.exit."""
+    proc, out = _record(tmp_path, "--atexit-mark")
+    assert proc.returncode == 0, proc.stderr
+    tr = load(str(out))
+    (late,) = [e for e in tr.events if e["ev"] == "mark" and e["label"] == "at-exit"]
+    (exit_ev,) = [e for e in tr.events if e["ev"] == "proc.exit" and e["pid"] == late["pid"]]
+    assert late["t"] <= exit_ev["t"]
+
+
 def test_sigterm_mid_run_still_gives_a_valid_trace(tmp_path):
     out = tmp_path / "term.jsonl"
     cmd = PDTRACE + ["record", "-o", str(out), "--", sys.executable, APP, "--sleep", "60"]

@@ -2,7 +2,7 @@
 
 It knows nothing of pdtrace except that, when a recorder is active in a process, it marks
 what it does through the public recorder API (so the test can check which process wrote
-what). Usage: mp_app.py [--sleep S] [--exit N] [--kill-child] [--burst N]
+what). Usage: mp_app.py [--sleep S] [--exit N] [--kill-child] [--burst N] [--atexit-mark]
 """
 
 import multiprocessing as mp
@@ -64,6 +64,10 @@ def burst(n):
 def main():
     args = sys.argv[1:]
     mark("main-start")
+    if "--atexit-mark" in args:  # the program's own exit handler still records
+        import atexit
+
+        atexit.register(mark, "at-exit")
     if "--burst" in args:
         n = int(args[args.index("--burst") + 1])
         for method in ("fork", "spawn"):
