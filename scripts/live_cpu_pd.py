@@ -354,15 +354,17 @@ def request_plan(block_size: int) -> list[dict]:
         {"name": "mult4-again", "len": 4 * bs, "max_tokens": 16, "seed": 3},  # prefix-cache hit on P and D
         {"name": "short", "len": bs - 5, "max_tokens": 12, "seed": 4},
     ]
-    # Sent in this order, 0.3 s apart, so they share D's batch (max 4 rows) in this row order.
-    # c-short finishes first while c-last (a higher row) still runs: InputBatch.condense() then
-    # moves c-last down into c-short's row (batch.condense), and later accepted-count reads of
-    # c-last come from its new row.
+    # Sent in this order ("gap": seconds before the next one is sent), so they share D's batch
+    # (max 4 rows) in this row order. c-short finishes first while c-last, a higher row, still
+    # runs: InputBatch.condense() then moves c-last down into c-short's row (batch.condense), and
+    # later accepted-count reads of c-last come from its new row. c-last follows c-short closely
+    # and c-short decodes 16 tokens, so c-last is in D's batch before c-short finishes (with 4
+    # tokens and a 0.3 s gap, c-last once arrived after c-short had left and took its row).
     conc = [
-        {"name": "c-long", "len": 3 * bs, "max_tokens": 96, "seed": 5},
-        {"name": "c-mid", "len": 3 * bs + 7, "max_tokens": 48, "seed": 6},
-        {"name": "c-short", "len": bs + 1, "max_tokens": 4, "seed": 8},
-        {"name": "c-last", "len": 5 * bs, "max_tokens": 32, "seed": 7},
+        {"name": "c-long", "len": 3 * bs, "max_tokens": 96, "seed": 5, "gap": 0.3},
+        {"name": "c-mid", "len": 3 * bs + 7, "max_tokens": 80, "seed": 6, "gap": 0.3},
+        {"name": "c-short", "len": bs + 1, "max_tokens": 16, "seed": 8, "gap": 0.05},
+        {"name": "c-last", "len": 5 * bs, "max_tokens": 64, "seed": 7, "gap": 0.0},
     ]
     for r in seq:
         r["group"] = "sequential"
@@ -422,9 +424,9 @@ def send_load(proxy_url: str, prefill_url: str, plan: list[dict]) -> list[dict]:
     conc = [r for r in plan if r["group"] == "concurrent"]
     slots: list = [None] * len(conc)
     threads = [threading.Thread(target=lambda i=i, r=r: slots.__setitem__(i, one(r))) for i, r in enumerate(conc)]
-    for th in threads:
+    for th, r in zip(threads, conc):
         th.start()
-        time.sleep(0.3)
+        time.sleep(r.get("gap", 0.3))
     for th in threads:
         th.join()
     results += slots
