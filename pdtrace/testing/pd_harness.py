@@ -125,9 +125,13 @@ def build_kv_cache_config(cfg: PDConfig) -> Any:
                                FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=32,
                                                  dtype=torch.float32))]
     if cfg.hybrid:
+        # vLLM's MambaModelConfig.verify_and_update_config (0.32.0 and 0.33.0) sets
+        # mamba_cache_mode="align" whenever prefix caching is on, as it is here; 0.33.0's
+        # MambaManager asserts it.
         groups.append(KVCacheGroupSpec(["model.layers.1.mixer"],
                                        MambaSpec(block_size=cfg.mamba_block_size or cfg.block_size,
-                                                 shapes=((4, 8),), dtypes=(torch.float32,))))
+                                                 shapes=((4, 8),), dtypes=(torch.float32,),
+                                                 mamba_cache_mode="align")))
     return KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
