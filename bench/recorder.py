@@ -7,13 +7,19 @@ Prints:
   batches of 100 calls with a realistic sched.alloc payload while the writer thread runs;
 - events/s the writer thread sustains to a real shard file;
 - with a queue bound of 50k and a sink slower than the producer, the queue never exceeds
-  the bound, drops are counted, and peak traced memory stays bounded.
+  the bound, drops are counted, and peak traced memory stays bounded;
+- ``pdtrace record``'s merge of a recording's shards into one trace (``shards.finalize_session``)
+  on --merge-events events in 4 shards (default 4M): wall time and the merging process's
+  peak RSS (goal < 300 MB, independent of the number of events: compare --merge-events 1000000).
 """
 
 from __future__ import annotations
 
 import argparse
+import marshal
 import os
+import resource
+import subprocess
 import statistics
 import sys
 import tempfile
@@ -92,10 +98,61 @@ def bounded_memory(n: int, bound: int) -> tuple[int, int, int]:
     return peak_q, rec.dropped, peak
 
 
+def write_shards(d: str, n: int, shards: int = 4, per_frame: int = 1000) -> int:
+    """``shards`` shard files of n events in total, written frame by frame the way a recorder's
+    writer thread does (``frames.frame_head`` + marshal payload), times interleaved across
+    shards and, inside each frame, two threads' events slightly out of order."""
+    import zlib
+
+    from pdtrace.frames import SHARD_SUFFIX, frame_head
+
+    size = 0
+    per_shard = n // shards
+    for k in range(shards):
+        path = os.path.join(d, f"{1000 + k}{SHARD_SUFFIX}")
+        meta = (1000 + k, "worker" if k else "engine-core", "D" if k % 2 else "P", None, 1_700_000_000_000_000_000)
+        with open(path, "wb") as fh:
+            for start in range(0, per_shard, per_frame):
+                items = []
+                for i in range(start, min(start + per_frame, per_shard)):
+                    t = 10_000 + (i - (i % 2) * 3) * shards * 1000 + k  # odd events 3 us late (another thread)
+                    items.append(("sched.alloc", t, f"req-{i % 512}", i // 64, payload(i)))
+                body = marshal.dumps((meta, items), 4)
+                fh.write(frame_head(len(body), len(items), zlib.crc32(body)) + body)
+        size += os.path.getsize(path)
+    return size
+
+
+def merge_memory(n: int) -> tuple[float, float, int]:
+    """Peak RSS (MB) and wall time of finalize_session on n events, in a fresh process."""
+    with tempfile.TemporaryDirectory() as d:
+        shard_dir = os.path.join(d, "shards")
+        os.mkdir(shard_dir)
+        size = write_shards(shard_dir, n)
+        code = ("import resource, sys, time; from pdtrace.shards import finalize_session; t=time.perf_counter(); "
+                f"f, p = finalize_session({shard_dir!r}, {os.path.join(d, 't.jsonl')!r}, cmd=['bench'], "
+                "redacted=True, exit_code=0); "
+                "print(f['events'], len(p), time.perf_counter() - t, "
+                "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+        events, problems, dt, maxrss_kb = out.stdout.split()
+        assert int(events) == n - n % 4 and problems == "0", out.stdout
+    return int(maxrss_kb) / 1024, float(dt), size
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--merge-events", type=int, default=4_000_000)
+    ap.add_argument("--only-merge", action="store_true", help="measure the merge only")
     a = ap.parse_args()
+    if a.merge_events:
+        rss, dt, size = merge_memory(a.merge_events)
+        print(f"merge of {a.merge_events:,} events in 4 shards ({size / 1e6:.0f} MB of frames): {dt:.1f} s, "
+              f"peak RSS {rss:.0f} MB (goal < 300 MB: {rss / 300:.2f} of budget)")
+    if a.only_merge:
+        return
     for api in ("put", "emit"):
         med, p99 = caller_cost(a.events, api)
         print(f"{api}() on the caller's thread (11-field sched.alloc payload): median {med:.0f} ns, p99 {p99:.0f} ns "

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import errno
 import marshal
+import mmap
 import os
 import struct
 import zlib
-from typing import Any
+from typing import Any, Iterator
 
 from .trace import Problem
 
@@ -58,26 +59,50 @@ _OLD_MAGIC = b"PDS1"  # frames without checksum or count (pdtrace before PDS2)
 
 
 def read_frames(path: str) -> tuple[list[tuple[Any, Any]], list[Problem]]:
-    """The ``(meta, items)`` of every intact frame of a shard file, and its problems. A damaged frame (bad magic, bad checksum, cut short, not
-    unmarshallable) does not end the read: the reader scans forward to the next intact frame
-    and goes on; each damaged stretch becomes one problem saying how many bytes were skipped
-    and, where the frame header survived, how many events they held (``Problem.lost``)."""
-    frames: list[tuple[Any, Any]] = []
+    """The ``(meta, items)`` of every intact frame of a shard file, and its problems (see
+    ``iter_frames``)."""
     problems: list[Problem] = []
+    return list(iter_frames(path, problems)), problems
+
+
+_RELEASE = 64 << 20  # hand mapped pages already read back to the kernel every 64 MiB
+
+
+def iter_frames(path: str, problems: list[Problem]) -> Iterator[tuple[Any, Any]]:
+    """Yield the ``(meta, items)`` of every intact frame of a shard file, in file order, and
+    append its problems to ``problems``. A damaged frame (bad magic, bad checksum, cut short,
+    not unmarshallable) does not end the read: the reader scans forward to the next intact
+    frame and goes on; each damaged stretch becomes one problem saying how many bytes were
+    skipped and, where the frame header survived, how many events they held
+    (``Problem.lost``). The file is memory-mapped and the pages behind the read position are
+    released as it goes, so memory stays bounded by a frame, not by the shard."""
     name = os.path.basename(path)
     with open(path, "rb") as fh:
-        data = fh.read()
-    size = len(data)
+        size = os.fstat(fh.fileno()).st_size
+        if size == 0:
+            return
+        data = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield from _frames(data, size, name, problems)
+    finally:
+        data.close()
+
+
+def _frames(data: Any, size: int, name: str, problems: list[Problem]) -> Iterator[tuple[Any, Any]]:
     old = data[:4] == _OLD_MAGIC
     magic = _OLD_MAGIC if old else SHARD_MAGIC
     head = 8 if old else FRAME_HEAD.size
-    pos, n = 0, 0
+    pos, n, released = 0, 0, 0
     while pos < size:
+        if pos - released >= _RELEASE and hasattr(data, "madvise"):
+            upto = pos - pos % mmap.PAGESIZE
+            data.madvise(mmap.MADV_DONTNEED, released, upto - released)
+            released = upto
         n += 1
         why, lost, nxt = "", 0, pos
         if size - pos < head:
             why = "truncated header (process killed mid-write)" if data[pos:pos + 4] == magic[:size - pos] \
-                or data.startswith(magic[:size - pos], pos) else "trailing bytes that are not a frame"
+                or data[pos:size] == magic[:size - pos] else "trailing bytes that are not a frame"
             nxt = size
         elif data[pos:pos + 4] != magic:
             why = "bad magic"
@@ -92,16 +117,20 @@ def read_frames(path: str) -> tuple[list[tuple[Any, Any]], list[Problem]]:
                 why = "damaged frame header"
             elif end > size:
                 why, lost = f"truncated ({size - pos - head} of {length} bytes; process killed mid-write?)", count
-            elif crc is not None and zlib.crc32(data[pos + head:end]) != crc:
-                why, lost = "checksum mismatch", count
             else:
-                try:
-                    meta, items = marshal.loads(data[pos + head:end])
-                    frames.append((meta, items))
-                    pos = end
-                    continue
-                except Exception as exc:  # noqa: BLE001 - any decoding failure is a damaged frame
-                    why, lost = f"corrupt ({type(exc).__name__})", count
+                payload = data[pos + head:end]
+                if crc is not None and zlib.crc32(payload) != crc:
+                    why, lost = "checksum mismatch", count
+                else:
+                    try:
+                        frame = marshal.loads(payload)
+                        meta, items = frame
+                    except Exception as exc:  # noqa: BLE001 - any decoding failure is a damaged frame
+                        why, lost = f"corrupt ({type(exc).__name__})", count
+                    else:
+                        pos = end
+                        yield meta, items
+                        continue
         if nxt < size:  # resynchronise: the next place a whole frame starts
             nxt = data.find(magic, pos + 1)
             nxt = size if nxt < 0 else nxt
@@ -109,4 +138,3 @@ def read_frames(path: str) -> tuple[list[tuple[Any, Any]], list[Problem]]:
         problems.append(Problem(n, f"{name}: frame {n} at byte {pos}: {why}; skipped {nxt - pos} byte(s){held}"
                                    + ("" if nxt >= size else ", read on from the next frame"), lost=lost))
         pos = nxt
-    return frames, problems

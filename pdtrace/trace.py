@@ -23,6 +23,7 @@ import orjson
 
 from . import schema
 from .errors import TraceError
+from .footer import FooterCounter, make_footer  # noqa: F401 - make_footer is part of this module's API
 
 _KIND_REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schema.KINDS.items()}
 
@@ -509,55 +510,14 @@ def make_header(*, origin: str, cmd: list[str] | None = None, redacted: bool = T
     return h
 
 
-def make_footer(events: Iterable[dict[str, Any]], *, exit_code: int | None = None,
-                extra_processes: dict[int, dict] | None = None) -> dict[str, Any]:
-    """Summarize events (counts, drops, hook errors, hooks, processes) into a footer."""
-    counts: dict[str, int] = {}
-    dropped = 0
-    hook_errors: dict[str, int] = {}
-    applied: set[str] = set()
-    skipped: dict[str, str] = {}
-    procs: dict[int, dict] = {}
-    n = 0
-    for e in events:
-        n += 1
-        k = e["ev"]
-        counts[k] = counts.get(k, 0) + 1
-        p = procs.setdefault(e["pid"], {"pid": e["pid"], "role": e["role"], "inst": e["inst"],
-                                        "events": 0, "dropped": 0, "complete": False})
-        p["events"] += 1
-        p["role"], p["inst"] = e["role"], e["inst"]
-        if k == "proc.exit":
-            p["complete"] = True
-            p["dropped"] = e.get("dropped", 0)
-            dropped += e.get("dropped", 0)
-            for h, c in (e.get("hook_errors") or {}).items():
-                hook_errors[h] = hook_errors.get(h, 0) + c
-        elif k == "hooks.status":
-            applied.update(e.get("applied") or ())
-            for h, why in (e.get("skipped") or {}).items():
-                skipped.setdefault(h, why)
-    for h in applied:
-        skipped.pop(h, None)
-    footer: dict[str, Any] = {
-        "ev": schema.FOOTER,
-        "events": n,
-        "counts": counts,
-        "dropped": dropped,
-        "hook_errors": hook_errors,
-        "hooks": {"applied": sorted(applied), "skipped": skipped},
-        "processes": sorted(procs.values(), key=lambda p: p["pid"]),
-    }
-    if exit_code is not None:
-        footer["exit_code"] = exit_code
-    return footer
-
-
-def write_trace(path: str, header: dict[str, Any], events: list[dict[str, Any]],
-                footer: dict[str, Any] | None = None, *, assign_ids: bool = True) -> dict[str, Any]:
-    """Write a complete trace: header, events (ids assigned in order), footer."""
-    if footer is None:
-        footer = make_footer(events, exit_code=None)
+def write_trace(path: str, header: dict[str, Any], events: Iterable[dict[str, Any]],
+                footer: dict[str, Any] | Callable[[FooterCounter], dict[str, Any]] | None = None, *,
+                assign_ids: bool = True) -> dict[str, Any]:
+    """Write a complete trace: header, events (ids assigned in order), footer. ``events`` may
+    be any iterable (a streaming merge): with ``footer`` None or a callable, the footer is
+    counted while the events are written (the callable gets the counter and returns the
+    footer to write), so nothing needs to hold the events."""
+    counter = FooterCounter() if footer is None or callable(footer) else None
     dumps = orjson.dumps
     tmp = path + ".tmp"
     try:
@@ -567,9 +527,13 @@ def write_trace(path: str, header: dict[str, Any], events: list[dict[str, Any]],
             for i, e in enumerate(events):
                 if assign_ids:
                     e["id"] = i
+                if counter is not None:
+                    counter.add(e)
                 if "block_ids_derived" in e:  # loader-derived (schema v2): keep the file compact
                     e = {k: v for k, v in e.items() if k != "block_ids" and k != "block_ids_derived"}
                 buf.write(dumps(e) + b"\n")
+            if counter is not None:
+                footer = footer(counter) if callable(footer) else counter.footer()
             buf.write(dumps(footer) + b"\n")
             buf.flush()
         os.replace(tmp, path)
@@ -579,4 +543,4 @@ def write_trace(path: str, header: dict[str, Any], events: list[dict[str, Any]],
         except OSError:
             pass
         raise
-    return footer
+    return footer  # type: ignore[return-value]
