@@ -251,7 +251,7 @@ async def test_keyboard_navigation_steps_tabs_help_filter(tmp_path):
         assert app.step == 3
         await pilot.press("left")
         assert app.step == 2
-        for key, tab in (("2", "acc"), ("3", "meta"), ("4", "raw"), ("1", "blocks")):
+        for key, tab in (("2", "acc"), ("3", "meta"), ("4", "window"), ("5", "raw"), ("1", "blocks")):
             await pilot.press(key)
             assert app.query_one("TabbedContent").active == tab
         await pilot.press("question_mark")
@@ -266,13 +266,21 @@ async def test_keyboard_navigation_steps_tabs_help_filter(tmp_path):
         rl = app.query_one("RequestList")
         ids = [rl.get_option_at_index(i).id for i in range(rl.option_count)]
         assert ids == ["r:b"]
+        # the findings list is filtered too: only b's finding is left
+        fl = app.query_one("FindingsList")
+        shown = [app.findings[int(o.id[1:])] for o in (fl.get_option_at_index(i) for i in range(fl.option_count))
+                 if o.id.startswith("f")]
+        assert [f.req for f in shown] == ["b"], [f.title for f in shown]
         step_before = app.step
         await pilot.press("left")
         assert app.step == step_before
-        await pilot.press("enter", "enter")  # to the list, select b
+        await pilot.press("enter")  # to the findings list (it has matches), on its first finding
         await pilot.pause()
-        assert app.req == "b"
-        await pilot.press("4")
+        assert app.focused is fl
+        await pilot.press("enter")  # jump to it: b, at its step
+        await pilot.pause()
+        assert (app.req, app.finding) == ("b", shown[0])
+        await pilot.press("5")
         await pilot.pause()
         assert "request b" in _pane(app, "raw")
 
@@ -289,12 +297,12 @@ async def test_jump_to_finding_selects_request_step_and_cited_events(tmp_path):
         assert (app.req, app.step) == (f.req, f.step)
         await pilot.press("f")
         assert app.req == app.findings[1].req
-        await pilot.press("4")
+        await pilot.press("5")
         await pilot.pause()
         assert "cited by the finding" in _pane(app, "raw")
-        # mouse: click the first finding in the list
+        # mouse: click the first finding in the list (row 1 is its class's header)
         app.query_one("FindingsList").focus()
-        await pilot.click("FindingsList", offset=(4, 1))
+        await pilot.click("FindingsList", offset=(4, 2))
         await pilot.press("enter")
         await pilot.pause()
         assert app.finding is app.findings[0]
@@ -413,11 +421,13 @@ def test_snapshot_connector_metadata(tmp_path, snap_compare):
 def test_tmux_real_terminal(tmp_path, fixed):
     trace = _trace(tmp_path, "pd", fixed)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    # the class name is on screen either way (its coverage header); the count is the verdict
     r = subprocess.run(["bash", str(ROOT / "scripts" / "tmux_view_check.sh"), trace,
-                        "lookahead-block-misalignment"], capture_output=True, text=True, env=env, timeout=120)
+                        "Findings (1)"], capture_output=True, text=True, env=env, timeout=120)
     if fixed:
         assert r.returncode != 0, r.stdout + r.stderr  # the finding must not be on a fixed trace's screen
-        assert "no findings" in r.stdout
+        assert "no findings" in r.stdout and "Findings (0)" in r.stdout
+        assert "checked (" in r.stdout  # the class was checked, not skipped
     else:
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "lookahead-block-misalignment" in r.stdout
+        assert "lookahead-block-misalignment" in r.stdout and "● r1 s1 D" in r.stdout

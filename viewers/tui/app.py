@@ -2,12 +2,20 @@
 
 Data flow (memray/toolong style): the ``TraceIndex`` is injected; a thread worker
 indexes the file in batches and posts ``IndexProgress``; when the index is complete the
-same worker runs the detectors over lazily parsed events and posts ``FindingsReady``.
-Widgets only render what ``viewers.tui.model`` computes for the current selection.
+same worker runs the detectors (and the per-class coverage) over lazily parsed events and
+posts ``FindingsReady``. Widgets only render what ``viewers.tui.model`` / ``drafter``
+compute for the current selection. Navigation keys live in ``navigation.py``, export
+(finding as Markdown, screen as SVG) in ``export.py``.
+
+Layout: the verdict comes first at any size. Under ``NARROW`` columns the left column
+collapses (``s`` brings it back) and a verdict line above the tabs names the selected
+finding; tab labels shorten; panes wrap prose to their width and scroll sideways where a
+table is wider than the screen.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
@@ -22,27 +30,24 @@ from textual.worker import get_current_worker
 from pdtrace.errors import PdtraceError
 from pdtrace.index import TraceIndex
 
-from . import model
+from . import drafter, model, selection
 from .commands import TraceCommands
+from .export import ExportMixin
+from .layout import TABS, LayoutMixin
 from .messages import FindingsReady, IndexFailed, IndexProgress
-from .widgets.help import HelpScreen
+from .navigation import PANE_OF_KIND, NavigationMixin
+from .widgets.accepted import AcceptedPane
 from .widgets.lists import FindingsList, RequestList
-from .widgets.panes import AcceptedPane, BlockMapPane, MetadataPane, RawPane
+from .widgets.panes import BlockMapPane, MetadataPane, RawPane
 from .widgets.timeline import StepScrubber
+from .widgets.window import WindowPane
 
 Detect = Callable[..., list]
 
-# Which pane a finding kind is best seen in.
-PANE_OF_KIND = {
-    "lookahead-block-misalignment": "blocks",
-    "drafter-window-outside-allocation": "raw",
-    "connector-metadata-cleared-before-drafter": "meta",
-    "stale-accepted-count-read": "acc",
-}
-
-
 # Above this file size the detectors (which take a list of parsed events) run on request only.
 DETECT_MAX_BYTES = 256 << 20
+_STEP = Binding.Group("Step", compact=True)
+_TABS = Binding.Group("Tab", compact=True)
 
 
 def default_detect() -> Detect | None:
@@ -53,50 +58,69 @@ def default_detect() -> Detect | None:
     return run_all
 
 
-class PdtraceViewer(App):
+def default_coverage() -> Callable[..., dict] | None:
+    try:
+        from pdtrace.detectors.coverage import coverage
+    except ImportError:
+        return None
+    return coverage
+
+
+class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, App):
     CSS_PATH = "app.tcss"
     TITLE = "pdtrace view"
     COMMANDS = App.COMMANDS | {TraceCommands}
     BINDINGS = [
-        Binding("left", "step(-1)", "Step-", priority=True),
-        Binding("right", "step(1)", "Step+", priority=True),
-        Binding("home", "step_edge(0)", "First", priority=True, show=False),
-        Binding("end", "step_edge(1)", "Last", priority=True, show=False),
-        Binding("f", "next_finding(1)", "Next finding"),
-        Binding("F", "next_finding(-1)", "Prev finding", show=False),
-        Binding("slash", "filter", "Filter"),
-        Binding("D", "detect", "Run detectors", show=False),
-        Binding("1", "tab('blocks')", "Blocks"),
-        Binding("2", "tab('acc')", "Accepted"),
-        Binding("3", "tab('meta')", "Metadata"),
-        Binding("4", "tab('raw')", "Raw"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
-    ]
+        Binding("left", "step(-1)", "Step-", priority=True, group=_STEP),
+        Binding("right", "step(1)", "Step+", priority=True, group=_STEP),
+        Binding("home", "step_edge(0)", "First", priority=True, show=False),
+        Binding("end", "step_edge(1)", "Last", priority=True, show=False),
+        Binding("f", "next_finding(1)", "Finding"),
+        Binding("F", "next_finding(-1)", "Prev finding", show=False),
+        Binding("n", "req_step(1)", "Req step"),
+        Binding("N", "req_step(-1)", "Prev req step", show=False),
+        Binding("slash", "filter", "Filter"),
+        Binding("s", "toggle_side", "Side"),
+        Binding("c", "copy_finding", "Copy"),
+        Binding("S", "save_svg", "Save SVG", show=False),
+        Binding("g", "group", "Group findings", show=False),
+        Binding("D", "detect", "Run detectors", show=False),
+    ] + [Binding(str(k + 1), f"tab('{tid}')", short.split()[1], show=False, group=_TABS)
+         for k, (tid, _, short) in enumerate(TABS)]
 
     req: reactive[str | None] = reactive(None, init=False)
     step: reactive[int | None] = reactive(None, init=False)
 
     def __init__(self, index: TraceIndex, *, detect: Detect | None = None, use_default_detect: bool = True,
                  scan: bool | None = None, batch_time: float = 0.1,
-                 detect_max_bytes: int = DETECT_MAX_BYTES) -> None:
+                 detect_max_bytes: int = DETECT_MAX_BYTES, export_dir: str | None = None) -> None:
         super().__init__()
         self.index = index
         self.detect = detect if detect is not None else (default_detect() if use_default_detect else None)
+        self.cover = default_coverage() if use_default_detect else None
         self.scan = (not index.done) if scan is None else scan
         self.batch_time = batch_time
         self.detect_max_bytes = detect_max_bytes
+        self.export_dir = export_dir or os.getcwd()
+        self.last_export: str | None = None
         self._force_detect = False
         self.findings: list[Any] = []
+        self.coverage: dict[str, Any] | None = None
         self.finding: Any = None  # the finding last jumped to
         self.findings_done = False
+        self.findings_note = ""
         self.first_screen_at: float | None = None
         self.indexed = index.done
+        self.group_by = "class"
         self._known_reqs = 0
         self._bad_reqs: set[str] = set()
         self._trackers: dict[str, model.RowTracker] = {}
         self._filter = ""
-        self._started = time.perf_counter()
+        self._pending: list[tuple[str, int]] = []
+        self._side_override: bool | None = None
+        self._narrow: bool | None = None
         self._lists_at = 0.0
 
     # ------------------------------------------------------------------ layout
@@ -107,28 +131,24 @@ class PdtraceViewer(App):
         with Horizontal(id="main"):
             with Vertical(id="left"):
                 yield FindingsList(id="findings")
-                yield Input(placeholder="/ filter requests by id", id="filter")
+                yield Input(placeholder="/ filter findings and requests", id="filter")
                 yield RequestList(id="requests")
             with Vertical(id="right"):
                 yield StepScrubber(id="scrubber")
+                yield Static("", id="verdict")
                 with TabbedContent(initial="blocks", id="tabs"):
-                    with TabPane("1 Block map", id="blocks"):
-                        yield BlockMapPane(id="pane-blocks")
-                    with TabPane("2 Accepted counts", id="acc"):
-                        yield AcceptedPane(id="pane-acc")
-                    with TabPane("3 Connector metadata", id="meta"):
-                        yield MetadataPane(id="pane-meta")
-                    with TabPane("4 Raw events", id="raw"):
-                        yield RawPane(id="pane-raw")
+                    for tid, label, _ in TABS:
+                        with TabPane(label, id=tid):
+                            yield {"blocks": BlockMapPane, "acc": AcceptedPane, "meta": MetadataPane,
+                                   "window": WindowPane, "raw": RawPane}[tid](id=f"pane-{tid}")
         yield Footer()
 
     def on_mount(self) -> None:
-        import os
-
         self.sub_title = os.path.basename(self.index.path.rstrip("/")) if self.index.path else "(events)"
         self.query_one("#banner").display = False
         self.query_one(FindingsList).show([], "indexing..." if self.scan else "running detectors...")
         self.query_one(RequestList).border_title = "Requests"
+        self._apply_layout()
         if self.scan:
             self._work()
         else:
@@ -157,18 +177,24 @@ class PdtraceViewer(App):
             self.post_message(FindingsReady([], f"{mb} MiB trace: detectors not run automatically (they parse "
                                                 "every event into memory); press D to run them, or use `pdtrace check`"))
             return
+        cov = None
         try:
             # run_all takes a list (it indexes events by kind); the index itself keeps offsets only
             events = list(self.index.iter_events())
             if worker.is_cancelled:
                 return
             findings = list(self.detect(events, header=self.index.header))
+            if self.cover is not None:
+                try:
+                    cov = self.cover(events, header=self.index.header, footer=self.index.footer)
+                except Exception:  # coverage is a summary; the findings stand without it
+                    cov = None
             del events
         except Exception as exc:  # a detector bug must not take the viewer down
             self.post_message(FindingsReady([], f"detectors failed: {type(exc).__name__}: {exc}"))
             return
         if not worker.is_cancelled:
-            self.post_message(FindingsReady(findings))
+            self.post_message(FindingsReady(findings, coverage=cov))
 
     @on(IndexProgress)
     def _on_progress(self, msg: IndexProgress) -> None:
@@ -200,10 +226,12 @@ class PdtraceViewer(App):
             shown = "; ".join(str(p) for p in self.index.problems[:5])
             more = f" (+{len(self.index.problems) - 5} more)" if len(self.index.problems) > 5 else ""
             banner = self.query_one("#banner", Static)
-            banner.update(f"⚠ damaged trace: {len(self.index.problems)} line(s) skipped: {shown}{more}")
+            banner.update(f"⚠ damaged trace: {len(self.index.problems)} line(s) skipped: {shown}{more}. The viewer "
+                          "reads damaged traces leniently; check, report, export and bundle need --lenient for them")
             banner.display = True
         if not self.scan:
             self.query_one(FindingsList).show([], "running detectors...")
+        self._run_pending("index")
         self._refresh_panes()
 
     @on(IndexFailed)
@@ -212,42 +240,55 @@ class PdtraceViewer(App):
         banner.update(f"✗ cannot read trace: {msg.error}")
         banner.display = True
         self.query_one("#progress").display = False
+        self._pending.clear()
         self.query_one(FindingsList).show([], "no findings: the trace could not be read")
 
     @on(FindingsReady)
     def _on_findings(self, msg: FindingsReady) -> None:
         self.findings = list(msg.findings)
+        self.coverage = msg.coverage
         self.findings_done = True
+        self.findings_note = msg.error
         self._bad_reqs = {f.req for f in self.findings if f.req}
-        note = msg.error or ("no findings" if not self.findings else "")
-        self.query_one(FindingsList).show(self.findings, note)
+        self._show_findings()
         self.query_one(StepScrubber).set_marks({s for f in self.findings if (s := self._finding_step(f)) is not None})
         self._add_requests(force=True)
+        self._update_verdict()
+        self._run_pending("findings")
         self._refresh_panes()
 
     # ------------------------------------------------------------------ lists
+    def _show_findings(self) -> None:
+        note = self.findings_note or ("no findings" if not self.findings else "")
+        self.query_one(FindingsList).show(self.findings, note, by=self.group_by, flt=self._filter,
+                                          coverage=self.coverage)
+
     def _add_requests(self, force: bool = False) -> None:
         names = self.index.req_names
         if not force and len(names) == self._known_reqs:
             return
         self._known_reqs = len(names)
-        flt = self._filter.lower()
-        rows = [(r, " ".join(self.index.request_insts(r)), r in self._bad_reqs)
-                for r in list(names) if flt in r.lower()]
-        rows.sort(key=lambda x: not x[2])  # requests with findings first
+        rows = selection.request_rows(self.index, self._bad_reqs, self._filter)
         self.query_one(RequestList).show(rows, len(names), self._filter)
 
     @on(Input.Changed, "#filter")
     def _on_filter(self, event: Input.Changed) -> None:
         self._filter = event.value.strip()
         self._add_requests(force=True)
+        if self.findings_done:
+            self._show_findings()
 
     @on(Input.Submitted, "#filter")
     def _on_filter_done(self) -> None:
-        rl = self.query_one(RequestList)
-        rl.focus()
-        if rl.highlighted is None and rl.option_count:
-            rl.highlighted = 0
+        fl = self.query_one(FindingsList)
+        target = fl if any((fl.get_option_at_index(i).id or "").startswith("f") for i in range(fl.option_count)) \
+            else self.query_one(RequestList)
+        target.focus()
+        if target.highlighted is None and target.option_count:
+            for i in range(target.option_count):
+                if not target.get_option_at_index(i).disabled:
+                    target.highlighted = i
+                    break
 
     @on(OptionList.OptionHighlighted, "#requests")
     @on(OptionList.OptionSelected, "#requests")
@@ -270,87 +311,14 @@ class PdtraceViewer(App):
     def _on_tab(self) -> None:
         self._refresh_panes()
 
-    # ------------------------------------------------------------------ navigation
-    def _finding_step(self, f: Any) -> int | None:
-        if f.step is not None:
-            return f.step
-        for eid in f.event_ids or []:
-            i = self.index.ordinal(eid)
-            if 0 <= i < len(self.index) and self.index.steps[i] >= 0:
-                return self.index.steps[i]
-        return None
-
-    def goto_finding(self, k: int) -> None:
-        if not 0 <= k < len(self.findings):
-            return
-        f = self.findings[k]
-        self.finding = f
-        fl = self.query_one(FindingsList)
-        try:
-            fl.highlighted = fl.get_option_index(f"f{k}")
-        except Exception:
-            pass
-        if f.req:
-            self.req = f.req
-        step = self._finding_step(f)
-        if step is not None:
-            self.step = step
-        self.query_one(TabbedContent).active = PANE_OF_KIND.get(f.kind, "raw")
-        self._refresh_panes()
-
-    def goto_request(self, req: str) -> None:
-        self.req = req
-        rl = self.query_one(RequestList)
-        try:
-            rl.highlighted = rl.get_option_index(f"r:{req}")
-        except Exception:
-            pass
-
-    def goto_step(self, step: int) -> None:
-        self.step = step
-
     def watch_req(self) -> None:
+        if self.indexed:
+            self.query_one(StepScrubber).set_req_steps(selection.request_steps(self.index, self.req))
         self._refresh_panes()
 
     def watch_step(self) -> None:
         self.query_one(StepScrubber).step = self.step
         self._refresh_panes()
-
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in ("step", "step_edge") and isinstance(self.focused, Input):
-            return False  # let the filter box have its cursor keys
-        return True
-
-    def action_step(self, delta: int) -> None:
-        steps = self.query_one(StepScrubber).steps
-        if not steps:
-            return
-        if self.step is None:
-            self.step = steps[0]
-            return
-        from bisect import bisect_left
-
-        k = bisect_left(steps, self.step)
-        if delta < 0:
-            k -= 1
-        elif k < len(steps) and steps[k] == self.step:
-            k += 1
-        self.step = steps[max(0, min(len(steps) - 1, k))]
-
-    def action_step_edge(self, last: int) -> None:
-        steps = self.query_one(StepScrubber).steps
-        if steps:
-            self.step = steps[-1] if last else steps[0]
-
-    def action_next_finding(self, delta: int) -> None:
-        if not self.findings:
-            return
-        k = self.findings.index(self.finding) if self.finding in self.findings else -1
-        if k < 0:
-            k = 0 if delta > 0 else len(self.findings) - 1
-        else:
-            k = (k + delta) % len(self.findings)
-        self.goto_finding(k)
 
     def action_detect(self) -> None:
         if not self.indexed or self.findings:
@@ -361,28 +329,23 @@ class PdtraceViewer(App):
         self.query_one(FindingsList).show([], "running detectors...")
         self._work()
 
-    def action_filter(self) -> None:
-        self.query_one("#filter", Input).focus()
-
-    def action_tab(self, tab: str) -> None:
-        self.query_one(TabbedContent).active = tab
-
-    def action_help(self) -> None:
-        if isinstance(self.screen, HelpScreen):
-            self.pop_screen()
-        else:
-            self.push_screen(HelpScreen())
-
     # ------------------------------------------------------------------ panes
-    def _selection_findings(self, kinds: tuple[str, ...]) -> list[Any]:
+    def _pair(self) -> tuple[str | None, str | None]:
+        req = self.req
+        if req is None:
+            req = next((f.req for f in self.findings if f.req), None)
+        return model.pair_requests(self.index, req) if req else (None, None)
+
+    def _selection_findings(self, tab: str) -> list[Any]:
+        pair = [r for r in self._pair() if r]
         out = []
         for f in self.findings:
-            if PANE_OF_KIND.get(f.kind) not in kinds:
-                continue
-            if kinds == ("blocks",):
-                if f.req is not None and f.req == self.req or (self.req and self.req in str(f.data)):
+            pane = PANE_OF_KIND.get(f.kind)
+            if tab in ("blocks", "window"):
+                if pane in (("blocks", "window") if tab == "blocks" else ("window",)) and \
+                        (f.req in pair or any(r in str(f.data) for r in pair)):
                     out.append(f)
-            elif self._finding_step(f) == self.step:
+            elif pane == tab and self._finding_step(f) == self.step:
                 out.append(f)
         return out
 
@@ -391,17 +354,22 @@ class PdtraceViewer(App):
             return
         tab = self.query_one(TabbedContent).active
         index = self.index
-        if tab == "blocks":
-            req = self.req
-            if req is None:
-                req = next((f.req for f in self.findings if f.req), None)
-            self.query_one(BlockMapPane).show(model.block_map(index, req), req, self._selection_findings(("blocks",)))
+        sel = self.finding
+        if tab in ("blocks", "window"):
+            req = self.req or next((f.req for f in self.findings if f.req), None)
+            pair = [r for r in self._pair() if r]
+            ws = drafter.windows(index, pair, self.findings) if self.indexed else []
+            fs = self._selection_findings(tab)
+            if tab == "blocks":
+                self.query_one(BlockMapPane).show(model.block_map(index, req), req, fs, sel, ws)
+            else:
+                self.query_one(WindowPane).show(ws, req, self.step, fs, sel)
         elif tab == "acc":
             views = model.accepted(index, self.step, self._trackers) if self.indexed else []
-            self.query_one(AcceptedPane).show(views, self.step, self._selection_findings(("acc",)))
+            self.query_one(AcceptedPane).show(views, self.step, self._selection_findings("acc"), sel)
         elif tab == "meta":
             self.query_one(MetadataPane).show(model.metadata(index, self.step), self.step,
-                                              self._selection_findings(("meta",)))
+                                              self._selection_findings("meta"), sel)
         elif tab == "raw":
             ords = model.raw_ordinals(index, self.req, self.step)
             what = " ".join(x for x in (f"request {self.req}" if self.req else "", f"step {self.step}"

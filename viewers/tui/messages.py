@@ -30,3 +30,4 @@ class FindingsReady(Message):
 
     findings: list[Any]
     error: str = ""
+    coverage: dict[str, Any] | None = None  # bug class -> detectors.coverage.Coverage

@@ -17,27 +17,52 @@ Replays a trace and shows where P/D + speculative decoding went wrong.
 | --- | --- |
 | `left` / `right` | previous / next engine step |
 | `home` / `end` | first / last step |
-| `f` / `F` | next / previous finding (jumps to its request and step) |
+| `f` / `F` | next / previous finding, in list order (jumps to its request, step and pane) |
+| `n` / `N` | next / previous step at which the selected request has events |
 | `enter` | on a finding: jump to it; on a request: select it |
-| `/` | filter requests by id |
+| `/` | filter findings and requests (kind, request, instance, title) |
+| `g` | group findings by bug class / by request |
+| `s` | show / hide the left column (hidden by default under 100 columns) |
+| `c` | copy the selected finding as Markdown (clipboard, and a .md file in the working directory) |
+| `S` | save the screen as SVG in the working directory |
 | `D` | run the detectors on a trace too large to run them automatically (> 256 MiB) |
-| `1` `2` `3` `4` | Block map, Accepted counts, Connector metadata, Raw events |
+| `1` ... `5` | Block map, Accepted counts, Connector metadata, Drafter window, Raw events |
 | `tab` / `shift+tab` | move focus between lists and panes |
 | `ctrl+p` | command palette: go to request / step / finding |
 | `?` | this help |
 | `q` | quit |
 
+Keys pressed while the trace is still being indexed are kept: `f` jumps to the first
+finding as soon as the detectors report.
+
+**Findings** (left): one line each, grouped by bug class. Every class has a header with
+its coverage: `✓ checked: clean`, `– does not apply: why`, or `? not checked: why` (the
+trace cannot decide it; never read that as clean).
+
+**Step scrubber**: `┃` (red) steps with findings, `╵` steps where the selected request has
+events, `◆` the selected step.
+
 **Block map**: P's reported blocks next to D's local blocks per KV group, each with
 the token range it holds. `LA` marks lookahead blocks (hold no computed tokens);
-`local <- remote` pairs that do not hold the same tokens are red.
+`local <- remote` pairs that do not hold the same tokens are red, the reason under them.
+When the pair's drafter writes past its allocation, its window is drawn here too.
 
-**Accepted counts**: per InputBatch row, the D2H copy (issued / completed), the CPU
-read (value, time, whether the copy's event had completed), the row's owners over time
-(batch add / swap / condense / remove), and the authoritative value. Stale and wrong-row
-reads are red.
+**Accepted counts**: per CPU read of num_accepted_tokens: row, request and verdict first
+(STALE / WRONG ROW / WRONG VALUE in red, each reason on a line of its own), then as many
+detail columns as fit (value, authoritative value, the row's owner when the D2H copy was
+issued and now, copy issue / completion times relative to the read); the rest go on a
+dim line under the row, with the row's owners over time.
 
 **Connector metadata**: bind, the target layers, clear, the drafter layers and their
 save_kv_layer calls; a clear before the drafter and layers that never saved are red.
+
+**Drafter window**: each `spec.window` of the request -- the positions the drafter writes
+KV for -- over the blocks it owns: a strip of the positions (green inside the allocation,
+red past it, `│` at block boundaries) and one line per block index; past the allocation,
+the block-table entry the write would hit and who holds that block (a shared
+prefix-cache block).
+
+Wide tables scroll sideways (the scrollbar under them, or shift + mouse wheel).
 
 Press `escape` or `?` to close.
 """

@@ -1,4 +1,9 @@
-"""The step scrubber: a one-line timeline of engine steps with finding markers."""
+"""The step scrubber: a one-line timeline of engine steps with finding markers.
+
+Line 1: the selected step, whether a finding is at it, and a legend of the marks;
+line 2: the bar. ``┃`` (red) marks steps with findings, ``╵`` the steps the selected
+request has events at (``n`` / ``N`` jump between them), ``◆`` the selected step.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +15,15 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
+LEGEND = (("┃", "bold red", "finding", "finding"), ("╵", "cyan", "request events", "req"),
+          ("◆", "bold reverse", "selected", "here"))
+
 
 class StepScrubber(Widget):
-    """Shows the selected step among all steps; red ticks mark steps with findings.
+    """Shows the selected step among all steps, with red ticks at steps with findings.
 
-    Keys live on the app (left/right/home/end) so they work whatever pane has focus;
-    a click on the bar jumps to the step under the mouse.
+    Keys live on the app (left/right/home/end, n/N) so they work whatever pane has
+    focus; a click on the bar jumps to the step under the mouse.
     """
 
     DEFAULT_CSS = """
@@ -33,6 +41,7 @@ class StepScrubber(Widget):
         super().__init__(**kw)
         self.steps: list[int] = []
         self.marks: set[int] = set()
+        self.req_steps: list[int] = []
 
     def set_steps(self, steps: list[int]) -> None:
         self.steps = steps
@@ -42,8 +51,21 @@ class StepScrubber(Widget):
         self.marks = marks
         self.refresh()
 
+    def set_req_steps(self, steps: list[int]) -> None:
+        self.req_steps = steps
+        self.refresh()
+
     def _bar_width(self) -> int:
         return max(10, self.size.width - 2)
+
+    def legend(self, room: int) -> Text:
+        """The legend, in words when there is room, else the marks alone."""
+        t = Text()
+        long = sum(len(w) + 4 for _, _, w, _ in LEGEND)
+        for mark, style, word, short in LEGEND:
+            t.append(mark, style=style)
+            t.append(f" {word}  " if room >= long else f"{short} ", style="dim")
+        return t
 
     def render(self) -> Text:
         n = len(self.steps)
@@ -53,13 +75,22 @@ class StepScrubber(Widget):
             return head
         pos = bisect_left(self.steps, self.step) if self.step is not None else 0
         head.append(f"step {self.step if self.step is not None else '-'}", style="bold")
-        head.append(f"  ({pos + 1}/{n}, range {self.steps[0]}..{self.steps[-1]})  ", style="dim")
+        head.append(f" ({pos + 1}/{n}, {self.steps[0]}..{self.steps[-1]}) ", style="dim")
         if self.step in self.marks:
-            head.append("finding at this step", style="bold red")
-        head.append("\n")
+            head.append("● finding here ", style="bold red")
         width = self._bar_width()
+        room = width - len(head.plain)
+        legend = self.legend(room)
+        if room > len(legend.plain):
+            head.append(" " * (room - len(legend.plain)))
+            head.append_text(legend)
+        head.append("\n")
         cells = ["─"] * width
         styles = ["dim"] * width
+        for s in self.req_steps:
+            k = bisect_left(self.steps, s)
+            c = min(width - 1, k * width // n)
+            cells[c], styles[c] = "╵", "cyan"
         for s in self.marks:
             k = bisect_left(self.steps, s)
             c = min(width - 1, k * width // n)

@@ -1,0 +1,39 @@
+"""Selection helpers over a ``TraceIndex``: the paired request list and the steps a request
+has events at (``n`` / ``N``). No Textual imports."""
+
+from __future__ import annotations
+
+from pdtrace.index import TraceIndex
+
+
+def request_rows(index: TraceIndex, bad: set[str], flt: str = "") -> list[tuple[str, str, bool, int]]:
+    """(request, instances, has finding, depth) rows: each P request followed by its D
+    partner(s) at depth 1 (nixl.remote_alloc / nixl.read name the P request a D request
+    reads from); pairs with a finding first. ``flt`` keeps a pair when either side matches."""
+    names = list(index.req_names)
+    known = set(names)
+    partners: dict[str, list[str]] = {}
+    for d, p in list(index.remote_req.items()):
+        if p in known and d in known and d != p:
+            partners.setdefault(p, []).append(d)
+    under = {d for ds in partners.values() for d in ds}
+    flt = flt.lower()
+    groups = []
+    for r in names:
+        if r in under:
+            continue
+        members = [r] + partners.get(r, [])
+        if flt and not any(flt in m.lower() for m in members):
+            continue
+        rows = [(m, " ".join(index.request_insts(m)), m in bad, 1 if k else 0) for k, m in enumerate(members)]
+        groups.append(rows)
+    groups.sort(key=lambda g: not any(row[2] for row in g))  # stable: pairs with findings first
+    return [row for g in groups for row in g]
+
+
+def request_steps(index: TraceIndex, req: str | None) -> list[int]:
+    """The engine steps at which ``req`` has events, ascending."""
+    if not req:
+        return []
+    steps = index.steps
+    return sorted({steps[i] for i in index.request_ordinals(req) if steps[i] >= 0})
