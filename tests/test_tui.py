@@ -351,6 +351,7 @@ async def test_damaged_trace_opens_with_banner_naming_lines(tmp_path):
         banner = str(app.query_one("#banner").render())
         assert app.query_one("#banner").display
         assert "line 4" in banner and "line 7" in banner and "no footer" in banner
+        assert "--lenient" in banner  # what check / report need to read the same trace
         assert app.findings  # the rest of the trace still shows the bug
 
 

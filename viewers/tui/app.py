@@ -334,7 +334,10 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, App):
         req = self.req
         if req is None:
             req = next((f.req for f in self.findings if f.req), None)
-        return model.pair_requests(self.index, req) if req else (None, None)
+        if not req:
+            return None, None
+        p, d = model.pair_requests(self.index, req)
+        return (p, d) if p or d else (req, None)  # a request of an instance that is neither P nor D
 
     def _selection_findings(self, tab: str) -> list[Any]:
         pair = [r for r in self._pair() if r]

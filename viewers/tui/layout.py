@@ -35,16 +35,17 @@ class LayoutMixin:
     _side_override: bool | None
     _narrow: bool | None
 
-    def on_resize(self) -> None:
-        self._apply_layout()
+    def on_resize(self, event) -> None:
+        self._apply_layout(event.size.width)
 
     def _side_shown(self) -> bool:
         return self._side_override if self._side_override is not None else not self._narrow
 
-    def _apply_layout(self) -> None:
-        if not self.is_mounted:
+    def _apply_layout(self, width: int | None = None) -> None:
+        if not self.is_mounted:  # type: ignore[attr-defined]
             return
-        width = self.size.width
+        width = width if width is not None else self.size.width  # type: ignore[attr-defined]
+        self._width = width
         narrow = width < NARROW
         if narrow != self._narrow:
             self._narrow = narrow
@@ -61,6 +62,9 @@ class LayoutMixin:
         footer.compact = width < 80
         footer.show_command_palette = width >= 120
         self._update_verdict()
+
+    def _toggle_layout(self) -> None:
+        self._apply_layout(getattr(self, "_width", None))
 
     def _update_verdict(self) -> None:
         """The one or two lines above the tabs naming the selected finding (shown when the

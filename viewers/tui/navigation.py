@@ -173,7 +173,7 @@ class NavigationMixin:
 
     def action_toggle_side(self) -> None:
         self._side_override = not self._side_shown()  # type: ignore[attr-defined]
-        self._apply_layout()  # type: ignore[attr-defined]
+        self._toggle_layout()  # type: ignore[attr-defined]
 
     def action_group(self) -> None:
         self.group_by = "request" if self.group_by == "class" else "class"  # type: ignore[attr-defined]
