@@ -65,7 +65,7 @@ def read_frames(path: str) -> tuple[list[tuple[Any, Any]], list[Problem]]:
     return list(iter_frames(path, problems)), problems
 
 
-_RELEASE = 64 << 20  # hand mapped pages already read back to the kernel every 64 MiB
+_RELEASE = 4 << 20  # hand mapped pages already read back to the kernel every 4 MiB (RSS counts them)
 
 
 def iter_frames(path: str, problems: list[Problem]) -> Iterator[tuple[Any, Any]]:
