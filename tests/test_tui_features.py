@@ -253,3 +253,30 @@ async def test_copy_finding_markdown_and_save_svg(tmp_path):
         await pilot.pause()
         svgs = list(out.glob("*.svg"))
         assert len(svgs) == 1 and svgs[0].read_text().lstrip().startswith("<svg")
+
+
+@pytest.mark.asyncio
+async def test_hiding_the_side_panel_moves_focus_so_keys_still_work():
+    app = _app(SAMPLES / "stale_read_rowmoves_buggy.jsonl")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _ready(app, pilot)
+        app.query_one(FindingsList).focus()
+        await pilot.press("s")
+        await pilot.pause()
+        assert not app.query_one("#left").display
+        assert app.focused is app.query_one("#pane-blocks")
+        await pilot.press("4")
+        await pilot.pause()
+        assert app.query_one("TabbedContent").active == "window"
+
+
+@pytest.mark.asyncio
+async def test_narrow_screen_of_a_clean_trace_shows_a_request_without_the_list():
+    app = _app(SAMPLES / "lookahead_aligned16_k1_fixed.jsonl")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _ready(app, pilot)
+        assert app.findings == [] and not app.query_one("#left").display
+        assert app.req is not None
+        text = app.query_one("#pane-blocks").text
+        assert "Request P:" in text and "all local<-remote pairs hold the same tokens" in text
+        assert "no findings" in str(app.query_one("#verdict").render())

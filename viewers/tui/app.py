@@ -253,6 +253,11 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, App):
         self._show_findings()
         self.query_one(StepScrubber).set_marks({s for f in self.findings if (s := self._finding_step(f)) is not None})
         self._add_requests(force=True)
+        if self.req is None:  # something to show without the request list (hidden when narrow)
+            rows = selection.request_rows(self.index, self._bad_reqs)
+            first = next((f.req for f in self.findings if f.req), rows[0][0] if rows else None)
+            if first is not None:
+                self.goto_request(first)
         self._update_verdict()
         self._run_pending("findings")
         self._refresh_panes()

@@ -11,6 +11,7 @@ No Textual imports.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 
@@ -80,18 +81,20 @@ def _allocs(index: TraceIndex, req: str, inst: str) -> list[tuple[int, dict[str,
     return [(i, e) for i, e in evs if e.get("ok", True)]
 
 
-def _finding_blocks(findings: list[Any], w: dict[str, Any]) -> dict[int, dict[str, Any]] | None:
+def _finding_blocks(findings: list[Any]) -> dict[tuple, dict[int, dict[str, Any]]]:
+    """(req, step, inst, start, end) -> block index -> the finding's record of that block."""
+    out: dict[tuple, dict[int, dict[str, Any]]] = {}
     for f in findings:
         d = f.data or {}
-        if (f.kind == WINDOW_KIND and f.req == w.get("req") and f.step == w.get("step") and f.inst == w.get("inst")
-                and d.get("start") == w["start"] and d.get("end") == w["end"]):
-            return {b["block_index"]: b for b in d.get("blocks") or []}
-    return None
+        if f.kind == WINDOW_KIND:
+            out[(f.req, f.step, f.inst, d.get("start"), d.get("end"))] = {b["block_index"]: b for b in d.get("blocks") or []}
+    return out
 
 
 def windows(index: TraceIndex, reqs: list[str], findings: list[Any] = ()) -> list[Window]:
     """Every ``spec.window`` of the requests, in trace order, over the allocation it writes into."""
     out: list[Window] = []
+    by_window = _finding_blocks(list(findings))
     for req in dict.fromkeys(r for r in reqs if r):
         ords = index.request_ordinals(req, ["spec.window"])
         if not ords:
@@ -102,14 +105,12 @@ def windows(index: TraceIndex, reqs: list[str], findings: list[Any] = ()) -> lis
             allocs = alloc_cache.get(inst)
             if allocs is None:
                 allocs = alloc_cache[inst] = _allocs(index, req, inst)
-            a = None
-            for ai, ae in allocs:
-                if ai < i:
-                    a = ae
+            k = bisect.bisect_left(allocs, (i,), key=lambda x: (x[0],))  # the last allocation before it
+            a = allocs[k - 1][1] if k else None
             g = w.get("group") or 0
             bs = _block_size(index, inst, g)
             owned = list((a or {}).get("block_ids", [[]])[g]) if a and g < len(a.get("block_ids") or []) else []
-            fb = _finding_blocks(list(findings), w)
+            fb = by_window.get((req, w.get("step"), inst, w["start"], w["end"]))
             touched = set(range(w["start"] // bs, (max(w["end"], w["start"] + 1) - 1) // bs + 1))
             if owned:
                 touched.add(len(owned) - 1)
@@ -123,7 +124,8 @@ def windows(index: TraceIndex, reqs: list[str], findings: list[Any] = ()) -> lis
                     wb.stale_block, wb.stale_from = info.get("stale_block"), info.get("stale_from_req")
                     wb.held_by, wb.shared = list(info.get("held_by") or []), bool(info.get("shared"))
                 blocks.append(wb)
-            out.append(Window(w.get("step"), inst, req, w.get("method", "?"), g, w["start"], w["end"], bs, owned,
+            step = w.get("step") if w.get("step") is not None else index.steps[i]  # worker events may lack it
+            out.append(Window(step if step is None or step >= 0 else None, inst, req, w.get("method", "?"), g, w["start"], w["end"], bs, owned,
                               w["id"], (a or {}).get("id"), (a or {}).get("num_lookahead_tokens"), blocks,
                               fb is not None))
     return out

@@ -52,6 +52,11 @@ class LayoutMixin:
             self._side_override = None  # crossing the breakpoint goes back to the default
         side = self._side_shown()
         left = self.query_one("#left")
+        focused = self.focused  # type: ignore[attr-defined]
+        if not side and focused is not None and left in focused.ancestors:
+            # keys must not go to a hidden list or filter box: focus the pane shown
+            tabs = self.query_one(TabbedContent)
+            self.set_focus(self.query_one(f"#pane-{tabs.active}"))  # type: ignore[attr-defined]
         left.display = side
         left.styles.width = 44 if width >= 160 else 40 if width >= 120 else 34
         right_w = width - (left.styles.width.value if side else 0)

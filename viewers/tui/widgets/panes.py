@@ -47,7 +47,7 @@ class BlockMapPane(Pane):
         windows = windows or []
         if bm is None and not windows:
             t.append(f"No NIXL block events for request {req}.\n" if req else
-                     "Select a request (left) or a finding to see its P and D blocks.\n", style="dim")
+                     "Select a request (left; s shows the list) or a finding (f) to see its P and D blocks.\n", style="dim")
             return t
         self.head(t, findings, width, selected)
         outside = [w for w in windows if w.outside]

@@ -83,7 +83,7 @@ class WindowPane(Pane):
         t = Text()
         self.head(t, findings, width, selected)
         if not req:
-            t.append("Select a request (left) or a finding to see its drafter write windows.\n", style="dim")
+            t.append("Select a request (left; s shows the list) or a finding (f) to see its drafter write windows.\n", style="dim")
             return t
         if not ws:
             para(t, f"No drafter write windows (spec.window) for request {req}: the drafter method "
@@ -91,8 +91,8 @@ class WindowPane(Pane):
             return t
         shown, rest = drafter.pick(ws, step)
         n_out = sum(bool(w.outside) for w in ws)
-        head = f"{len(ws)} drafter window(s) for {req}: "
-        t.append(head, style="bold")
+        reqs = " and ".join(dict.fromkeys(w.req for w in ws))
+        para(t, f"{len(ws)} drafter window(s) of {reqs}:", width, "bold")
         if n_out:
             t.append(f" {n_out} OUTSIDE THE ALLOCATION ", style=BAD)
             t.append("\n")
