@@ -280,3 +280,24 @@ async def test_narrow_screen_of_a_clean_trace_shows_a_request_without_the_list()
         text = app.query_one("#pane-blocks").text
         assert "Request P:" in text and "all local<-remote pairs hold the same tokens" in text
         assert "no findings" in str(app.query_one("#verdict").render())
+
+
+@pytest.mark.asyncio
+async def test_a_pane_that_cannot_be_drawn_is_reported_not_fatal(monkeypatch):
+    from pdtrace.viewers.tui import drafter
+
+    def broken(*a, **k):
+        raise TypeError("'<' not supported between instances of 'str' and 'int'")
+
+    monkeypatch.setattr(drafter, "windows", broken)
+    app = _app(SAMPLES / "dflash_window_buggy.jsonl")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _ready(app, pilot)
+        await pilot.press("f")
+        await pilot.pause()
+        assert app.is_running and app.query_one("TabbedContent").active == "window"
+        notes = [n.message for n in app._notifications]
+        assert any("cannot draw the window pane here: TypeError" in m for m in notes), notes
+        await pilot.press("5")  # the other panes still work
+        await pilot.pause()
+        assert "cited by the finding" in app.query_one("#pane-raw").text

@@ -361,6 +361,12 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, App):
         if not self.is_mounted:
             return
         tab = self.query_one(TabbedContent).active
+        try:
+            self._draw_pane(tab)
+        except Exception as exc:  # a malformed event must not take the viewer down
+            self.notify(f"cannot draw the {tab} pane here: {type(exc).__name__}: {exc}", severity="error")
+
+    def _draw_pane(self, tab: str) -> None:
         index = self.index
         sel = self.finding
         if tab in ("blocks", "window"):
