@@ -91,12 +91,13 @@ def test_json_stable_shape_and_filters(buggy):
     assert set(f) == {"kind", "severity", "req", "step", "inst", "event_ids", "title", "explanation", "data"}
     (w,) = doc["what_if"]["requests"]
     assert w["groups"][0]["recorded"] == [[50, 11]] and w["groups"][0]["fixed"] == [[50, 10]]
+    # the worker classes have no events in this trace: listed as not checked
+    full = json.loads(_run("check", buggy, "--format", "json").output)
+    assert full["summary"]["not_checked"] == ["connector-metadata-cleared-before-drafter",
+                                             "drafter-window-outside-allocation"]
+    # a request id the trace does not hold is a usage error (a typo must not read as "no findings")
     r2 = _run("check", buggy, "--format", "json", "--request", "nobody")
-    # no finding about that request; the worker classes have no events in this trace: exit 4
-    doc2 = json.loads(r2.output)
-    assert r2.exit_code == 4 and doc2["findings"] == []
-    assert doc2["summary"]["not_checked"] == ["connector-metadata-cleared-before-drafter",
-                                              "drafter-window-outside-allocation"]
+    assert r2.exit_code == 2 and "request 'nobody' does not appear in the trace; requests seen: r1" in r2.output
 
 
 def test_what_if_text(buggy):

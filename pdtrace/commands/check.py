@@ -74,6 +74,12 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
             print(f"pdtrace: warning: {tr.path}:{p.line}: {p.reason}", file=sys.stderr)
         if len(tr.problems) > 20:
             print(f"pdtrace: warning: ... and {len(tr.problems) - 20} more problem line(s)", file=sys.stderr)
+    if request is not None and not any(e.get("req") == request or e.get("remote_req") == request
+                                       for e in tr.events):
+        known = sorted({e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"})
+        raise PdtraceError(f"{tr.path}: request {request!r} does not appear in the trace"
+                           + (f"; requests seen: {', '.join(known[:10])}" + (" ..." if len(known) > 10 else "")
+                              if known else ""))
     findings = run_all(tr.events, tr.header, only=only, request=request)
     wi = _whatif.run(what_if, tr.events, request) if what_if else None
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -27,10 +29,17 @@ def run() -> int:
     print("  (recorded from real vLLM 0.32.0 scheduler + NIXL connector code on CPU with the pre-fix")
     print("   'P reports its lookahead block' rule re-introduced as a labelled fault; see sample_traces/README.md)\n")
     code = check.run(trace=path, format="text", only=[], request=None, what_if=None, output=None, lenient=False)
-    rel = os.path.relpath(path) if len(os.path.relpath(path)) < len(str(path)) else str(path)
+    rel = str(path)  # absolute: the lines below work from any directory
+    # the command as it can be typed here: `pdtrace` when it is on PATH, else the script that ran
+    # (the README's set-up runs .venv/bin/pdtrace without activating the venv)
+    exe = "pdtrace"
+    found = shutil.which("pdtrace")
+    argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if (not found or os.path.realpath(found) != os.path.realpath(argv0)) and os.path.basename(argv0) == "pdtrace":
+        exe = os.path.relpath(argv0) if not os.path.relpath(argv0).startswith("..") else argv0
     print("\nNext:")
-    print(f"  pdtrace view {rel}                 # step through it in the terminal")
-    print(f"  pdtrace check {rel} --what-if fixed-trim   # what the fixed rule would have mapped")
-    print(f"  pdtrace report {rel} -o report.html")
+    print(f"  {exe} view {rel}                 # step through it in the terminal")
+    print(f"  {exe} check {rel} --what-if fixed-trim   # what the fixed rule would have mapped")
+    print(f"  {exe} report {rel} -o report.html")
     # the demo succeeded if it found the seeded bug
     return 0 if code == 1 else 3

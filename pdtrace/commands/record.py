@@ -158,6 +158,14 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
               "its later events are not in the trace (it shows as incomplete)", file=sys.stderr)
 
     t0 = time.monotonic()
+    if not shard_files(shard_dir):  # no process of CMD started a recorder
+        print(f"pdtrace: no trace written: no process of {cmd[0]!r} recorded anything. pdtrace records the "
+              "Python processes that can import it: run the command with the Python of the environment "
+              "where pdtrace is installed (e.g. the venv's vllm), or install pdtrace there; a "
+              "'not recording pid ...' line above says why a process could not.", file=sys.stderr)
+        if not keep_shards:
+            shutil.rmtree(shard_dir, ignore_errors=True)
+        return exit_code
     try:
         footer, problems = finalize_session(shard_dir, str(output), cmd=mask_argv(cmd), redacted=not no_redact,
                                             exit_code=exit_code)
