@@ -96,8 +96,12 @@ def test_json_stable_shape_and_filters(buggy):
     assert full["summary"]["not_checked"] == ["connector-metadata-cleared-before-drafter",
                                              "drafter-window-outside-allocation"]
     # a request id the trace does not hold is a usage error (a typo must not read as "no findings")
-    r2 = _run("check", buggy, "--format", "json", "--request", "nobody")
-    assert r2.exit_code == 2 and "request 'nobody' does not appear in the trace; requests seen: r1" in r2.output
+    # (cli.main prints a PdtraceError as one line and exits 2: tests/test_cli_errors.py)
+    from pdtrace.errors import PdtraceError
+
+    with pytest.raises(PdtraceError, match="request 'nobody' does not appear in the trace; requests seen: r1") as ei:
+        _run("check", buggy, "--format", "json", "--request", "nobody")
+    assert ei.value.exit_code == 2
 
 
 def test_what_if_text(buggy):
