@@ -127,7 +127,7 @@ def test_report_without_findings_says_so(tmp_path):
     tr = load(bc.write_large_trace(tmp_path / "clean.jsonl", 200))
     tr.events = [e for e in tr.events if e.get("req") not in ("d-r1", "r1")]
     page, stats = report.render(tr, [])
-    assert "No findings." in page
+    assert "No findings" in page and "<h3>Coverage</h3>" in page
     assert stats["aggregated"] == 0 and "all " in page and "events are drawn one by one" in page
 
 
@@ -207,3 +207,18 @@ def test_report_on_sample_traces(tmp_path):
         assert report_cmd.run(trace, out, lenient=False) == 0
         assert out.stat().st_size < report.MAX_BYTES
         assert "fig-timeline" in _parse(out.read_text(encoding="utf-8")).ids
+
+
+def test_report_lists_coverage_and_never_calls_unchecked_clean(tmp_path):
+    """The fixed DFlash sample has no drafter phase events: the report must say the metadata
+    class was not checked (as `check` does), not a bare "No findings"."""
+    from pdtrace.detectors.coverage import coverage
+
+    tr = load(str(ROOT / "sample_traces" / "dflash_window_fixed.jsonl"))
+    page, _ = report.render(tr, [])
+    cov = coverage(tr.events, tr.header, tr.footer)
+    unchecked = [k for k, c in cov.items() if c.status == "not-checked"]
+    assert unchecked == ["connector-metadata-cleared-before-drafter"]
+    assert "No findings in the classes checked; 1 class(es) not checked: connector-metadata-cleared-before-drafter" in page
+    for k, c in cov.items():
+        assert f"<td>{k}</td><td>{c.line()}" in page

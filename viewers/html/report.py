@@ -30,6 +30,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import orjson
 
+from .coverage_section import coverage_html, no_findings_line
+
 MAX_BYTES = 5_000_000  # the whole page
 DEFAULT_POINT_BUDGET = 30_000  # individually drawn events in the timeline
 _TEMPLATE = Path(__file__).with_name("template.html")
@@ -889,8 +891,9 @@ def _summary_html(header: dict, footer: dict | None, problems: Sequence[Any], ev
     out.append('<section id="findings"><h2>Findings</h2>')
     if findings_note:
         out.append(f'<p class="note">{_esc(findings_note)}</p>')
+    cov_table, unchecked = coverage_html(events, header, footer)
     if not findings:
-        out.append('<p class="ok">No findings.</p>')
+        out.append(no_findings_line(unchecked))
     else:
         n_err = sum(f.severity == "error" for f in findings)
         out.append(f"<p>{len(findings)} finding(s): {n_err} error(s), {len(findings) - n_err} warning(s).</p>")
@@ -904,6 +907,7 @@ def _summary_html(header: dict, footer: dict | None, problems: Sequence[Any], ev
                        + (f"<details><summary>data</summary><pre>{_esc(_short(f.data, 2000))}</pre></details>" if f.data else "")
                        + f"</td><td>{_esc(ids)}</td></tr>")
         out.append("</table>")
+    out.append(cov_table)
     out.append("</section>")
     return "\n".join(out)
 
