@@ -15,7 +15,7 @@ from textual.widgets import Input, TabbedContent
 
 from . import selection
 from .widgets.help import HelpScreen
-from .widgets.lists import FindingsList, RequestList
+from .widgets.lists import FindingsList, RequestList, select_option
 from .widgets.timeline import StepScrubber
 
 # Which pane a finding kind is best seen in.
@@ -68,11 +68,7 @@ class NavigationMixin:
             return
         f = self.findings[k]
         self.finding = f
-        fl = self.query_one(FindingsList)  # type: ignore[attr-defined]
-        try:
-            fl.highlighted = fl.get_option_index(f"f{k}")
-        except Exception:
-            pass
+        select_option(self.query_one(FindingsList), f"f{k}")  # type: ignore[attr-defined]
         if f.req:
             self.goto_request(f.req)
         step = self._finding_step(f)
@@ -84,11 +80,7 @@ class NavigationMixin:
 
     def goto_request(self, req: str) -> None:
         self.req = req
-        rl = self.query_one(RequestList)  # type: ignore[attr-defined]
-        try:
-            rl.highlighted = rl.get_option_index(f"r:{req}")
-        except Exception:
-            pass
+        select_option(self.query_one(RequestList), f"r:{req}")  # type: ignore[attr-defined]
 
     def goto_step(self, step: int) -> None:
         self.step = step

@@ -62,6 +62,14 @@ def _cov_text(c: Any) -> tuple[str, str]:
     return "✓ " + line + ": clean", "green"
 
 
+
+def select_option(ol: Any, option_id: str) -> None:
+    """Highlight the option with this id, if the list (still) has it."""
+    try:
+        ol.highlighted = ol.get_option_index(option_id)
+    except Exception:  # noqa: BLE001 - an id filtered out or not built yet: leave the highlight
+        pass
+
 class FindingsList(OptionList):
     DEFAULT_CSS = """
     FindingsList { height: 1fr; min-height: 4; border: round $error 60%; text-wrap: nowrap; text-overflow: ellipsis; }
@@ -116,10 +124,7 @@ class FindingsList(OptionList):
                 opts.extend(Option(finding_line(f, by), id=f"f{k}") for k, f in items)
         self.add_options(opts)
         if keep is not None:
-            try:
-                self.highlighted = self.get_option_index(keep)
-            except Exception:
-                pass
+            select_option(self, keep)
         n = f"{len(shown)}/{len(findings)}" if flt else str(len(findings))
         self.border_title = f"Findings ({n})" + (f" filter: {flt}" if flt else "")
         self.border_subtitle = f"g: by {'class' if by == 'request' else 'request'}"
@@ -146,9 +151,6 @@ class RequestList(OptionList):
             opts.append(Option(t, id=f"r:{req}"))
         self.add_options(opts)
         if keep is not None:
-            try:
-                self.highlighted = self.get_option_index(keep)
-            except Exception:
-                pass
+            select_option(self, keep)
         shown = min(len(rows), MAX_REQUESTS_SHOWN)
         self.border_title = f"Requests ({shown}/{total})" + (f" filter: {flt}" if flt else "")
