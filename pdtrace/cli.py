@@ -36,6 +36,21 @@ def _run(name: str, **kwargs) -> None:
     raise typer.Exit(code or 0)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+        from .schema import SCHEMA_VERSION
+
+        typer.echo(f"pdtrace {__version__} (trace schema v{SCHEMA_VERSION})")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print pdtrace's version and trace schema version, then exit.")) -> None:
+    """Trace and debug vLLM prefill/decode disaggregation (NIXL) with speculative decoding."""
+
+
 LENIENT = typer.Option(False, "--lenient", help="Keep every valid event of a damaged or newer trace instead of failing.")
 
 

@@ -50,6 +50,15 @@ def test_usage_and_input_errors_are_one_line_exit_2(args, needles):
     _one_error_line(_pdtrace(*args), *needles)
 
 
+def test_version_flag():
+    from pdtrace import __version__
+    from pdtrace.schema import SCHEMA_VERSION
+
+    r = _pdtrace("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"pdtrace {__version__} (trace schema v{SCHEMA_VERSION})"
+    assert "--version" in _pdtrace("--help").stdout
+
+
 def test_bare_command_prints_help_and_exits_2():
     r = _pdtrace()
     assert r.returncode == EXIT_UNUSABLE and "Traceback" not in r.stderr
