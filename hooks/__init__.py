@@ -1,7 +1,8 @@
 """pdtrace.hooks: monkeypatch hooks on vLLM, one module per vLLM subsystem.
 
 Each subsystem module (``scheduler``, ``nixl``, ``connector_metadata``, ``accepted_counts``,
-``input_batch``, ``worker``, ``runner``) declares ``HookSpec``s with ``register(...)`` at import. A spec names the
+``input_batch``, ``worker``, ``runner``; for model runner V2 ``spec_v2``, ``states_v2``)
+declares ``HookSpec``s with ``register(...)`` at import. A spec names the
 vLLM target (module, ``Class.attr``), the parameter names it expects, and a ``wrap``
 factory (original function -> patched function).
 
@@ -31,7 +32,8 @@ from typing import Any, Callable
 
 from pdtrace import recorder as _recorder
 
-SUBSYSTEMS = ("scheduler", "nixl", "connector_metadata", "accepted_counts", "input_batch", "worker", "runner")
+SUBSYSTEMS = ("scheduler", "nixl", "connector_metadata", "accepted_counts", "input_batch", "worker", "runner",
+              "spec_v2", "states_v2")
 
 
 @dataclasses.dataclass

@@ -2,12 +2,13 @@
 
 On a GPU host vLLM 0.32 / 0.33 build model runner V2 by default
 (``vllm/v1/worker/gpu/model_runner.py:GPUModelRunner``, chosen by
-``VllmConfig.use_v2_model_runner``). pdtrace's worker hooks on the target/drafter phases,
-the drafter windows, the accepted-count copy and the InputBatch rows target the V1 runner
-(``vllm/v1/worker/gpu_model_runner.py``, ``gpu_input_batch.InputBatch``), so on a V2
-worker they record nothing. The ``runner`` event says which runner each worker built;
-``pdtrace check`` (``detectors/coverage.py``) then reports the classes whose hooks do not
-exist on that runner as "not checked", never clean.
+``VllmConfig.use_v2_model_runner``). The two runners share no worker code that pdtrace
+hooks: the phases, drafter windows, accepted-count copy and InputBatch rows are hooked on V1
+by ``connector_metadata`` / ``accepted_counts`` / ``input_batch`` and on V2 by ``spec_v2`` /
+``states_v2``. The ``runner`` event says which runner each worker built; ``pdtrace check``
+(``detectors/coverage.py``) reads it to say, per bug class, whether that worker's events
+could exist (a class with no hooks on a runner is "not checked" there, never clean) and
+which V2 workers must have recorded ``acc.device`` for the stale-read class to "not apply".
 
 - ``runner.v1_init``: after ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.__init__``.
   vLLM's CPU runner (``vllm/v1/worker/cpu_model_runner.py:CPUModelRunner``) subclasses it

@@ -265,8 +265,9 @@ _KINDS: tuple[Kind, ...] = (
         F("edge", "str", "begin | end"),
         F("method", "str", "drafter method for the drafter phase", required=False),
         F("layers", "list[str]", "attention layer names of this phase's model", required=False),
+        F("runner", "str", "'v2' when model runner V2's hooks (spec_v2) emitted it", required=False),
     ), hook="connector_metadata"),
-    Kind("spec.window", "The drafter's KV write window for one request in this step.", (
+    Kind("spec.window", "The drafter's KV write window for one request in this step (V2: from spec_v2).", (
         F("start", "int", "first token position the drafter writes KV for"),
         F("end", "int", "one past the last position written"),
         F("method", "str", "drafter method"),
@@ -290,16 +291,27 @@ _KINDS: tuple[Kind, ...] = (
         F("event_done", "bool", "event.query() at read time (None if no event)", required=False),
         F("synced", "bool", "the runner called event.synchronize() before reading", required=False),
     ), hook="accepted_counts"),
+    Kind("acc.device", "Model runner V2 keeps the accepted counts on the device, one entry per request slot "
+                       "(no CPU copy for a step to read stale): the stale-read class does not apply to this worker.", (
+        F("holder", "str", "the model-state class holding them, module-qualified"),
+        F("attr", "str", "the attribute (num_accepted_tokens_gpu)"),
+        F("device", "str", "its device"),
+        F("keyed_by", "str", "'slot': indexed by RequestState slot, gathered per step on the device"),
+        F("cpu_copy", "bool", "the holder also has an accepted-count buffer on the host"),
+        F("copies", "list[str]", "those host buffers' attribute names", required=False),
+    ), hook="states_v2"),
     Kind("acc.truth", "The GPU-authoritative accepted count for a request, obtained without a sync.", (
         F("value", "int", "authoritative value"),
         F("for_step", "int", "step whose verification produced it"),
     ), hook="accepted_counts"),
     # --- input batch ----------------------------------------------------------------------
-    Kind("batch.add", "InputBatch.add_request put a request in a row.", (
-        F("row", "int", "row index"),
+    Kind("batch.add", "InputBatch.add_request put a request in a row (V2: RequestState.add_request gave it a slot).", (
+        F("row", "int", "row index (V2: the RequestState slot, the block-table row)"),
+        F("runner", "str", "'v2' when emitted by states_v2", required=False),
     ), hook="input_batch"),
-    Kind("batch.remove", "InputBatch.remove_request emptied a row.", (
+    Kind("batch.remove", "InputBatch.remove_request emptied a row (V2: RequestState.remove_request freed a slot).", (
         F("row", "int", "row index (-1 if not present)"),
+        F("runner", "str", "'v2' when emitted by states_v2", required=False),
     ), hook="input_batch"),
     Kind("batch.swap", "InputBatch.swap_states(i1, i2).", (
         F("i1", "int", "first row"),
@@ -312,8 +324,9 @@ _KINDS: tuple[Kind, ...] = (
     ), hook="input_batch"),
     # --- model runner ------------------------------------------------------------------------
     Kind("runner", "A worker built its model runner (vLLM's V1 runner or model runner V2, the GPU default). "
-                   "On V2, pdtrace's V1-runner hooks (phases, drafter windows, accepted counts, InputBatch "
-                   "rows) record nothing: `check` reports their bug classes as not checked.", (
+                   "Each runner has its own worker hooks (V1: connector_metadata, accepted_counts, input_batch; "
+                   "V2: spec_v2, states_v2); `check` reads this event to tell which worker's events could exist "
+                   "and which V2 workers must have recorded acc.device.", (
         F("runner", "str", "'v1' (vllm/v1/worker/gpu_model_runner.py; vLLM's CPU runner too) or 'v2' "
                            "(vllm/v1/worker/gpu/model_runner.py)"),
         F("cls", "str", "the runner's class, module-qualified"),

@@ -69,34 +69,58 @@ def test_dropped_events_in_a_feeding_process():
     assert st[LOOKAHEAD_MISALIGNMENT] == NOT_CHECKED and st[META] == CHECKED
 
 
-def test_v2_runner_event_makes_worker_classes_not_checked(tmp_path):
-    """A worker that built model runner V2 (``runner`` event, hooks/runner.py): the classes fed
-    by V1-runner hooks are not checked, never clean, even where V1 workers gave events; the
-    lookahead class (scheduler + NIXL, engine core) is still checked. V1 changes nothing."""
+def test_v2_runner_stale_read_needs_acc_device(tmp_path):
+    """A worker that built model runner V2 (``runner`` event, hooks/runner.py): the phase and
+    window classes are hooked there too (hooks/spec_v2.py), so their events decide as on V1;
+    the stale-read class on a hybrid model is not checked until that worker's ``acc.device``
+    (hooks/states_v2.py) says the counts stay on the device, then it does not apply there."""
     b = _full()
     b.events[0]["group_kinds"] = ["FullAttentionSpec", "MambaSpec"]  # hybrid: the copy path would apply
     b.events[0]["block_sizes"] = [16, 16]
     before = _status(b.events)
-    b.add("runner", inst="P", runner="v1", cls="vllm.v1.worker.gpu_model_runner.GPUModelRunner")
-    assert _status(b.events) == before
-    assert before[META] == before[WINDOW] == CHECKED
+    assert before[META] == before[WINDOW] == CHECKED and before[STALE_ACCEPTED_COUNT_READ] == NOT_CHECKED
     b.add("runner", inst="D", runner="v2", cls="vllm.v1.worker.gpu.model_runner.GPUModelRunner")
     cov = coverage(b.events)
-    assert cov[LOOKAHEAD_MISALIGNMENT].status == CHECKED
-    for k, what in ((META, "the target / drafter phases (spec.phase)"), (WINDOW, "the drafter's KV write windows"),
-                    (STALE_ACCEPTED_COUNT_READ, "the accepted-count copies and CPU reads")):
-        c = cov[k]
-        assert c.status == NOT_CHECKED, (k, c)
-        assert c.reason.startswith("model runner V2 ran (D pid 210); pdtrace has no hooks for " + what), c.reason
-    assert "event(s) from other workers" in cov[META].reason  # P's V1 worker's events do not make it clean
-    # check: no findings, some class not checked -> exit 4, and every format says why
+    assert {k: c.status for k, c in cov.items()} == before
+    c = cov[STALE_ACCEPTED_COUNT_READ]
+    assert c.reason == ("model runner V2 ran (D pid 210) without the acc.device event that rules this class out "
+                        "there (pid 210)"), c.reason
     path = b.write(tmp_path / "v2.jsonl")
     r = runner.invoke(app, ["check", path, "--format", "json"], catch_exceptions=False)
     doc = json.loads(r.output)
     assert r.exit_code == EXIT_NOT_CHECKED and doc["findings"] == []
-    assert set(doc["summary"]["not_checked"]) == {META, WINDOW, STALE_ACCEPTED_COUNT_READ}
+    assert doc["summary"]["not_checked"] == [STALE_ACCEPTED_COUNT_READ]
+    b.add("acc.device", inst="D", holder="vllm.v1.worker.gpu.model_states.mamba_hybrid.MambaHybridModelState",
+          attr="num_accepted_tokens_gpu", device="cuda:0", keyed_by="slot", cpu_copy=False, runner="v2")
+    c = coverage(b.events)[STALE_ACCEPTED_COUNT_READ]
+    assert c.status == NOT_APPLICABLE and c.reason.startswith("model runner V2 keeps the accepted counts on the device")
+    path = b.write(tmp_path / "v2-acc.jsonl")
     r = runner.invoke(app, ["check", path], catch_exceptions=False)
-    assert r.exit_code == 4 and "not checked: model runner V2 ran (D pid 210)" in r.output
+    assert r.exit_code == 0 and "does not apply: model runner V2 keeps the accepted counts" in r.output
+    # beside a V1 worker the class is still decided on the V1 worker's events
+    b.add("runner", inst="P", runner="v1", cls="vllm.v1.worker.gpu_model_runner.GPUModelRunner")
+    c = coverage(b.events)[STALE_ACCEPTED_COUNT_READ]
+    assert c.status == NOT_CHECKED and c.reason.startswith("the trace has no d2h.issue or acc.read")
+    E.stale_read_scenario(b)
+    c = coverage(b.events)[STALE_ACCEPTED_COUNT_READ]
+    assert c.status == CHECKED and c.reason.startswith("does not apply on model runner V2: "), c.reason
+
+
+def test_v2_hook_error_and_missing_acc_device_per_worker():
+    """A failing V2 hook makes its classes not checked; each V2 worker needs its own acc.device."""
+    b = _full()
+    b.add("hook.error", inst="P", hook="spec_v2.propose.DFlashSpeculator", error="RuntimeError: boom")
+    st = _status(b.events)
+    assert st[META] == st[WINDOW] == NOT_CHECKED and st[LOOKAHEAD_MISALIGNMENT] == CHECKED
+    b = E.EventBuilder()
+    b.config("P", num_spec_tokens=3, spec_method="eagle", lookahead=3, group_kinds=["FullAttentionSpec", "MambaSpec"],
+             block_sizes=[16, 16])
+    for pid in (210, 211):
+        b.add("runner", inst="D", pid=pid, runner="v2", cls="vllm.v1.worker.gpu.model_runner.GPUModelRunner")
+    b.add("acc.device", inst="D", pid=210, holder="X", attr="num_accepted_tokens_gpu", device="cuda:0",
+          keyed_by="slot", cpu_copy=False)
+    c = coverage(b.events)[STALE_ACCEPTED_COUNT_READ]
+    assert c.status == NOT_CHECKED and c.reason.endswith("(pid 211)"), c.reason
 
 
 def test_v2_runner_without_spec_decode_does_not_apply():
@@ -108,13 +132,13 @@ def test_v2_runner_without_spec_decode_does_not_apply():
 
 
 def test_runner_table_says_does_not_apply(monkeypatch):
-    """The ``runners`` map (a runner on which a class cannot occur) still works as data;
-    no class uses it today (V2's accepted counts are not observed, so not 'does not apply')."""
+    """The ``runners`` map (a runner on which a class cannot occur, with no event needed) still
+    works as data; no class uses it today (V2's stale-read verdict waits for acc.device: na_when)."""
     from pdtrace.detectors import coverage as cov_mod
 
     spec = cov_mod.CLASSES[STALE_ACCEPTED_COUNT_READ]
     monkeypatch.setitem(cov_mod.CLASSES, STALE_ACCEPTED_COUNT_READ,
-                        cov_mod.dataclasses.replace(spec, runners={"v3": "no copy on v3"}, unhooked={}))
+                        cov_mod.dataclasses.replace(spec, runners={"v3": "no copy on v3"}, na_when={}))
     b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True)
     b.events[0]["group_kinds"] = ["FullAttentionSpec", "MambaSpec"]
     b.events[0]["block_sizes"] = [16, 16]

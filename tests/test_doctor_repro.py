@@ -53,15 +53,22 @@ def test_doctor_coverage_per_class_and_runner(pd_harness, capsys, monkeypatch):
     look = cov[LOOKAHEAD_MISALIGNMENT]
     assert "nixl.remote_alloc" in look["hooks"] and look["runner_hooks"] == []
     assert look["v1"].startswith("recorded") and look["v2"].startswith("recorded")
-    for kind, runner_hook in (("connector-metadata-cleared-before-drafter", "connector_metadata.drafter_propose"),
-                              ("drafter-window-outside-allocation", "accepted_counts.window"),
-                              ("stale-accepted-count-read", "accepted_counts.read")):
+    for kind, runner_hook, v2_hook in (
+            ("connector-metadata-cleared-before-drafter", "connector_metadata.drafter_propose",
+             "spec_v2.propose.TargetDependentARSpeculator"),
+            ("drafter-window-outside-allocation", "accepted_counts.window", "spec_v2.propose.DFlashSpeculator"),
+            ("stale-accepted-count-read", "accepted_counts.read", "states_v2.acc_device")):
         c = cov[kind]
         h = c["hooks"][runner_hook]
         assert runner_hook in c["runner_hooks"] and h["status"] == "ok" and h["runner"] == "v1"
         assert h["v1"] is True and h["v2"] is False
-        assert c["v1"].startswith("recorded (") and runner_hook in c["v1"]
-        assert c["v2"].startswith("not checked: pdtrace has no hooks for") and "model runner V2" in c["v2"]
+        assert c["v1"].startswith("recorded (") and runner_hook in c["v1"] and v2_hook not in c["v1"]
+        h2 = c["hooks"][v2_hook]  # model runner V2's own hooks (hooks/spec_v2.py, states_v2.py)
+        assert h2["status"] == "ok" and h2["runner"] == "v2" and h2["v2"] is True and h2["v1"] is False
+        assert v2_hook in c["v2"] and runner_hook not in c["v2"]
+    assert cov["connector-metadata-cleared-before-drafter"]["v2"].startswith("recorded (spec_v2.target_forward")
+    assert cov["drafter-window-outside-allocation"]["v2"].startswith("recorded (spec_v2.propose.")
+    assert cov["stale-accepted-count-read"]["v2"].startswith("does not apply where the trace has acc.device")
     # connector methods run under either runner (V2's ActiveKVConnector calls bind/clear too)
     bind = cov["connector-metadata-cleared-before-drafter"]["hooks"]["connector_metadata.bind"]
     assert bind["runner"] == "any" and bind["v1"] and bind["v2"]

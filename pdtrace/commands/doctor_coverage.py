@@ -7,7 +7,9 @@ under model runner V2. A hook fires under a runner when ``hooks.check`` finds it
 and its ``HookSpec.runner`` is that runner or "" (engine-core / connector code that runs
 whichever runner the worker built). A class is recorded under a runner when its required
 non-runner hooks are ok and, if the class has model-runner hooks (``runner_hooks``), at
-least one of them fires under that runner; otherwise it is "not checked" there.
+least one of them fires under that runner; otherwise it is "not checked" there. A class with
+a ``na_when`` entry for a runner (the stale-read class on V2: ``acc.device``) "does not apply"
+there when the hook that records that event fires.
 
 The default runner is read from vLLM's own code facts, never by building a VllmConfig:
 ``VllmConfig.use_v2_model_runner`` exists, what its source consults
@@ -60,6 +62,9 @@ def class_coverage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             elif runner_side and not fires:
                 what = cls.unhooked.get(r) or ", ".join(runner_side)
                 why = f"not checked: pdtrace has no hooks for {what} on {rname}"
+            elif r in cls.na_when:
+                ev, reason = cls.na_when[r]
+                why = f"does not apply where the trace has {ev} ({', '.join(fires)}): {reason}"
             else:
                 why = "recorded" + (f" ({', '.join(fires)})" if fires else " (engine core / connector: any runner)")
             entry[r] = why

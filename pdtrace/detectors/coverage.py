@@ -8,13 +8,15 @@ answers that per bug class with one of three statuses:
   (or their absence) are a verdict.
 - ``not-applicable``: the recorded configuration says the bug cannot occur here (e.g. no
   speculative decoding, no instance that saves KV, a model runner without the code path);
-  decided from ``sched.config`` / the ``runner`` field of worker events, never from an
-  absence of events.
+  decided from ``sched.config`` / the ``runner`` field of worker events, or from an event
+  that says so (``acc.device``: model runner V2 keeps accepted counts on the device), never
+  from an absence of events.
 - ``not-checked``: a hook feeding the class raised (``hook.error`` events, footer /
   ``proc.exit`` ``hook_errors``), a process emitting its events dropped events, a worker
   ran a model runner pdtrace has no hooks for this class on (the ``runner`` event,
-  hooks/runner.py: model runner V2, the GPU default, for the worker-side classes), or its
-  events are simply not there; ``reason`` says which. Never reported clean.
+  hooks/runner.py; a ``ClassSpec.unhooked`` entry), a V2 worker did not record the event
+  that rules the class out there (``ClassSpec.na_when``), or its events are simply not
+  there; ``reason`` says which. Never reported clean.
 
 Everything class-specific sits in the ``CLASSES`` table (event kinds that feed a class,
 hook-name patterns, configuration rules and per-runner exclusions); the code below only
@@ -47,7 +49,7 @@ NO_KV_DRAFTERS = frozenset({"", "ngram", "ngram_gpu", "suffix", "medusa", "extra
 SAVING_ROLES = frozenset({"kv_producer", "kv_both"})
 # worker events that may name their model runner (``runner``: "v1" | "v2"; absent = unknown);
 # ``runner`` (hooks/runner.py) is the one every worker emits when it builds its runner
-RUNNER_KINDS = ("runner", "kvmeta.bind", "spec.phase", "d2h.issue", "acc.read", "batch.add")
+RUNNER_KINDS = ("runner", "kvmeta.bind", "spec.phase", "d2h.issue", "acc.read", "batch.add", "acc.device")
 RUNNER_NAMES = {"v1": "model runner V1", "v2": "model runner V2"}
 
 ConfigRule = Callable[[Event], bool]
@@ -68,6 +70,9 @@ class ClassSpec:
     the class is not checked (its events from that worker cannot exist). runner_hooks:
     hook-name patterns of the model-runner hooks that produce the class's feeding events
     (``pdtrace doctor`` tells from them whether the class is recorded under each runner).
+    na_when: model runner -> (event kind, reason): the class does not apply to a worker on
+    that runner that recorded such an event (matched by pid; every worker named by a
+    ``runner`` event must have one); a worker on it without one leaves the class not checked.
     """
 
     feeds: tuple[tuple[str, dict[str, Any]], ...]
@@ -77,6 +82,7 @@ class ClassSpec:
     runners: dict[str, str] = dataclasses.field(default_factory=dict)
     unhooked: dict[str, str] = dataclasses.field(default_factory=dict)
     runner_hooks: tuple[str, ...] = ()
+    na_when: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     side: str = ""  # where the events come from, for "not checked" texts
 
 
@@ -119,34 +125,35 @@ CLASSES: dict[str, ClassSpec] = {
     METADATA_CLEARED_BEFORE_DRAFTER: ClassSpec(
         feeds=(("spec.phase", {"phase": "drafter"}),),
         needs=("kvmeta.bind",),
-        hooks=("connector_metadata.*",),
+        hooks=("connector_metadata.*", "spec_v2.target_forward", "spec_v2.propose*", "spec_v2.init_speculator",
+               "spec_v2.<import>"),
         rules=((_not_saving, "no instance saves KV (no kv_producer / kv_both scheduler)"),
                (_no_kv_drafter, "no drafter with its own KV layers (no spec decode, or ngram-like method)")),
-        unhooked={"v2": "the target / drafter phases (spec.phase) that place the connector-metadata calls"},
-        runner_hooks=("connector_metadata.target_forward", "connector_metadata.drafter_propose*"),
+        runner_hooks=("connector_metadata.target_forward", "connector_metadata.drafter_propose*",
+                      "spec_v2.target_forward", "spec_v2.propose*"),
         side="drafter spec.phase events (worker)",
     ),
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION: ClassSpec(
         feeds=(("spec.window", {}),),
         needs=("sched.alloc", "sched.config"),
         hooks=(*_SCHED_HOOKS, "scheduler.allocate_slots", "scheduler.schedule", "accepted_counts.window",
-               "accepted_counts.<import>"),
+               "accepted_counts.<import>", "spec_v2.propose*", "spec_v2.init_speculator", "spec_v2.<import>"),
         rules=((_no_kv_drafter, "no drafter writes KV (no spec decode, or ngram-like method)"),),
-        unhooked={"v2": "the drafter's KV write windows (spec.window)"},
-        runner_hooks=("accepted_counts.window",),
+        runner_hooks=("accepted_counts.window", "spec_v2.propose*"),
         side="spec.window events (worker)",
     ),
     STALE_ACCEPTED_COUNT_READ: ClassSpec(
         feeds=(("acc.read", {}), ("d2h.issue", {})),
         hooks=("accepted_counts.issue", "accepted_counts.read", "accepted_counts.truth",
-               "accepted_counts.<import>", "input_batch.*"),
+               "accepted_counts.<import>", "input_batch.*", "states_v2.acc_device", "states_v2.<import>"),
         rules=((_no_spec, "no speculative decoding (no accepted counts)"),
                (_no_state_group, "no state (Mamba / SSM) KV cache group: vLLM copies accepted counts to the "
                                  "CPU only for hybrid models")),
-        # V2 (gpu/model_states/mamba_hybrid.py) appears to keep the counts on the device, but
-        # nothing here observes that at run time: not checked, rather than "does not apply"
-        unhooked={"v2": "the accepted-count copies and CPU reads (d2h.issue / acc.read)"},
-        runner_hooks=("accepted_counts.issue", "accepted_counts.read"),
+        # V2 (gpu/model_states/mamba_hybrid.py) keeps the counts on the device, per request slot;
+        # hooks/states_v2.py records that (acc.device) when the model state is built
+        na_when={"v2": ("acc.device", "model runner V2 keeps the accepted counts on the device, one per request "
+                                      "slot (acc.device): no CPU copy to read stale")},
+        runner_hooks=("accepted_counts.issue", "accepted_counts.read", "states_v2.acc_device"),
         side="d2h.issue or acc.read events (worker)",
     ),
 }
@@ -185,6 +192,7 @@ class _Facts:
     configs: list[Event]
     runners: set[Any]
     runner_procs: dict[str, set]  # runner -> {"inst pid N"} of the workers that named it
+    runner_pids: dict[str, set]  # runner -> pids of the workers whose ``runner`` event named it
 
 
 def _facts(idx: Any, footer: dict | None) -> _Facts:
@@ -219,20 +227,36 @@ def _facts(idx: Any, footer: dict | None) -> _Facts:
         runners.update(map(dict.get, idx.kind(k), repeat("runner")))
     runners.discard(None)
     procs: dict[str, set] = {}
+    pids: dict[str, set] = {}
     for e in idx.kind("runner"):
         procs.setdefault(e.get("runner"), set()).add(f"{e.get('inst', '?')} pid {e.get('pid')}")
-    return _Facts(errors, messages, skipped, dropped, list(idx.kind("sched.config")), runners, procs)
+        pids.setdefault(e.get("runner"), set()).add(e.get("pid"))
+    return _Facts(errors, messages, skipped, dropped, list(idx.kind("sched.config")), runners, procs, pids)
 
 
-def _unhooked(spec: ClassSpec, facts: _Facts) -> str:
-    """"model runner V2 ran (...); pdtrace has no hooks for X there", or ""."""
+def _runner_verdicts(spec: ClassSpec, idx: Any, facts: _Facts) -> tuple[dict[str, str], str]:
+    """({runner: why the class does not apply on it}, "model runner V2 ran (...); ..." or "")."""
+    na: dict[str, str] = {}
     parts = []
-    for r in sorted(r for r in facts.runners if r in spec.unhooked):
+    for r in sorted(facts.runners, key=str):
         who = facts.runner_procs.get(r)
         where = f" ({', '.join(sorted(who))})" if who else ""
-        parts.append(f"{RUNNER_NAMES.get(r, f'model runner {r}')} ran{where}; pdtrace has no hooks for "
-                     f"{spec.unhooked[r]} there")
-    return "; ".join(parts)
+        rname = RUNNER_NAMES.get(r, f"model runner {r}")
+        if r in spec.runners:
+            na[r] = spec.runners[r]
+        elif r in spec.na_when:
+            kind, why = spec.na_when[r]
+            seen = {e.get("pid") for e in idx.kind(kind)}
+            need = facts.runner_pids.get(r) or set()
+            lacking = need - seen
+            if seen and not lacking:
+                na[r] = why
+            else:
+                pids = f" (pid {', '.join(str(p) for p in sorted(lacking, key=str))})" if lacking else ""
+                parts.append(f"{rname} ran{where} without the {kind} event that rules this class out there{pids}")
+        elif r in spec.unhooked:
+            parts.append(f"{rname} ran{where}; pdtrace has no hooks for {spec.unhooked[r]} there")
+    return na, "; ".join(parts)
 
 
 def _matches(hook: str, patterns: tuple[str, ...]) -> bool:
@@ -264,12 +288,13 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
         why = "; ".join(f"pid {p} dropped {c} event(s) (full queue)" for p, c in sorted(lost.items(), key=str))
         return Coverage(kind, NOT_CHECKED, why + ": some of this class's events may be missing", n)
     missing = [k for k in spec.needs if not idx.kind(k)]
-    unhooked = _unhooked(spec, facts)
+    na, unhooked = _runner_verdicts(spec, idx, facts)
     if n and not missing and not unhooked:
-        return Coverage(kind, CHECKED, "", n)
+        note = "; ".join(f"does not apply on {RUNNER_NAMES.get(r, r)}: {why}" for r, why in sorted(na.items()))
+        return Coverage(kind, CHECKED, note, n)
     # nothing to decide from: does the recorded configuration rule the bug out?
-    if facts.runners and all(r in spec.runners for r in facts.runners):
-        return Coverage(kind, NOT_APPLICABLE, "; ".join(sorted({spec.runners[r] for r in facts.runners})), n)
+    if facts.runners and all(r in na for r in facts.runners):
+        return Coverage(kind, NOT_APPLICABLE, "; ".join(sorted(set(na.values()))), n)
     sched_failed = any(_matches(h, _SCHED_HOOKS) for h, c in facts.errors.items() if c)
     if facts.configs and not sched_failed:
         for rule, why in spec.rules:
