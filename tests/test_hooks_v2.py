@@ -326,9 +326,10 @@ def faithful_execute_model(model):
 
 @pytest.mark.parametrize("order", ["fixed", "clear-first"])
 def test_v2_step_phases_connector_events_and_metadata_detector(rec, cpu_uva, pd_harness, order):
-    """0.32.0's sample_tokens runs propose, then post_forward (which clears): no finding.
-    "clear-first" calls post_forward before propose (0.33.0's post_forward without
-    defer_finalize): the unchanged metadata detector flags the step on P."""
+    """0.32.0's sample_tokens runs propose, then post_forward (which clears); 0.33.0's runs
+    post_forward(defer_finalize=True), propose, finalize_step() (which clears): no finding
+    either way. "clear-first" calls post_forward before propose without deferring: the
+    unchanged metadata detector flags the step on P."""
     from pdtrace.detectors.metadata import detect
 
     vc, spec = build_speculator(pd_harness, "eagle")
@@ -349,7 +350,11 @@ def test_v2_step_phases_connector_events_and_metadata_detector(rec, cpu_uva, pd_
     execute = spec_v2.TARGET.wrap(faithful_execute_model(layers(["t0", "t1"])))
     propose = spec_v2.PROPOSE["TargetDependentARSpeculator"].wrap(faithful_propose(["d0"], conn))
     assert execute(runner, so) is None
-    if order == "fixed":
+    if order == "fixed" and hasattr(active, "finalize_step"):  # 0.33.0: deferred finalize around propose
+        out = active.post_forward(so.finished_req_ids, defer_finalize=True)
+        call_propose(propose, spec, ib, num_speculative_tokens=3)
+        active.finalize_step()
+    elif order == "fixed":  # 0.32.0: propose, then post_forward
         call_propose(propose, spec, ib, num_speculative_tokens=3)
         out = active.post_forward(so.finished_req_ids)
     else:
