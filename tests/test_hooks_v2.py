@@ -405,3 +405,45 @@ def test_acc_device_from_real_mamba_hybrid_state(rec, cpu_uva, pd_harness):
     # a holder with a host-side count buffer beside the device one is reported as such
     ms.num_accepted_tokens_cpu = np.ones(4, dtype=np.int32)
     assert states_v2._host_copies(ms) == ["num_accepted_tokens_cpu"]
+
+
+# ---------------------------------------------------------------------------------------
+# the drafter-window detector, unchanged, on a V2 worker's events
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", [True, False])
+def test_drafter_window_detector_on_v2_events(pd_harness, cpu_uva, fault):
+    """A real P/D DFlash request through real vLLM schedulers (k=3, prompt 29, block 16), with
+    and without the pre-fix lookahead rule (k instead of k+1 slots), then P's V2 worker: the
+    real RequestState gives the request its slot (batch.add) and the hook on the real
+    DFlashSpeculator's propose records its window [29, 33). The drafter-window detector reads
+    them as it reads V1's events: outside P's 2 blocks (32 positions) only with the fault."""
+    from vllm.v1.worker.gpu.states import RequestState
+
+    from pdtrace.detectors.drafter_window import detect
+
+    k, prompt_len = 3, 29
+    cfg = pd_harness.PDConfig(spec_method="dflash", num_spec_tokens=k, block_size=16)
+    r = pd_harness.run_pd_request(cfg, prompt_len, faults=("old_dflash_lookahead",) if fault else ())
+    _vc, spec = build_speculator(pd_harness, "dflash", k)
+    w = Recorder.in_memory(role="worker", inst="P")
+    prev = recorder.set_current(w)
+    try:
+        rs = RequestState(8, 256, 256, k, 1000, torch.device("cpu"))
+        rs.add_request(r.p_req, prompt_len, list(range(prompt_len)), 0, 1)
+        wrapped = spec_v2.PROPOSE["DFlashSpeculator"].wrap(faithful_propose())
+        call_propose(wrapped, spec, input_batch([(r.p_req, prompt_len, prompt_len, prompt_len, 0)]))
+    finally:
+        recorder.set_current(prev)
+    wev = events(w)
+    win = [e for e in wev if e["ev"] == "spec.window"]
+    assert [(e["req"], e["start"], e["end"], e["method"]) for e in win] == [(r.p_req, 29, 33, "dflash")]
+    merged = [dict(e, id=i) for i, e in enumerate(sorted([*r.events, *wev], key=lambda e: e["t"]))]
+    found = detect(merged)
+    first = next(e for e in r.events if e["ev"] == "sched.alloc" and e.get("req") == r.p_req and e.get("ok"))
+    assert len(first["block_ids"][0]) == (2 if fault else 3)
+    if fault:
+        assert [(f.req, f.inst) for f in found] == [(r.p_req, "P")]
+        assert found[0].data["start"] == 29 and found[0].data["end"] == 33
+    else:
+        assert found == []
