@@ -299,6 +299,7 @@ _KINDS: tuple[Kind, ...] = (
         F("keyed_by", "str", "'slot': indexed by RequestState slot, gathered per step on the device"),
         F("cpu_copy", "bool", "the holder also has an accepted-count buffer on the host"),
         F("copies", "list[str]", "those host buffers' attribute names", required=False),
+        F("runner", "str", "'v2'", required=False),
     ), hook="states_v2"),
     Kind("acc.truth", "The GPU-authoritative accepted count for a request, obtained without a sync.", (
         F("value", "int", "authoritative value"),
