@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from pdtrace import schema
+from pdtrace.recorder import Recorder
 from pdtrace.trace import make_footer, make_header, write_trace
 
 ENGINE_KINDS = ("sched.", "req.", "nixl.request_finished", "nixl.remote_alloc", "nixl.send_done")
@@ -255,3 +256,27 @@ def stale_read_scenario(b: EventBuilder | None = None, *, move: str | None = Non
         fields["synced"] = synced
     b.add("acc.read", inst=inst, req=target, step=step, row=row, value=truths[order[row]], **fields)
     return b
+
+
+def recorded(r: Any, *kinds: str) -> list[dict]:
+    """Flush an in-memory recorder; its events (of ``kinds``, or all), each schema-valid."""
+    r.flush()
+    out = [e for e in r.events if not kinds or e["ev"] in kinds]
+    for e in out:
+        assert schema.validate_event(e) is None, e
+    return out
+
+
+class RaisingRecorder(Recorder):
+    """A recorder whose emit raises for one kind: simulates a bug in a hook's recording code."""
+
+    def __init__(self, bad_kind: str, **kw: Any):
+        super().__init__(None, threaded=False, **kw)
+        self.events: list = []
+        self._sink = self.events.extend
+        self.bad_kind = bad_kind
+
+    def emit(self, kind, req=None, step=None, **fields):
+        if kind == self.bad_kind:
+            raise RuntimeError("boom in recording")
+        super().emit(kind, req=req, step=step, **fields)

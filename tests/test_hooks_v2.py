@@ -42,6 +42,7 @@ from pdtrace import hooks, recorder, schema  # noqa: E402
 from pdtrace.hooks import spec_v2, states_v2  # noqa: E402
 from pdtrace.recorder import Recorder  # noqa: E402
 from pdtrace.testing import worker_sim as ws  # noqa: E402
+from eventlib import RaisingRecorder, recorded  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 ALL_SPECS = (*spec_v2.SPECS, *states_v2.SPECS)
@@ -72,25 +73,7 @@ def cpu_uva(monkeypatch):
     monkeypatch.setattr(gpu_buf, "UvaBuffer", cpu_buf.UvaBuffer)
 
 
-def events(r, *kinds):
-    r.flush()
-    out = [e for e in r.events if not kinds or e["ev"] in kinds]
-    for e in out:
-        assert schema.validate_event(e) is None, e
-    return out
-
-
-class RaisingRecorder(Recorder):
-    def __init__(self, bad_kind: str, **kw):
-        super().__init__(None, threaded=False, **kw)
-        self.events = []
-        self._sink = self.events.extend
-        self.bad_kind = bad_kind
-
-    def emit(self, kind, req=None, step=None, **fields):
-        if kind == self.bad_kind:
-            raise RuntimeError("boom in recording")
-        super().emit(kind, req=req, step=step, **fields)
+events = recorded  # tests/eventlib.py
 
 
 def input_batch(rows):

@@ -30,6 +30,7 @@ from pdtrace import hooks, recorder, schema  # noqa: E402
 from pdtrace.hooks import accepted_counts, connector_metadata, input_batch  # noqa: E402
 from pdtrace.recorder import Recorder  # noqa: E402
 from pdtrace.testing import worker_sim as ws  # noqa: E402
+from eventlib import RaisingRecorder, recorded  # noqa: E402
 
 ALL_SPECS = (*connector_metadata.SPECS, *accepted_counts.SPECS, *input_batch.SPECS)
 
@@ -50,27 +51,7 @@ def rec():
     recorder.set_current(prev)
 
 
-def events(r, *kinds):
-    r.flush()
-    out = [e for e in r.events if not kinds or e["ev"] in kinds]
-    for e in out:
-        assert schema.validate_event(e) is None, e
-    return out
-
-
-class RaisingRecorder(Recorder):
-    """A recorder whose emit raises for one kind: simulates a bug in a hook's recording code."""
-
-    def __init__(self, bad_kind: str, **kw):
-        super().__init__(None, threaded=False, **kw)
-        self.events = []
-        self._sink = self.events.extend
-        self.bad_kind = bad_kind
-
-    def emit(self, kind, req=None, step=None, **fields):
-        if kind == self.bad_kind:
-            raise RuntimeError("boom in recording")
-        super().emit(kind, req=req, step=step, **fields)
+events = recorded  # tests/eventlib.py
 
 
 # ---------------------------------------------------------------------------------------
