@@ -85,6 +85,28 @@ def _call_safely(hook: str, fn: Callable, *args: Any) -> Any:
         return None
 
 
+def patch_after(hook: str, patch: Callable[..., None]) -> Callable[[Callable], Callable]:
+    """wrap factory: run the original, then ``patch(result, *args, **kwargs)`` whether or not
+    a recorder is active (a class built now must be patched even if recording starts later);
+    an exception in ``patch`` is counted as a hook error when a recorder is active."""
+    def wrap(orig: Callable) -> Callable:
+        @functools.wraps(orig)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = orig(*args, **kwargs)
+            try:
+                patch(result, *args, **kwargs)
+            except Exception as exc:  # never into vLLM
+                rec = _recorder.get()
+                if rec is not None:
+                    rec.hook_error(hook, exc)
+            return result
+
+        wrapper.__pdtrace_hook__ = hook  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap
+
+
 def after(hook: str, record: Callable[..., None], skip: str = "",
           skip_names: Callable[[], dict[str, Any]] | None = None) -> Callable[[Callable], Callable]:
     """wrap factory: run the original, then ``record(rec, result, *args, **kwargs)``.

@@ -47,7 +47,7 @@ from typing import Any, Callable
 
 from pdtrace import recorder as _recorder
 from pdtrace import schema
-from pdtrace.hooks import REGISTRY, HookSpec, around, register
+from pdtrace.hooks import REGISTRY, HookSpec, around, patch_after, register
 
 BASE_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 BASE_CLASS = "KVConnectorBase_V1"
@@ -185,26 +185,15 @@ def _rec_connector_init(rec: Any, result: Any, self: Any, *a: Any, **kw: Any) ->
     patch_connector_class(type(self))
 
 
-def _init_wrap(orig: Callable) -> Callable:
-    # Not through after(): the class must be patched even when no recorder is active
-    # yet, because recording may start later while the connector lives on.
-    @functools.wraps(orig)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = orig(self, *args, **kwargs)
-        try:
-            patch_connector_class(type(self))
-        except Exception as exc:
-            rec = _recorder.get()
-            if rec is not None:
-                rec.hook_error("connector_metadata.connector_init", exc)
-        return result
-
-    wrapper.__pdtrace_hook__ = "connector_metadata.connector_init"  # type: ignore[attr-defined]
-    return wrapper
+def _patch_connector(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    # Not through after(): the class must be patched even when no recorder is active yet,
+    # because recording may start later while the connector lives on.
+    patch_connector_class(type(self))
 
 
 INIT_SPEC = register("connector_metadata.connector_init", BASE_MODULE, f"{BASE_CLASS}.__init__",
-                     ("vllm_config", "role", "kv_cache_config"), _init_wrap,
+                     ("vllm_config", "role", "kv_cache_config"),
+                     patch_after("connector_metadata.connector_init", _patch_connector),
                      doc="patch connector subclasses that override the metadata methods")
 
 

@@ -48,13 +48,12 @@ dummy_run=False, ...)``; ``init_speculator(vllm_config, device, req_states)``.
 
 from __future__ import annotations
 
-import functools
 import threading
 from typing import Any, Callable
 
 from pdtrace import recorder as _recorder
 from pdtrace import schema
-from pdtrace.hooks import REGISTRY, HookSpec, around, register
+from pdtrace.hooks import REGISTRY, HookSpec, around, patch_after, register
 from pdtrace.hooks.accepted_counts import drafter_write_len
 
 RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
@@ -218,27 +217,14 @@ def patch_speculator_class(klass: type) -> str | None:
     return name
 
 
-def _init_speculator_wrap(orig: Callable) -> Callable:
-    # Not through after(): the class must be patched even when no recorder is active yet.
-    @functools.wraps(orig)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        result = orig(*args, **kwargs)
-        try:
-            if result is not None:
-                patch_speculator_class(type(result))
-        except Exception as exc:
-            rec = _recorder.get()
-            if rec is not None:
-                rec.hook_error("spec_v2.init_speculator", exc)
-        return result
-
-    wrapper.__pdtrace_hook__ = "spec_v2.init_speculator"  # type: ignore[attr-defined]
-    return wrapper
+def _patch_speculator(result: Any, *args: Any, **kwargs: Any) -> None:
+    if result is not None:
+        patch_speculator_class(type(result))
 
 
 INIT_SPECULATOR = register(
     "spec_v2.init_speculator", RUNNER_MODULE, "init_speculator", ("vllm_config", "device", "req_states"),
-    _init_speculator_wrap, doc="patch the propose of a speculator class not listed in SPECULATORS", runner="v2")
+    patch_after("spec_v2.init_speculator", _patch_speculator), doc="patch the propose of a speculator class not listed in SPECULATORS", runner="v2")
 
 
 def dynamic_specs() -> list[HookSpec]:
