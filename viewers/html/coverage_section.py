@@ -5,13 +5,15 @@ checked: why). A class that was not checked is never shown as clean."""
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import Any, Callable
 
 from pdtrace.detectors.coverage import CHECKED, NOT_CHECKED, coverage
 
 
-def coverage_html(events: list[dict], header: dict | None, footer: dict | None) -> tuple[str, list[str]]:
-    """(the <table> for the findings section, the kinds not checked)."""
+def coverage_html(events: list[dict], header: dict | None, footer: dict | None,
+                  findings_cell: Callable[[str, Any], str] | None = None) -> tuple[str, list[str]]:
+    """(the <table>, the kinds not checked). ``findings_cell(kind, coverage)``, when given,
+    fills a third column (the report's summary puts the findings per class there)."""
     try:
         cov = coverage(events, header, footer)
     except Exception as exc:  # noqa: BLE001 - a damaged trace must still render; say so
@@ -20,9 +22,10 @@ def coverage_html(events: list[dict], header: dict | None, footer: dict | None) 
     rows = []
     for kind, c in cov.items():
         cls = "ok" if c.status == CHECKED else ("warn" if c.status == NOT_CHECKED else "note")
-        rows.append(f'<tr class="{cls}"><td>{html.escape(kind)}</td><td>{html.escape(c.line())}</td></tr>')
-    table = ('<h3>Coverage</h3><table class="coverage"><tr><th>bug class</th><th>verdict on this trace</th></tr>'
-             + "".join(rows) + "</table>")
+        extra = f"<td>{findings_cell(kind, c)}</td>" if findings_cell else ""
+        rows.append(f'<tr class="{cls}"><td>{html.escape(kind)}</td><td>{html.escape(c.line())}</td>{extra}</tr>')
+    head = "<th>bug class</th><th>verdict on this trace</th>" + ("<th>findings</th>" if findings_cell else "")
+    table = (f'<h3>Coverage</h3><table class="coverage"><tr>{head}</tr>' + "".join(rows) + "</table>")
     return table, [k for k, c in cov.items() if c.status == NOT_CHECKED]
 
 
