@@ -7,9 +7,9 @@
   ``clear_connector_metadata`` before the drafter forward.
 - ``write_large_trace(path, n_events)``: a long schema-valid trace for the size bound
   (used when ``bench/gen_trace.py`` is not there).
-- ``find_chromium()`` / ``render_with_chromium(html_path, ...)``: open a report in
-  headless Chromium from disk, network off, return the DOM after a virtual-time budget
-  and save a screenshot.
+- ``find_chromium()`` / ``render_with_chromium(html_path, ..., query="?autoclick=0")``: open
+  a report in headless Chromium from disk, network off, return the DOM after a virtual-time
+  budget and save a screenshot.
 """
 
 from __future__ import annotations
@@ -258,12 +258,14 @@ def _run_chromium(args: list[str], timeout: float) -> subprocess.CompletedProces
 
 def render_with_chromium(html_path: str | os.PathLike, *, screenshot: str | os.PathLike | None = None,
                          budget_ms: int = 10_000, window: str = "1400,4000",
-                         timeout: float = 120.0) -> str:
-    """Return the DOM of ``html_path`` after ``budget_ms`` of virtual time; optionally save a screenshot."""
+                         timeout: float = 120.0, query: str = "") -> str:
+    """Return the DOM of ``html_path`` after ``budget_ms`` of virtual time; optionally save a
+    screenshot. ``query`` is appended to the file URL (the report's test hooks:
+    ``?autoclick=K`` selects finding K, ``?ev=N`` opens event N)."""
     exe = find_chromium()
     if exe is None:
         raise RuntimeError("chromium not found")
-    url = Path(html_path).resolve().as_uri()
+    url = Path(html_path).resolve().as_uri() + query
     with tempfile.TemporaryDirectory(prefix="pdtrace-chromium-") as prof:
         base = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={prof}", f"--virtual-time-budget={budget_ms}",
                 f"--window-size={window}"]
