@@ -351,6 +351,9 @@
     }, Promise.resolve()).then(function () {
       figsReady = true;
       D.timefigs.forEach(function (id) { var el = $(id); if (el) markRange(el); });
+      // the figures changed the page's height: bring an event opened from the URL back into view
+      var row = T.focus !== null ? $("ev-" + T.focus) : null;
+      if (row) row.scrollIntoView({ block: "center" });
       status.textContent = "";
       body.setAttribute("data-pd-rendered", String(ids.length));
     });
