@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pdtrace import schema  # noqa: E402
 from pdtrace.trace import make_header  # noqa: E402
+from pdtrace.typecheck import Signer  # noqa: E402
 
 B = 16
 LAYERS_T = [f"model.layers.{i}.self_attn.attn" for i in range(8)]
@@ -42,6 +43,8 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
     next_bug = {k: bug_every * (i + 1) // 2 for i, k in enumerate(bugs)}
     out = open(path + ".tmp", "wb")
     w = out.write
+    signer = Signer()
+    sign = signer.add
 
     def emit(kind: str, inst: str, role: str, pid: int, req: str | None = None, step: int | None = None,
              **fields: Any) -> None:
@@ -54,7 +57,9 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
             ev["req"] = req
         ev.update(fields)
         ev["id"] = n
-        w(dumps(ev) + b"\n")
+        line = dumps(ev) + b"\n"
+        sign(ev, line)  # as pdtrace's own writer does: type-checked, in the footer's digest
+        w(line)
         n += 1
         counts[kind] = counts.get(kind, 0) + 1
         p = procs.get(pid)
@@ -199,6 +204,8 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
                  event=ev_name + "b")
     footer = {"ev": schema.FOOTER, "events": n, "counts": counts, "dropped": 0, "hook_errors": {},
               "hooks": {"applied": [], "skipped": {}}, "processes": sorted(procs.values(), key=lambda p: p["pid"])}
+    if signer.digest() is not None:
+        footer["digest"] = signer.digest()
     w(dumps(footer) + b"\n")
     out.close()
     os.replace(path + ".tmp", path)

@@ -16,7 +16,7 @@ import dataclasses
 import io
 import os
 from itertools import compress
-from operator import itemgetter
+from zlib import crc32
 from typing import Any, Callable, Iterable, Iterator
 
 import orjson
@@ -24,6 +24,7 @@ import orjson
 from . import schema
 from .errors import TraceError
 from .footer import FooterCounter, make_footer  # noqa: F401 - make_footer is part of this module's API
+from .typecheck import EventChecker, Signer, digest_of
 
 _KIND_REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schema.KINDS.items()}
 
@@ -121,8 +122,7 @@ def scan(
         for raw in fh:
             line_no += 1
             pos += len(raw)
-            if progress is not None and tell() >= next_progress:
-                pos = tell()
+            if progress is not None and pos >= next_progress:
                 progress(pos, total)
                 next_progress = pos + (1 << 24)
             problem = None
@@ -240,25 +240,40 @@ def select_kinds(events: list[dict[str, Any]], kinds: Iterable[str],
     return picked
 
 
-def _kind_table() -> tuple[dict[str, tuple[Callable, Callable, int]], dict[str, list[dict[str, Any]]], dict[str, str]]:
-    """Per known kind: (a getter of its required fields but ``ev`` -- raises KeyError when
-    one is missing --, the append of that kind's group list, its code); the groups; and the key
-    names as orjson returns them.
+def _kind_table() -> tuple[dict[str, tuple[Callable, int]], dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """Per known kind: (the append of that kind's group list, its code); the groups; and the
+    key names as orjson returns them.
 
     The names are the very ``str`` objects orjson returns for those keys (it caches short
     keys), so the lookups hit on identity and skip comparing strings; built per load since
     orjson's cache may have been recycled in between. Any other name objects would do,
     only slower."""
-    names = sorted({n for req in _KIND_REQUIRED.values() for n in req} | {"id"})
+    names = ["ev", "id"]
     parsed = list(orjson.loads(orjson.dumps(dict.fromkeys(names, 0))))
     canon = dict(zip(names, parsed)) if parsed == names else {n: n for n in names}
     groups: dict[str, list[dict[str, Any]]] = {}
     table = {}
-    for kind, req in _KIND_REQUIRED.items():
+    for kind in _KIND_REQUIRED:
         lst = groups[kind] = []
-        # "ev" is left out: the loop found the kind by it
-        table[kind] = (itemgetter(*(canon[n] for n in sorted(req) if n != "ev")), lst.append, _KIND_CODE[kind])
+        table[kind] = (lst.append, _KIND_CODE[kind])
     return table, groups, canon
+
+
+def _all_valid(events: list[dict[str, Any]]) -> bool:
+    """Whether every event passes the schema's type check (``EventChecker``): the fast
+    loader's check of a file whose footer has no matching ``digest``."""
+    checker = EventChecker()
+    shapes, learn = checker.shapes, checker.learn
+    for obj in events:
+        try:
+            nested = shapes[(obj["ev"], tuple(obj), tuple(map(type, obj.values())))]
+        except KeyError:
+            if not learn(obj):
+                return False
+            continue
+        if nested is not None and not nested(obj):
+            return False
+    return True
 
 
 _CHUNK = 1 << 16  # bytes parsed per orjson call by the fast loader
@@ -276,8 +291,14 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     than lines, and an empty line or bad JSON fails the parse. (The line count comes with
     the list; counting newlines in the raw bytes cost a byte-by-byte pass over the file.)
 
+    Field types: the footer's ``digest`` (a CRC-32 of the event lines, written only by a
+    writer that type-checked every event, ``pdtrace.typecheck``) is compared with the CRC of
+    the lines read; when it does not match (or is absent), every event is type-checked
+    (``_all_valid``) before the trace is returned.
+
     Returns None at the first run or line that needs a verdict (bad JSON, not an event
-    object, unknown kind, missing fields, data after the footer, no footer, newer schema):
+    object, unknown kind, a wrong-typed or missing field, data after the footer, no footer,
+    newer schema):
     ``load`` then re-reads the file through ``scan``, which produces the exact errors /
     problems with their line numbers. Opening and header errors are raised here exactly as
     ``scan`` raises them. The same pass records the ``EventList`` extras (kind groups, kind
@@ -286,6 +307,7 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     fh, total = _open(path)
     loads = orjson.loads
     table, groups, canon = _kind_table()
+    crc = 0  # of the event lines, for the footer's digest
     EV, ID = canon["ev"], canon["id"]
     events = EventList()
     codes = bytearray()
@@ -310,23 +332,27 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
                 return None  # a last line cut short: scan names it
             if footer is not None:
                 return None  # data after the footer
+            raw, crc_before, last_len = b"".join(lines), crc, len(lines[-1])
+            crc = crc32(raw, crc)
+            lines[0] = b"[" + lines[0]
+            lines[-1] += b"]"
             try:
-                objs = loads(b"[" + b",".join(lines) + b"]")
+                objs = loads(b",".join(lines))
             except orjson.JSONDecodeError:
                 return None  # bad JSON somewhere in the run: scan names the line
             if len(objs) != len(lines):
                 return None  # a line holding more than one value
             for obj in objs:
                 try:
-                    required, group, code = table[obj[EV]]
-                    required(obj)
+                    group, code = table[obj[EV]]
                 except (KeyError, TypeError, IndexError):
                     # the footer (not in the table) as the file's last line, or a line for
-                    # ``scan`` to judge (not an object, unknown kind, a required field missing)
+                    # ``scan`` to judge (not an object, no or an unknown kind)
                     if type(obj) is not dict or obj.get("ev") != schema.FOOTER or obj is not objs[-1] \
                             or schema.type_error(obj, schema.FOOTER_CHECKS, "footer") is not None:
                         return None
                     footer = obj
+                    crc = crc32(raw[:len(raw) - last_len], crc_before)  # (the footer line is not in the digest)
                     break
                 # (subscripts and ``in``, not dict methods: no call per event)
                 try:
@@ -351,6 +377,8 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
             progress(total, total)
     if footer is None:
         return None
+    if footer.get("digest") != digest_of(crc) and not _all_valid(events):
+        return None  # a wrong-typed field: scan names it
     events.by_kind = {k: v for k, v in groups.items() if v}
     events.kind_codes = codes
     events.ids_aligned = aligned
@@ -516,8 +544,12 @@ def write_trace(path: str, header: dict[str, Any], events: Iterable[dict[str, An
     """Write a complete trace: header, events (ids assigned in order), footer. ``events`` may
     be any iterable (a streaming merge): with ``footer`` None or a callable, the footer is
     counted while the events are written (the callable gets the counter and returns the
-    footer to write), so nothing needs to hold the events."""
+    footer to write), so nothing needs to hold the events. Each event is type-checked on its
+    way out (``pdtrace.typecheck``); when all pass, the footer gets the ``digest`` of the event
+    lines, which lets a reader skip its own type checks. Returns the footer written."""
     counter = FooterCounter() if footer is None or callable(footer) else None
+    signer = Signer()
+    sign = signer.add
     dumps = orjson.dumps
     tmp = path + ".tmp"
     try:
@@ -531,9 +563,15 @@ def write_trace(path: str, header: dict[str, Any], events: Iterable[dict[str, An
                     counter.add(e)
                 if "block_ids_derived" in e:  # loader-derived (schema v2): keep the file compact
                     e = {k: v for k, v in e.items() if k != "block_ids" and k != "block_ids_derived"}
-                buf.write(dumps(e) + b"\n")
+                line = dumps(e) + b"\n"
+                sign(e, line)
+                buf.write(line)
             if counter is not None:
                 footer = footer(counter) if callable(footer) else counter.footer()
+            footer = {k: v for k, v in footer.items() if k != "digest"}  # type: ignore[union-attr]
+            digest = signer.digest()
+            if digest is not None:  # every event passed the type check: readers may skip theirs
+                footer["digest"] = digest
             buf.write(dumps(footer) + b"\n")
             buf.flush()
         os.replace(tmp, path)

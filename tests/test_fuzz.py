@@ -124,9 +124,6 @@ def _tui_load(path: str) -> None:
         idx.close()
 
 
-@pytest.mark.xfail(strict=True, reason="12 of 2,000 mutants still crash (rc 3): a wrong-typed event field in an "
-                   "otherwise clean trace passes the loader's fast path, which does not check types yet "
-                   "(2 of 2,000 with a required-field check that cost bench/check.py +0.2); issue 20, open")
 def test_fuzzed_traces_never_crash(tmp_path, monkeypatch):
     monkeypatch.setenv("PDTRACE_CRASH_DIR", str(tmp_path))
     rng = random.Random(SEED)

@@ -48,6 +48,7 @@ from ..detectors.base import SEVERITY_INCONCLUSIVE
 from ..detectors.coverage import Coverage, coverage, not_checked
 from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError
 from ..trace import Trace, load
+from ..progress import load_progress
 
 FORMATS = ("text", "markdown", "json")
 JSON_SCHEMA = "pdtrace-check"
@@ -68,7 +69,7 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     if what_if is not None and what_if not in _whatif.RULES:
         raise PdtraceError(f"unknown --what-if rule {what_if!r}; valid: {', '.join(_whatif.RULES)}")
 
-    tr = load(str(trace), lenient=lenient)
+    tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
     if tr.problems:
         for p in tr.problems[:20]:
             print(f"pdtrace: warning: {tr.path}:{p.line}: {p.reason}", file=sys.stderr)

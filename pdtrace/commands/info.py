@@ -7,10 +7,11 @@ from pathlib import Path
 
 from ..errors import EXIT_OK
 from ..trace import load, make_footer
+from ..progress import load_progress
 
 
 def run(trace: Path | str, lenient: bool = False) -> int:
-    tr = load(str(trace), lenient=lenient)
+    tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
     for p in tr.problems[:20]:
         print(f"pdtrace: warning: {tr.path}:{p.line}: {p.reason}", file=sys.stderr)
     h = tr.header

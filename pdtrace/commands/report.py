@@ -12,9 +12,10 @@ from ..errors import PdtraceError
 def load_with_findings(trace: Path, lenient: bool) -> tuple[Any, list, str]:
     """Load the trace and run the detectors. Returns (trace, findings, note); the note says
     why there are no findings when the detectors could not run."""
+    from ..progress import load_progress
     from ..trace import load
 
-    tr = load(str(trace), lenient=lenient)
+    tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
     try:
         from ..detectors import run_all
     except ImportError as exc:
