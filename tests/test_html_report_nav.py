@@ -185,6 +185,28 @@ def test_event_table_is_trimmed_around_findings_and_says_so(tmp_path):
     assert f"1,000 of {len(tr.events):,} events are embedded" in _section(page, "events")
 
 
+def test_many_findings_stay_within_the_size_bound(tmp_path):
+    """A deployment buggy at every step can give thousands of findings: the page lists the
+    first MAX_FINDING_ROWS (their cited events embedded), counts all of them and stays small."""
+    tr = load(bc.write_large_trace(tmp_path / "many.jsonl", 60_000))
+    reads = [e for e in tr.events if e["ev"] == "acc.read"]
+    n = 5000
+    findings = [{"kind": "stale-accepted-count-read", "severity": "error", "req": e.get("req"), "step": e.get("step"),
+                 "inst": e.get("inst"), "event_ids": [e["id"] - 2, e["id"] - 1, e["id"]],
+                 "title": f"synthetic finding {k} on {e.get('req')}", "explanation": "x " * 200, "data": {"k": k}}
+                for k, e in zip(range(n), reads * (n // len(reads) + 1))]
+    page, stats = report.render(tr, findings)
+    assert stats["bytes"] < report.MAX_BYTES
+    data = report.unpack_data(page)
+    listed = summary.MAX_FINDING_ROWS
+    assert len(data["findings"]) == listed == len(page.split('<tr id="finding-')) - 1
+    assert f"The first {listed:,} of {n:,} findings are listed" in page
+    assert f"<b>{n} finding(s)</b>" in _section(page, "overview")
+    embedded = {r[0] for r in data["events"]["rows"]}
+    assert {i for f in findings[:listed] for i in f["event_ids"]} <= embedded
+    assert {int(i) for i in re.findall(r'data-finding="(\d+)"', page)} <= set(range(listed))
+
+
 def test_report_sizes_on_the_samples(tmp_path):
     """Every bundled sample, the largest included, stays under the 5 MB bound."""
     largest = max(ALL_SAMPLES, key=lambda p: p.stat().st_size)

@@ -19,11 +19,12 @@ def event_id(e: dict[str, Any], index: int) -> int:
     return e.get("id", index)
 
 
-def select(m: Model, cap: int) -> tuple[list[tuple[int, dict]], dict[str, Any]]:
-    """([(id, event)] in id order, stats: total / embedded / cited / trimmed)."""
+def select(m: Model, cap: int, listed: int | None = None) -> tuple[list[tuple[int, dict]], dict[str, Any]]:
+    """([(id, event)] in id order, stats: total / embedded / cited / trimmed). The events
+    cited by the first ``listed`` findings (the ones the page lists) are always embedded."""
     events = m.events
     total = len(events)
-    cited = set(m.finding_ids)
+    cited = {i for f in m.findings[:listed] for i in f.event_ids}
     if total <= cap:
         chosen = [(event_id(e, i), e) for i, e in enumerate(events)]
     else:
@@ -64,7 +65,7 @@ def note(stats: dict[str, Any]) -> str:
     if not stats["trimmed"]:
         return f"All {stats['total']:,} events of the trace are in the table."
     return (f"{stats['embedded']:,} of {stats['total']:,} events are embedded in this page (every one of the "
-            f"{stats['cited']:,} events findings cite, then the events near findings: the requests and steps they name "
+            f"{stats['cited']:,} events the listed findings cite, then the events near findings: the requests and steps they name "
             f"and the events around a cited one, then the earliest events); the other {stats['trimmed']:,} are left "
             "out to keep the page small. Gaps in the ids are marked in the table; open the trace with "
             "<code>pdtrace view</code> for every event.")

@@ -156,11 +156,12 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
                         + f'<p class="note">{fig_windows.caption(win, note)}</p>'
                         + (fig_div("fig-windows", win) if win is not None else "") + "</section>")
 
-    chosen, ev_stats = events_table.select(m, cap)
+    listed = fv[:summary.MAX_FINDING_ROWS]
+    chosen, ev_stats = events_table.select(m, cap, len(listed))
     embedded = {eid for eid, _e in chosen}
     sections.append(events_table.section_html(ev_stats))
 
-    ranges = [m.finding_range(f) for f in fv]
+    ranges = [m.finding_range(f) for f in listed]
     top = (summary.overview_html(m, trace.header, trace.footer, events, findings_note)
            + summary.findings_html(m, ranges, embedded.__contains__)
            + summary.trace_html(trace.header, trace.footer, trace.problems, events))
@@ -173,7 +174,7 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
             "findings": [{"x": list(r) if r else None, "span": list(m.finding_span(f) or []) or None,
                           "ids": f.event_ids, "kind": f.kind, "sev": f.severity,
                           "req": f.req, "step": f.step, "inst": f.inst, "title": f.title}
-                         for f, r in zip(fv, ranges)],
+                         for f, r in zip(listed, ranges)],
             "events": events_table.table_data(m, chosen, ev_stats)}
     parts = {"TITLE": esc(title), "NAV": nav, "SUMMARY": top, "SECTIONS": "\n".join(sections),
              "PLOTLY": js, "DATA": _pack(data), "SCRIPT": _SCRIPT.read_text(encoding="utf-8")}

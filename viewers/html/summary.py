@@ -15,6 +15,14 @@ from .coverage_section import coverage_html, no_findings_line
 
 MAX_LINKED_IDS = 24  # cited ids written as links per finding row; the rest: select the finding
 MAX_REQUEST_ROWS = 20
+MAX_FINDING_ROWS = 400  # findings listed (and selectable); the summary's counts cover all of them
+
+
+def finding_link(k: int, text: str) -> str:
+    """A count that selects finding k, or the bare count when k is past the listed ones."""
+    if k >= MAX_FINDING_ROWS:
+        return text
+    return f'<a class="selfind" href="#finding-{k}" data-finding="{k}">{text}</a>'
 
 
 def ev_link(i: int) -> str:
@@ -52,8 +60,7 @@ def overview_html(m: Model, header: dict, footer: dict | None, events: list[dict
             return '<span class="ok">0</span>'
         n = sum(c.values())
         sev = ", ".join(f"{v} {k}(s)" for k, v in sorted(c.items()))
-        return (f'<a class="selfind" href="#finding-{first_of[kind]}" data-finding="{first_of[kind]}">'
-                f'<b>{n}</b></a> <span class="note">({esc(sev)})</span>')
+        return finding_link(first_of[kind], f"<b>{n}</b>") + f' <span class="note">({esc(sev)})</span>'
 
     cov_table, unchecked = coverage_html(events, header, footer, findings_cell=cell)
     out = ['<section id="overview"><h2>Summary</h2>']
@@ -98,8 +105,8 @@ def _per_request(m: Model) -> str:
         name = esc(req) + (f' <span class="note">(pair {esc(pair)})</span>' if pair else "")
         evl = (f'<a class="filtreq" href="#events" data-req="{esc(req)}">its events ↓</a>'
                if req != "(no request)" else "")
-        rows.append(f'<tr><td>{name}</td><td><a class="selfind" href="#finding-{idx[0]}" data-finding="{idx[0]}">'
-                    f"<b>{len(idx)}</b></a></td><td>{esc(', '.join(kinds))}</td><td>{esc(_ranges(steps))}</td>"
+        rows.append(f'<tr><td>{name}</td><td>{finding_link(idx[0], f"<b>{len(idx)}</b>")}'
+                    f"</td><td>{esc(', '.join(kinds))}</td><td>{esc(_ranges(steps))}</td>"
                     f"<td>{evl}</td></tr>")
     more = (f'<p class="note">{len(ordered) - MAX_REQUEST_ROWS} more request(s) with findings: see the findings table.</p>'
             if len(ordered) > MAX_REQUEST_ROWS else "")
@@ -156,11 +163,14 @@ def _linkify(text: str, linkable: Callable[[int], bool]) -> str:
 
 
 def findings_html(m: Model, ranges: list[tuple[float, float] | None], linkable: Callable[[int], bool]) -> str:
-    fs: list[FindingView] = m.findings
+    fs: list[FindingView] = m.findings[:MAX_FINDING_ROWS]
     out = ['<section id="findings"><h2>Findings</h2>']
     if not fs:
         out.append('<p class="note">None (see the summary for what was checked).</p></section>')
         return "\n".join(out)
+    if len(m.findings) > len(fs):
+        out.append(f'<p class="warn">The first {len(fs):,} of {len(m.findings):,} findings are listed (the summary counts '
+                   "all of them); <code>pdtrace check --format json</code> lists every one.</p>")
     out.append('<p class="note">Click a row to zoom every time axis to the finding and list the events it cites; '
                '<kbd>n</kbd> / <kbd>p</kbd> step through the findings. A cited event id opens that event in the '
                "event table.</p>")
