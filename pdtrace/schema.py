@@ -352,6 +352,9 @@ HEADER_FIELDS: tuple[Field, ...] = (
     F("origin", "str", "how it was produced: 'record' (live), 'scenario' (real vLLM scheduler on CPU + simulated worker side), 'merge', 'synthetic' (generated for benchmarks)"),
     F("instances", "list[str]", "instances present (P, D, ...)", required=False),
     F("clock", "dict", "merge only: per-instance offset_ns applied and residual skew", required=False),
+    F("merged_from", "list[dict]", "merge only: each input trace's file name, origin, host and recorded "
+      "command (cmd above is the first input's)", required=False),
+    F("source_origins", "list[str]", "merge only: the inputs' origins", required=False),
 )
 
 FOOTER_FIELDS: tuple[Field, ...] = (

@@ -272,7 +272,8 @@ def merge_traces(paths: Iterable[str], output: str, *, lenient: bool = False) ->
                          redacted=all(h.get("redacted", True) for _p, h, _e, _pr in loaded),
                          versions=base_header.get("versions"), instances=insts, clock=clock,
                          merged_from=[{"trace": os.path.basename(str(p)), "origin": h.get("origin", ""),
-                                       "host": h.get("host", "")} for p, h, _e, _pr in loaded],
+                                       "host": h.get("host", ""), "cmd": list(h.get("cmd") or [])}
+                                      for p, h, _e, _pr in loaded],
                          source_origins=origins)
     footer = make_footer(merged)
     if problems:

@@ -13,9 +13,7 @@ line becomes a ``Problem`` in ``trace.problems``.
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
-from itertools import compress
 from zlib import crc32
 from typing import Any, Callable, Iterable, Iterator
 
@@ -23,8 +21,10 @@ import orjson
 
 from . import schema
 from .errors import TraceError
-from .footer import FooterCounter, make_footer  # noqa: F401 - make_footer is part of this module's API
-from .typecheck import EventChecker, Signer, digest_of
+from .footer import make_footer  # noqa: F401 - part of this module's API
+from .typecheck import EventChecker, digest_of
+from .eventlist import _KIND_CODE, EventList, kind_code, kind_groups, select_kinds  # noqa: F401 - API
+from .writer import make_header, write_trace  # noqa: F401 - part of this module's API
 
 _KIND_REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schema.KINDS.items()}
 
@@ -172,72 +172,6 @@ def scan(
             if not lenient:
                 raise TraceError(path, line_no + 1, reason)
             yield "problem", line_no + 1, reason
-
-
-_KIND_CODE = {name: code for code, name in enumerate(_KIND_REQUIRED, 1)}  # 0: none
-
-
-class EventList(list):
-    """The loaded events: a plain ``list`` to every caller, plus what the loader learned in
-    the same pass, while each event was still hot in the CPU cache:
-
-    - ``by_kind``: each kind's events in trace order (``pdtrace.detectors.index`` reuses
-      it instead of regrouping);
-    - ``kind_codes``: one byte per event, its kind (``select_kinds`` picks several kinds in
-      trace order from it without touching the events);
-    - ``ids_aligned``: every event's ``id`` is its position (so trace order by ``id`` is
-      list order);
-    - ``blocks_derived``: ``derive_block_lists`` has nothing (more) to do on these events.
-
-    ``None`` / False where the loader did not record it (a lenient or damaged file). All of
-    it describes the list as loaded (``loaded_len`` events): once its length changes it is
-    ignored (``kind_groups`` / ``select_kinds`` answer None, ``derive_block_lists`` walks
-    it again). Editing events in place (reordering, replacing) is not detected."""
-
-    __slots__ = ("by_kind", "kind_codes", "ids_aligned", "blocks_derived", "loaded_len")
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.by_kind: dict[str, list[dict[str, Any]]] | None = None
-        self.kind_codes: bytearray | None = None
-        self.ids_aligned = False
-        self.blocks_derived = False
-        self.loaded_len = -1
-
-    def as_loaded(self) -> bool:
-        """Whether the list still has the length the loader left it with."""
-        return len(self) == self.loaded_len
-
-
-def kind_groups(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]] | None:
-    """The loader's per-kind grouping of ``events`` (see ``EventList``), or None when ``events``
-    is not a loaded list or no longer has the length it was loaded with."""
-    if not isinstance(events, EventList) or not events.as_loaded():
-        return None
-    return events.by_kind
-
-
-def kind_code(kind: str) -> int:
-    """The byte that stands for ``kind`` in ``EventList.kind_codes`` (0: not a schema kind)."""
-    return _KIND_CODE.get(kind, 0)
-
-
-def select_kinds(events: list[dict[str, Any]], kinds: Iterable[str],
-                 with_codes: bool = False) -> Any:
-    """The events of ``kinds`` in trace order (= sorted by ``id``), picked through the
-    loader's ``kind_codes`` without touching the other events -- with ``with_codes``, a pair
-    (events, their ``kind_code`` bytes) --; None when ``events`` is not a loaded list whose
-    ids are its positions, or no longer has its loaded length."""
-    if not isinstance(events, EventList) or not events.as_loaded() or not events.ids_aligned:
-        return None
-    codes = events.kind_codes
-    if codes is None:
-        return None
-    wanted = {_KIND_CODE.get(k, 0) for k in kinds} - {0}
-    picked = list(compress(events, codes.translate(bytes(c in wanted for c in range(256)))))
-    if with_codes:
-        return picked, bytes(codes.translate(None, bytes(c for c in range(256) if c not in wanted)))
-    return picked
 
 
 def _kind_table() -> tuple[dict[str, tuple[Callable, int]], dict[str, list[dict[str, Any]]], dict[str, str]]:
@@ -508,77 +442,3 @@ def iter_events(path: str, *, lenient: bool = False) -> Iterator[dict[str, Any]]
                 obj["id"] = n
             n += 1
             yield obj
-
-
-# --------------------------------------------------------------------------------------
-# writing a whole trace (merge, scenarios); the per-process hot path is pdtrace.recorder
-# --------------------------------------------------------------------------------------
-
-def make_header(*, origin: str, cmd: list[str] | None = None, redacted: bool = True,
-                versions: dict[str, str] | None = None, **extra: Any) -> dict[str, Any]:
-    import datetime
-    import socket
-
-    from . import __version__
-    from .versions import collect_versions
-
-    h = {
-        "ev": schema.HEADER,
-        "schema": schema.SCHEMA_NAME,
-        "schema_version": schema.SCHEMA_VERSION,
-        "pdtrace": __version__,
-        "versions": versions if versions is not None else collect_versions(),
-        "cmd": list(cmd or []),
-        "host": socket.gethostname(),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "redacted": redacted,
-        "origin": origin,
-    }
-    h.update(extra)
-    return h
-
-
-def write_trace(path: str, header: dict[str, Any], events: Iterable[dict[str, Any]],
-                footer: dict[str, Any] | Callable[[FooterCounter], dict[str, Any]] | None = None, *,
-                assign_ids: bool = True) -> dict[str, Any]:
-    """Write a complete trace: header, events (ids assigned in order), footer. ``events`` may
-    be any iterable (a streaming merge): with ``footer`` None or a callable, the footer is
-    counted while the events are written (the callable gets the counter and returns the
-    footer to write), so nothing needs to hold the events. Each event is type-checked on its
-    way out (``pdtrace.typecheck``); when all pass, the footer gets the ``digest`` of the event
-    lines, which lets a reader skip its own type checks. Returns the footer written."""
-    counter = FooterCounter() if footer is None or callable(footer) else None
-    signer = Signer()
-    sign = signer.add
-    dumps = orjson.dumps
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as fh:
-            buf = io.BufferedWriter(fh, 1 << 20)  # type: ignore[arg-type]
-            buf.write(dumps(header) + b"\n")
-            for i, e in enumerate(events):
-                if assign_ids:
-                    e["id"] = i
-                if counter is not None:
-                    counter.add(e)
-                if "block_ids_derived" in e:  # loader-derived (schema v2): keep the file compact
-                    e = {k: v for k, v in e.items() if k != "block_ids" and k != "block_ids_derived"}
-                line = dumps(e) + b"\n"
-                sign(e, line)
-                buf.write(line)
-            if counter is not None:
-                footer = footer(counter) if callable(footer) else counter.footer()
-            footer = {k: v for k, v in footer.items() if k != "digest"}  # type: ignore[union-attr]
-            digest = signer.digest()
-            if digest is not None:  # every event passed the type check: readers may skip theirs
-                footer["digest"] = digest
-            buf.write(dumps(footer) + b"\n")
-            buf.flush()
-        os.replace(tmp, path)
-    except BaseException:  # disk full, interrupted: no half-written .tmp left behind
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return footer  # type: ignore[return-value]

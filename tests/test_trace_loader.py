@@ -100,7 +100,7 @@ def test_check_cli_reports_the_line(good):
     lines = good.read_bytes().splitlines(keepends=True)
     lines[2] = b"garbage\n"
     good.write_bytes(b"".join(lines))
-    r = subprocess.run([sys.executable, "-m", "pdtrace", "info", str(good)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(good)], capture_output=True, text=True)
     assert r.returncode == 2
     assert f"{good}:3: corrupt line" in r.stderr and "Traceback" not in r.stderr
 

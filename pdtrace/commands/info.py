@@ -7,30 +7,43 @@ from pathlib import Path
 
 from ..errors import EXIT_OK
 from ..trace import load, make_footer
+from ..ends import read_ends
 from ..progress import load_progress
 
 
-def run(trace: Path | str, lenient: bool = False) -> int:
-    tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
-    for p in tr.problems[:20]:
-        print(f"pdtrace: warning: {tr.path}:{p.line}: {p.reason}", file=sys.stderr)
-    h = tr.header
-    footer = tr.footer
-    derived = footer is None
-    if footer is None:  # lenient read of a cut trace: rebuild the summary from the events
-        footer = make_footer(tr.events)
+def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
+    quick = None
+    if not full and not lenient:
+        header, footer, size = read_ends(str(trace))
+        if footer is not None:
+            quick = (header, footer)
+    if quick is not None:  # constant time: the events are not read
+        h, footer = quick
+        derived, problems, n_events, path = False, [], footer["events"], str(trace)
+        complete = ("yes (footer intact; the events were not read: --full reads them, "
+                    "`pdtrace check` checks them)")
+    else:
+        tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
+        for p in tr.problems[:20]:
+            print(f"pdtrace: warning: {tr.path}:{p.line}: {p.reason}", file=sys.stderr)
+        h, footer, problems, n_events, path = tr.header, tr.footer, tr.problems, len(tr.events), tr.path
+        derived = footer is None
+        if footer is None:  # lenient read of a cut trace: rebuild the summary from the events
+            footer = make_footer(tr.events)
+        complete = ("yes" if tr.complete else "NO") + (" (summary rebuilt from the events: no footer)"
+                                                       if derived else "")
     v = h.get("versions") or {}
-    out = [f"trace      {tr.path}",
+    out = [f"trace      {path}",
            f"schema     {h.get('schema')} v{h.get('schema_version')}, written by pdtrace {h.get('pdtrace', '?')}",
            f"origin     {h.get('origin', '?')}" + (f"   instances {', '.join(h['instances'])}" if h.get("instances") else ""),
            f"created    {h.get('created', '?')} on {h.get('host', '?')}   redacted {h.get('redacted')}",
            "versions   " + ", ".join(f"{k} {v.get(k) or '-'}" for k in ("vllm", "torch", "nixl", "python")),
-           f"command    {' '.join(h.get('cmd') or []) or '-'}",
-           f"complete   {'yes' if tr.complete else 'NO'}" + (" (summary rebuilt from the events: no footer)" if derived else "")
-           + (f", {len(tr.problems)} problem line(s)" if tr.problems else "")
+           *_commands(h),
+           f"complete   {complete}"
+           + (f", {len(problems)} problem line(s)" if problems else "")
            + (f", exit code {footer['exit_code']}" if footer.get("exit_code") is not None else "")]
-    out.append(f"events     {len(tr.events)}" + (f" (footer says {footer.get('events')})"
-                                                  if not derived and footer.get("events") != len(tr.events) else ""))
+    out.append(f"events     {n_events}" + (f" (footer says {footer.get('events')})"
+                                              if not derived and footer.get("events") != n_events else ""))
     out.append(f"dropped    {footer.get('dropped', 0)}" + (f"   lost {footer['lost']} (damaged shard frames)"
                                                               if footer.get("lost") else ""))
     procs = footer.get("processes") or []
@@ -57,3 +70,13 @@ def run(trace: Path | str, lenient: bool = False) -> int:
         out.append(f"  skipped {k}: {why}")
     print("\n".join(out))
     return EXIT_OK
+
+
+def _commands(h: dict) -> list[str]:
+    """The recorded command; for a merged trace, each input's."""
+    merged = [m for m in (h.get("merged_from") or []) if isinstance(m, dict)]
+    if not any(m.get("cmd") for m in merged):
+        return [f"command    {' '.join(h.get('cmd') or []) or '-'}"]
+    return [f"command    {m.get('trace', '?')}: {' '.join(m.get('cmd') or []) or '-'}" if i == 0 else
+            f"           {m.get('trace', '?')}: {' '.join(m.get('cmd') or []) or '-'}"
+            for i, m in enumerate(merged)]

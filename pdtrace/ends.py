@@ -1,0 +1,60 @@
+"""A trace's header and footer without reading its events (``pdtrace info`` in constant
+time, issue 22): line 1, and the last line found by reading backwards from the end."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import orjson
+
+from . import schema
+from .trace import _open, _read_header
+
+_MAX_FOOTER = 64 << 20  # a footer lists every process: large, but not this large
+
+
+def read_ends(path: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+    """(header, footer or None, file size). The header is checked as ``load`` checks it
+    (``TraceError`` on a foreign or newer file). The footer is None unless the file's last
+    line is a whole, well-typed footer line; the events in between are not read, so a
+    footer that is present says nothing about them."""
+    fh, size = _open(path)
+    with fh:
+        header, first = _read_header(path, fh)
+        if size <= len(first):
+            return header, None, size
+        fh.seek(0, os.SEEK_END)
+        end = size
+        if _last_byte(fh, size) != b"\n":
+            return header, None, size  # cut mid-line
+        tail = b""
+        step = 1 << 16
+        start = end - 1  # before the final newline
+        while True:
+            lo = max(len(first), start - step)
+            fh.seek(lo)
+            tail = fh.read(start - lo) + tail
+            nl = tail.rfind(b"\n")
+            if nl >= 0:
+                line = tail[nl + 1:]
+                break
+            if lo == len(first) or len(tail) > _MAX_FOOTER:
+                line = tail if lo == len(first) else b""
+                break
+            start = lo
+            step *= 2
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return header, None, size
+    if type(obj) is not dict or obj.get("ev") != schema.FOOTER \
+            or schema.type_error(obj, schema.FOOTER_CHECKS, "footer") is not None \
+            or not obj.keys() >= {f.name for f in schema.FOOTER_FIELDS if f.required}:
+        return header, None, size
+    return header, obj, size
+
+
+def _last_byte(fh: Any, size: int) -> bytes:
+    fh.seek(size - 1)
+    return fh.read(1)
