@@ -1,0 +1,83 @@
+"""Scale benchmark (issue 22): what `check`, `info` and `report` cost on big traces.
+
+    python bench/scale.py [--events 1000000 [10000000 ...]] [--keep DIR] [--report]
+
+For each size: generates a schema-valid synthetic trace (bench/gen_trace.py, signed like
+pdtrace's own writer), then runs each of these in its own process and prints its wall time
+and peak RSS (the child's ru_maxrss):
+- a bare ``orjson.loads`` loop over the file's lines, GC paused (the yardstick);
+- ``pdtrace check TRACE -f json`` (load + detectors, the whole trace in memory today);
+- ``pdtrace info TRACE`` (header + footer only: goal < 1 s at any size);
+- with ``--report``, ``pdtrace report`` (goal < 5 MB output).
+Prints ratios to the bare parse. Goals (issue 22): check on 10M events peak RSS < 1 GB and
+time <= 1.5x the bare parse; info < 1 s. A 10M-event trace is ~2.7 GB on disk and today's
+check needs ~15 GB of memory for it: give it a machine with room, or start at 1M.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from gen_trace import generate  # noqa: E402
+
+BARE = ("import gc, orjson, sys\ngc.disable()\nloads = orjson.loads\nout = []\n"
+        "with open(sys.argv[1], 'rb') as fh:\n    for line in fh:\n        out.append(loads(line))\n")
+
+
+def measure(argv: list[str]) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS in MB, exit code) of one child process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _pid, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, ru.ru_maxrss / 1024, proc.returncode
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, nargs="+", default=[1_000_000], help="trace sizes (default 1000000)")
+    ap.add_argument("--keep", default=None, help="directory to keep the generated traces in")
+    ap.add_argument("--report", action="store_true", help="also time `pdtrace report` and print its size")
+    a = ap.parse_args()
+    py = sys.executable
+    tmp = a.keep or tempfile.mkdtemp(prefix="pdtrace-scale-")
+    os.makedirs(tmp, exist_ok=True)
+    for n in a.events:
+        path = os.path.join(tmp, f"scale-{n}.jsonl")
+        if not os.path.exists(path):
+            t0 = time.perf_counter()
+            generate(path, n)
+            print(f"generated {path} in {time.perf_counter() - t0:.0f} s")
+        mb = os.path.getsize(path) / 1e6
+        print(f"\n== {n:,} events, {mb:,.0f} MB")
+        bare = measure([py, "-c", BARE, path])
+        print(f"bare orjson parse : {bare[0]:7.1f} s  peak RSS {bare[1]:8,.0f} MB")
+        rows = [("check", [py, "-m", "pdtrace", "check", path, "-f", "json"]),
+                ("info", [py, "-m", "pdtrace", "info", path])]
+        if a.report:
+            rows.append(("report", [py, "-m", "pdtrace", "report", path, "-o", path + ".html"]))
+        for name, argv in rows:
+            wall, rss, rc = measure(argv)
+            extra = ""
+            if name == "check":
+                extra = (f"  ratio to bare {wall / bare[0]:.2f} (goal <= 1.5)  "
+                         f"RSS {'OK' if rss < 1000 else 'OVER'} goal < 1 GB")
+            elif name == "info":
+                extra = f"  ({'OK' if wall < 1 else 'OVER'} goal < 1 s)"
+            elif name == "report" and os.path.exists(path + ".html"):
+                extra = f"  {os.path.getsize(path + '.html') / 1e6:.1f} MB (goal < 5 MB)"
+            print(f"{name:<18}: {wall:7.1f} s  peak RSS {rss:8,.0f} MB  exit {rc}{extra}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
