@@ -335,6 +335,15 @@ _KINDS: tuple[Kind, ...] = (
     ), hook="runner"),
 )
 
+# Kinds that always concern one request: ``req`` is required (a string) for them, so an event
+# whose request is missing or null is refused by the loader and named, instead of dropping out
+# of the per-request joins silently (issue 20).
+PER_REQUEST = frozenset({
+    "sched.alloc", "sched.free", "req.add", "req.finish", "acc.read", "acc.truth", "spec.window",
+    "batch.add", "batch.remove", "nixl.request_finished", "nixl.remote_alloc", "nixl.read",
+    "nixl.read_done", "nixl.send_done"})
+_KINDS = tuple(dataclasses.replace(k, fields=(F("req", "str", "the request (required for this kind)"),) + k.fields)
+               if k.name in PER_REQUEST else k for k in _KINDS)
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
 COMMON_NAMES = frozenset(f.name for f in COMMON)
 REQUIRED_COMMON = frozenset(f.name for f in COMMON if f.required)
