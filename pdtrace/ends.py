@@ -1,5 +1,6 @@
 """A trace's header and footer without reading its events (``pdtrace info`` in constant
-time, issue 22): line 1, and the last line found by reading backwards from the end."""
+time, issue 22): line 1, and the last line found by reading backwards from the end. A
+zstd-compressed trace is decompressed through (linear, at zstd's speed)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import orjson
 
 from . import schema
+from .compress import is_zstd
 from .trace import _open, _read_header
 
 _MAX_FOOTER = 64 << 20  # a footer lists every process: large, but not this large
@@ -19,7 +21,9 @@ def read_ends(path: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
     (``TraceError`` on a foreign or newer file). The footer is None unless the file's last
     line is a whole, well-typed footer line; the events in between are not read, so a
     footer that is present says nothing about them."""
-    fh, size = _open(path)
+    if is_zstd(path):
+        return _read_ends_stream(path)
+    fh, size, _consumed = _open(path)
     with fh:
         header, first = _read_header(path, fh)
         if size <= len(first):
@@ -44,15 +48,39 @@ def read_ends(path: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
                 break
             start = lo
             step *= 2
+    return header, _footer_or_none(line), size
+
+
+def _read_ends_stream(path: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+    """A compressed trace cannot be read backwards: decompress it all (at zstd's speed),
+    keeping only the last line."""
+    fh, size, _consumed = _open(path)
+    with fh:
+        header, _first = _read_header(path, fh)
+        last = b""
+        try:
+            while True:
+                lines = fh.readlines(1 << 20)
+                if not lines:
+                    break
+                last = lines[-1]
+        except ValueError:  # a corrupt stream: no footer to trust
+            return header, None, size
+    if not last.endswith(b"\n"):
+        return header, None, size
+    return header, _footer_or_none(last), size
+
+
+def _footer_or_none(line: bytes) -> dict[str, Any] | None:
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
-        return header, None, size
+        return None
     if type(obj) is not dict or obj.get("ev") != schema.FOOTER \
             or schema.type_error(obj, schema.FOOTER_CHECKS, "footer") is not None \
             or not obj.keys() >= {f.name for f in schema.FOOTER_FIELDS if f.required}:
-        return header, None, size
-    return header, obj, size
+        return None
+    return obj
 
 
 def _last_byte(fh: Any, size: int) -> bytes:

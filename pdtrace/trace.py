@@ -22,6 +22,7 @@ import orjson
 from . import schema
 from .errors import TraceError
 from .footer import make_footer  # noqa: F401 - part of this module's API
+from .compress import open_read
 from .typecheck import EventChecker, digest_of
 from .eventlist import _KIND_CODE, EventList, kind_code, kind_groups, select_kinds  # noqa: F401 - API
 from .writer import make_header, write_trace  # noqa: F401 - part of this module's API
@@ -71,17 +72,29 @@ def _check_header(path: str, obj: Any) -> dict[str, Any]:
     return obj
 
 
-def _open(path: str) -> tuple[Any, int]:
-    """Open a trace for reading: (binary file, size in bytes)."""
+def _open(path: str) -> tuple[Any, int, Callable[[], int]]:
+    """Open a trace for reading, plain or zstd-compressed (``pdtrace.compress``): (binary
+    reader of its lines, size on disk, bytes of the file consumed so far)."""
     try:
-        return open(path, "rb"), os.path.getsize(path)
+        return open_read(path)
     except OSError as exc:
         raise TraceError(path, 0, f"cannot open: {exc.strerror or exc}") from None
 
 
+def _lines(fh: Any) -> Iterator[Any]:
+    """The reader's lines; a corrupt compressed stream ends them with its ``ValueError``."""
+    try:
+        yield from fh
+    except ValueError as exc:
+        yield exc
+
+
 def _read_header(path: str, fh: Any) -> tuple[dict[str, Any], bytes]:
     """Read and check line 1 of an open trace: (header, the raw line)."""
-    first = fh.readline()
+    try:
+        first = fh.readline()
+    except ValueError as exc:  # a corrupt compressed stream
+        raise TraceError(path, 1, str(exc)) from None
     if not first:
         raise TraceError(path, 0, "empty file: not a pdtrace trace")
     try:
@@ -101,7 +114,7 @@ def scan(
 
     Raises TraceError at the first problem unless ``lenient``.
     """
-    fh, total = _open(path)
+    fh, total, consumed = _open(path)
     loads = orjson.loads
     required = _KIND_REQUIRED
     newer = False
@@ -119,10 +132,16 @@ def scan(
         pos = len(first)
         next_progress = 0
         footer_seen = False
-        for raw in fh:
+        for raw in _lines(fh):
             line_no += 1
+            if type(raw) is ValueError:  # the rest of a compressed stream cannot be read
+                if not lenient:
+                    raise TraceError(path, line_no, str(raw))
+                yield "problem", line_no, str(raw)
+                break
             pos += len(raw)
             if progress is not None and pos >= next_progress:
+                pos = consumed()
                 progress(pos, total)
                 next_progress = pos + (1 << 24)
             problem = None
@@ -238,7 +257,7 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     ``scan`` raises them. The same pass records the ``EventList`` extras (kind groups, kind
     codes, whether ids are positions).
     """
-    fh, total = _open(path)
+    fh, total, consumed = _open(path)
     loads = orjson.loads
     table, groups, canon = _kind_table()
     crc = 0  # of the event lines, for the footer's digest
@@ -257,9 +276,12 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
         if header["schema_version"] > schema.SCHEMA_VERSION:
             return None
         next_progress = 0
-        readlines, tell = fh.readlines, fh.tell
+        readlines, tell = fh.readlines, consumed
         while True:
-            lines = readlines(_CHUNK)
+            try:
+                lines = readlines(_CHUNK)
+            except ValueError:
+                return None  # a corrupt compressed stream: scan names the line
             if not lines:
                 break
             if lines[-1][-1:] != b"\n":

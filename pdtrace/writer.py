@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 import orjson
 
 from . import schema
+from .compress import open_write, wants_zstd
 from .footer import FooterCounter
 from .typecheck import Signer
 
@@ -49,14 +50,15 @@ def write_trace(path: str, header: dict[str, Any], events: Iterable[dict[str, An
     counted while the events are written (the callable gets the counter and returns the
     footer to write), so nothing needs to hold the events. Each event is type-checked on its
     way out (``pdtrace.typecheck``); when all pass, the footer gets the ``digest`` of the event
-    lines, which lets a reader skip its own type checks. Returns the footer written."""
+    lines, which lets a reader skip its own type checks. A ``path`` ending in ``.zst`` is
+    written zstd-compressed (``pdtrace.compress``). Returns the footer written."""
     counter = FooterCounter() if footer is None or callable(footer) else None
     signer = Signer()
     sign = signer.add
     dumps = orjson.dumps
     tmp = path + ".tmp"
     try:
-        with open(tmp, "wb") as fh:
+        with open_write(tmp, compressed=wants_zstd(path)) as fh:
             buf = io.BufferedWriter(fh, 1 << 20)  # type: ignore[arg-type]
             buf.write(dumps(header) + b"\n")
             for i, e in enumerate(events):

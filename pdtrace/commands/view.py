@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ..errors import EXIT_OK, PdtraceError
+from ..compress import is_zstd
 from ..index import TraceIndex, load_shards
 
 
@@ -20,6 +22,8 @@ def open_source(trace: str | os.PathLike | None) -> TraceIndex:
         return load_shards(str(p))
     if not p.exists():
         raise PdtraceError(f"{p}: no such file")
+    if is_zstd(str(p)):
+        p = _decompressed(p)
     idx = TraceIndex(str(p), lenient=True)
     if idx.size == 0:
         idx.close()
@@ -30,6 +34,23 @@ def open_source(trace: str | os.PathLike | None) -> TraceIndex:
         idx.close()
         raise PdtraceError(f"{p}:1: not a pdtrace trace: line 1 is not a pdtrace 'trace.header' line")
     return idx
+
+
+def _decompressed(p: Path) -> Path:
+    """The viewer's index reads at byte offsets, which a zstd stream does not have: decompress
+    to a temporary file (kept while the viewer runs; the system's temp dir cleans it up)."""
+    import tempfile
+
+    from ..compress import decompress_to
+
+    out = Path(tempfile.mkdtemp(prefix="pdtrace-view-")) / (p.name[:-4] if p.name.endswith(".zst") else p.name)
+    print(f"pdtrace: {p} is zstd-compressed; decompressing to {out} to index it", file=sys.stderr)
+    try:
+        size = decompress_to(str(p), str(out))
+    except (ValueError, OSError) as exc:
+        raise PdtraceError(f"{p}: cannot decompress: {exc}") from None
+    print(f"pdtrace: {size >> 20} MB decompressed", file=sys.stderr)
+    return out
 
 
 def run(trace: str | os.PathLike | None = None) -> int:

@@ -1,0 +1,123 @@
+"""Zstandard-compressed traces (issue 22): written when the name ends in .zst (record, merge,
+write_trace), opened transparently by every reader (check, info, report, view, merge), and a
+damaged stream gives one clear line, never a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import zstandard
+
+from pdtrace import cli
+from pdtrace.commands.view import open_source
+from pdtrace.compress import ZSTD_MAGIC, is_zstd
+from pdtrace.ends import read_ends
+from pdtrace.shards import merge_traces
+from pdtrace.trace import load, write_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+BUGGY = ROOT / "sample_traces/stale_read_rowmoves_buggy.jsonl"
+
+
+def _cli(*args) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.run_cli([*map(str, args)])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def _pair(tmp_path) -> tuple[Path, Path]:
+    """The buggy sample written by pdtrace's writer twice: plain and .zst."""
+    tr = load(str(BUGGY))
+    events = [{k: v for k, v in e.items() if k != "block_ids_derived"} for e in tr.events]
+    footer = {k: v for k, v in tr.footer.items() if k != "digest"}
+    plain, packed = tmp_path / "t.jsonl", tmp_path / "t.jsonl.zst"
+    write_trace(str(plain), tr.header, [dict(e) for e in events], dict(footer))
+    write_trace(str(packed), tr.header, [dict(e) for e in events], dict(footer))
+    return plain, packed
+
+
+def test_writer_compresses_exactly_the_plain_lines(tmp_path):
+    plain, packed = _pair(tmp_path)
+    assert packed.read_bytes()[:4] == ZSTD_MAGIC and is_zstd(str(packed)) and not is_zstd(str(plain))
+    assert zstandard.ZstdDecompressor().decompressobj().decompress(packed.read_bytes()) == plain.read_bytes()
+    assert packed.stat().st_size < plain.stat().st_size / 3
+    a, b = load(str(plain)), load(str(packed))
+    assert a.events == b.events and a.footer == b.footer and "digest" in b.footer
+
+
+def test_check_info_and_view_read_a_compressed_trace(tmp_path):
+    plain, packed = _pair(tmp_path)
+    rc_p, out_p, _ = _cli("check", plain, "-f", "json")
+    rc_z, out_z, _ = _cli("check", packed, "-f", "json")
+    assert rc_p == rc_z == 1 and out_p.replace(str(plain), "X") == out_z.replace(str(packed), "X")
+    assert read_ends(str(packed))[1] == read_ends(str(plain))[1]
+    rc, out, _ = _cli("info", packed)
+    assert rc == 0 and f"events     {load(str(plain)).footer['events']}" in out
+    idx = open_source(str(packed))  # the TUI's index needs offsets: decompressed to a temp file
+    try:
+        idx.build()
+        assert idx.path.endswith("t.jsonl") and not is_zstd(idx.path) and len(idx.header) > 0
+    finally:
+        idx.close()
+
+
+def test_merge_reads_and_writes_zst(tmp_path):
+    _plain, packed = _pair(tmp_path)
+    out = tmp_path / "m.jsonl.zst"
+    merge_traces([packed, packed], str(out))
+    assert is_zstd(str(out)) and len(load(str(out)).events) == 2 * len(load(str(packed)).events)
+
+
+def test_a_damaged_stream_is_one_clear_line(tmp_path):
+    _plain, packed = _pair(tmp_path)
+    data = bytearray(packed.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 64] = os.urandom(64)
+    bad = tmp_path / "bad.jsonl.zst"
+    bad.write_bytes(bytes(data))
+    rc, out, err = _cli("check", bad)
+    assert rc == 2 and err.count("\n") <= 2 and str(bad) in err and "Traceback" not in err, err
+    rc, out, err = _cli("check", bad, "--lenient")  # a stream this small fails in its first block
+    assert rc == 2 and "corrupt zstd stream" in err and err.count("\n") == 1 and "Traceback" not in err
+    cut = tmp_path / "cut.jsonl.zst"
+    cut.write_bytes(packed.read_bytes()[: len(data) // 2])
+    rc, out, err = _cli("info", cut)
+    assert rc == 2 and str(cut) in err and "Traceback" not in err
+
+
+def test_record_writes_a_compressed_trace(tmp_path):
+    out = tmp_path / "r.jsonl.zst"
+    app = Path(__file__).parent / "programs" / "mp_app.py"
+    proc = subprocess.run([sys.executable, "-m", "pdtrace", "record", "-o", str(out), "--", sys.executable,
+                           str(app)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PDTRACE_HOOKS="0"))
+    assert proc.returncode == 0, proc.stderr
+    tr = load(str(out))
+    assert is_zstd(str(out)) and tr.footer["digest"] and any(e["ev"] == "mark" for e in tr.events)
+
+
+def test_lenient_keeps_the_events_before_a_damaged_block(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gen_trace import generate
+
+    plain = tmp_path / "big.jsonl"
+    generate(str(plain), 20_000)
+    tr = load(str(plain))
+    packed = tmp_path / "big.jsonl.zst"
+    write_trace(str(packed), tr.header, [{k: v for k, v in e.items() if k != "block_ids_derived"} for e in tr.events],
+                {k: v for k, v in tr.footer.items() if k != "digest"})
+    data = bytearray(packed.read_bytes())
+    mid = len(data) * 3 // 4
+    data[mid:mid + 64] = bytes(64)
+    bad = tmp_path / "bad.jsonl.zst"
+    bad.write_bytes(bytes(data))
+    got = load(str(bad), lenient=True)
+    assert 0 < len(got.events) < len(tr.events) and got.footer is None
+    assert "corrupt zstd stream" in got.problems[0].reason
+    assert got.events == tr.events[:len(got.events)]
