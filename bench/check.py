@@ -2,6 +2,7 @@
 
     python bench/check.py [--events 1000000] [--repeat 3] [--keep DIR]
     python bench/check.py --instructions [--events 200000]   # the same ratio in instructions
+    python bench/check.py --instructions --zst                # the same on a .jsonl.zst trace
 
 
 Generates a schema-valid synthetic trace (bench/gen_trace.py) in a temp dir, then times
@@ -39,6 +40,7 @@ import orjson  # noqa: E402
 
 from gen_trace import generate  # noqa: E402
 from pdtrace.detectors import run_all  # noqa: E402
+from pdtrace.compress import open_read  # noqa: E402
 from pdtrace.trace import load  # noqa: E402
 
 GOAL = 1.5
@@ -48,7 +50,7 @@ def bare(path: str) -> int:
     loads = orjson.loads
     out = []
     append = out.append
-    with open(path, "rb") as fh:
+    with open_read(path)[0] as fh:  # a plain file, or a .zst one decompressed as it is read
         for line in fh:
             append(loads(line))
     return len(out)
@@ -143,6 +145,9 @@ def main() -> int:
     ap.add_argument("--keep", help="write the trace in this directory and keep it")
     ap.add_argument("--instructions", action="store_true",
                     help="count instructions under valgrind's callgrind instead of timing (deterministic)")
+    ap.add_argument("--zst", action="store_true",
+                    help="compress the trace (zstd level 3, as record -o t.jsonl.zst writes it) and measure on "
+                         "that file: the bare parse then decompresses too")
     ap.add_argument("--count-one", choices=("bare", "check"), help=argparse.SUPPRESS)
     ap.add_argument("--trace", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -158,6 +163,16 @@ def main() -> int:
     size = os.path.getsize(path)
     print(f"trace: {path}: {info['events']} events, {size / 1e6:.1f} MB, {info['steps']} steps, "
           f"injected {info['bugs']} (generated in {time.perf_counter() - t0:.1f}s)")
+    if a.zst:
+        import zstandard
+
+        from pdtrace.compress import LEVEL
+
+        with open(path, "rb") as src, open(path + ".zst", "wb") as dst:
+            zstandard.ZstdCompressor(level=LEVEL).copy_stream(src, dst)
+        os.remove(path)
+        path += ".zst"
+        print(f"compressed: {path}: {os.path.getsize(path) / 1e6:.1f} MB")
     if a.instructions:
         try:
             return count_instructions(path)

@@ -12,7 +12,7 @@ from . import schema
 
 
 class FooterCounter:
-    __slots__ = ("n", "counts", "dropped", "hook_errors", "applied", "skipped", "procs")
+    __slots__ = ("n", "counts", "dropped", "hook_errors", "applied", "skipped", "procs", "ring_discarded")
 
     def __init__(self) -> None:
         self.n = 0
@@ -22,6 +22,7 @@ class FooterCounter:
         self.applied: set[str] = set()
         self.skipped: dict[str, str] = {}
         self.procs: dict[int, dict] = {}
+        self.ring_discarded: int | None = None  # record --ring: summed from proc.exit
 
     def add(self, e: dict[str, Any]) -> None:
         self.n += 1
@@ -37,6 +38,8 @@ class FooterCounter:
             p["complete"] = True
             p["dropped"] = e.get("dropped", 0)
             self.dropped += e.get("dropped", 0)
+            if e.get("ring_discarded") is not None:
+                self.ring_discarded = (self.ring_discarded or 0) + e["ring_discarded"]
             for h, c in (e.get("hook_errors") or {}).items():
                 self.hook_errors[h] = self.hook_errors.get(h, 0) + c
         elif k == "hooks.status":
@@ -60,6 +63,8 @@ class FooterCounter:
         }
         if exit_code is not None:
             footer["exit_code"] = exit_code
+        if self.ring_discarded is not None:
+            footer["ring_discarded"] = self.ring_discarded
         return footer
 
 

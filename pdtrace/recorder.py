@@ -31,127 +31,11 @@ import orjson
 
 from . import schema
 from .frames import FRAME_HEAD, SHARD_MAGIC, SHARD_SUFFIX, frame_head, write_frame  # noqa: F401
-from .redact import digest_hash
+from .materialize import (  # noqa: F401 - part of this module's API (hooks, shards, tests)
+    DEFERRED_KEYS, GROW, PROMPT, Deferred, _json_default, _resolve_deferred, materialize, unpack_step)
 
 _current: "Recorder | None" = None
 _mono = time.monotonic_ns
-
-
-class Deferred:
-    """A field value whose JSON form is computed on the writer thread, not the caller's.
-
-    A hook on a per-step path snapshots what it needs cheaply (e.g. copies of vLLM's block
-    lists, whose block objects have fixed ids) and wraps it in a subclass; the writer calls
-    ``json()`` when it serializes the event. The snapshot must not change after ``put``
-    (copy anything vLLM may mutate later)."""
-
-    __slots__ = ()
-
-    def json(self) -> Any:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-
-def _json_default(obj: Any) -> Any:
-    """orjson's fallback, called only for values it cannot serialize itself. Never raises:
-    an odd value from a hook becomes a string rather than losing the writer's batch."""
-    if isinstance(obj, Deferred):
-        try:
-            return obj.json()
-        except Exception as exc:
-            return f"<pdtrace: {type(obj).__name__} failed: {type(exc).__name__}: {exc}>"[:300]
-    if hasattr(obj, "__index__"):
-        return obj.__index__()  # numpy / torch integer scalars
-    if isinstance(obj, (set, frozenset)):
-        return sorted(obj, key=repr)
-    if hasattr(obj, "__float__"):
-        return float(obj)
-    return repr(obj)[:300]
-
-
-# Shard frames: see pdtrace.frames (format, writer loop, reader with resynchronisation).
-DEFERRED_KEYS = "\x00deferred"  # fields key put_deferred uses to name its Deferred values
-# sched.step fields key: (t0, num_lookahead_tokens, [(req, num_computed_tokens, new_block_ids
-# per group), ...]), the blocks that step appended to running requests, read from its
-# SchedulerOutput (hooks/scheduler.py). ``materialize`` turns each row into a short
-# sched.alloc (``from_output: true``) timed t0; the key itself is never written.
-GROW = "\x00grow"
-# req.add fields key: ``redact.token_digest`` of the prompt (CPython's tuple hash, taken on
-# the caller's thread); ``materialize`` replaces it with the schema's ``prompt_hash``
-# (``redact.digest_hash``, blake2b), so the traced process never runs blake2b. Never written.
-PROMPT = "\x00prompt"
-# sched.step ``tokens`` / ``spec`` as queued by the scheduler hook: packed forms that cost the
-# caller and the writer less than 256-entry dicts; ``unpack_step`` restores the dicts.
-#   tokens: (request ids, counts)          -> {req: count}
-#   spec:   (request ids or None, lengths) -> {req: length}; None: the same ids as tokens
-# counts / lengths are ``bytes`` (one byte per request) when every value is < 256, else a list.
-
-
-def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
-    """Queued ``(kind, t, req, step, fields)`` tuples -> event dicts, given the process's
-    ``(pid, role, inst, rank, wall_offset_ns)`` (the in-memory sink, and shard frames read
-    back by ``pdtrace.shards``). Fields may override the common ones (e.g. ``inst``). A
-    sched.step carrying ``GROW`` is preceded by the sched.alloc events it stands for; a
-    ``PROMPT`` digest becomes ``prompt_hash``."""
-    pid, role, inst, rank, off = meta
-    out = []
-    for kind, t, req, step, fields in items:
-        ev = {"ev": kind, "t": t, "w": t + off, "pid": pid, "role": role, "inst": inst}
-        if rank is not None:
-            ev["rank"] = rank
-        if step is not None:
-            ev["step"] = step
-        if req is not None:
-            ev["req"] = req
-        grow = fields.pop(GROW, None) if GROW in fields else None
-        if kind == "sched.step":
-            unpack_step(fields)
-        elif PROMPT in fields:
-            fields["prompt_hash"] = digest_hash(fields.pop(PROMPT))
-        ev.update(fields)
-        if grow is not None:
-            out.extend(_grow_allocs(ev, grow, off))
-        out.append(ev)
-    return out
-
-
-def unpack_step(fields: dict) -> dict:
-    """A queued sched.step's packed ``tokens`` / ``spec`` (the forms described after ``GROW``)
-    back to the schema's dicts, in place (a dict value is left as it is)."""
-    tok = fields.get("tokens")
-    if type(tok) is tuple:
-        keys, counts = tok
-        fields["tokens"] = dict(zip(keys, counts))
-        spec = fields.get("spec")
-        if type(spec) is tuple:
-            skeys, lens = spec
-            fields["spec"] = dict(zip(keys if skeys is None else skeys, lens))
-    return fields
-
-
-def _grow_allocs(step_ev: dict, grow: Any, off: int) -> list[dict]:
-    """The short sched.alloc events (schema v2: new_block_ids, no block_ids) of one step's
-    running requests, from its ``GROW`` value (see there)."""
-    t0, lookahead, rows = grow
-    tokens = step_ev.get("tokens") or {}
-    common = {"ev": "sched.alloc", "t": t0, "w": t0 + off}
-    for k in ("pid", "role", "inst", "rank", "step"):
-        if k in step_ev:
-            common[k] = step_ev[k]
-    out = []
-    for req, computed, blocks in rows:
-        ev = dict(common)
-        ev.update(req=req, ok=True, new_block_ids=[list(g) for g in blocks], num_computed_tokens=computed,
-                  num_new_tokens=tokens.get(req, 0), num_lookahead_tokens=lookahead, from_output=True)
-        out.append(ev)
-    return out
-
-
-def _resolve_deferred(ev: dict) -> dict:
-    keys = ev.pop(DEFERRED_KEYS, None)
-    for k in keys or ():
-        if isinstance(ev.get(k), Deferred):
-            ev[k] = _json_default(ev[k])
-    return ev
 
 
 def get() -> "Recorder | None":
@@ -219,22 +103,49 @@ class Recorder:
         return rec
 
     @classmethod
-    def to_shard_dir(cls, directory: str, **kw: Any) -> "Recorder":
-        """One shard file ``<pid>.pdshard`` in ``directory`` (see ``SHARD_MAGIC``)."""
+    def to_shard_dir(cls, directory: str, ring_s: float | None = None, **kw: Any) -> "Recorder":
+        """One shard file ``<pid>.pdshard`` in ``directory`` (see ``SHARD_MAGIC``); with
+        ``ring_s``, rotating segment files that keep about the last ``ring_s`` seconds
+        (``pdtrace.ring``)."""
         os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"{os.getpid()}{SHARD_SUFFIX}")
-        fh = open(path, "ab", buffering=0)
         rec = cls(None, **{**kw, "threaded": False})
-        rec._sink = rec._write_frame
-        rec._encode = rec._encode_frame  # the sink takes framed shard bytes, not dicts
-        rec.shard_path = path  # type: ignore[attr-defined]
-        rec._fh = fh  # type: ignore[attr-defined]
+        rec.ring_s = ring_s
+        if ring_s:
+            from .ring import SegmentRing
+
+            rec._ring = SegmentRing(directory, os.getpid(), ring_s)
+            rec._sink = rec._write_ring
+            rec._encode = rec._encode_ring
+        else:
+            path = os.path.join(directory, f"{os.getpid()}{SHARD_SUFFIX}")
+            rec._fh = open(path, "ab", buffering=0)  # type: ignore[attr-defined]
+            rec.shard_path = path  # type: ignore[attr-defined]
+            rec._sink = rec._write_frame
+            rec._encode = rec._encode_frame  # the sink takes framed shard bytes, not dicts
         if kw.get("threaded", True):
             rec._start_thread()
         return rec
 
     def _write_frame(self, frame: bytes) -> None:
         write_frame(self._fh, frame)  # type: ignore[attr-defined]
+
+    def _encode_ring(self, items: list[tuple]) -> tuple[bytes | None, bytes | None]:
+        """Ring mode: the batch's pinned events (``ring.PINNED_KINDS``) and the others, each as
+        a frame (None when there are none)."""
+        from .ring import PINNED_KINDS
+
+        pinned = [it for it in items if it[0] in PINNED_KINDS]
+        if not pinned:
+            return None, self._encode_frame(items)
+        rest = [it for it in items if it[0] not in PINNED_KINDS]
+        return self._encode_frame(pinned), (self._encode_frame(rest) if rest else None)
+
+    def _write_ring(self, frames: tuple[bytes | None, bytes | None]) -> None:
+        pinned, rest = frames
+        if pinned is not None:
+            self._ring.write(pinned, pinned=True)  # type: ignore[attr-defined]
+        if rest is not None:
+            self._ring.write(rest)  # type: ignore[attr-defined]
 
     # -- hot path ---------------------------------------------------------------------
     def emit(self, kind: str, req: str | None = None, step: int | None = None, **fields: Any) -> None:
@@ -362,10 +273,16 @@ class Recorder:
         # proc.exit carries the drop count: it bypasses the queue bound (``emit`` would drop
         # it exactly when drops happened), and is queued after the writer stopped, so the
         # counts it carries are final. ``events``: what this process wrote, proc.exit included.
-        self._q.append(("proc.exit", _mono(), None, self.step, {
-            "events": self.emitted + len(self._q) + 1, "dropped": self.dropped,
-            "hook_errors": dict(self.hook_errors)}))
+        ring = getattr(self, "_ring", None)
+        fields = {"events": self.emitted + len(self._q) + 1, "dropped": self.dropped,
+                  "hook_errors": dict(self.hook_errors)}
+        self._q.append(("proc.exit", _mono(), None, self.step, fields))
+        if ring is not None:
+            ring.frozen = True  # the last writes rotate nothing out: the count below is final
+            fields["ring_discarded"] = ring.discarded
         self.flush()
+        if ring is not None:
+            ring.close()
         fh = getattr(self, "_fh", None)
         if fh is not None:
             try:
@@ -410,7 +327,8 @@ def start_process_recording(directory: str, session: str, redact: bool = True, *
     def _after_fork_in_child() -> None:
         old = get()
         if old is not None:
-            _start(redact=old.redact, role=old.role, inst=old.inst, rank=old.rank)
+            _start(redact=old.redact, role=old.role, inst=old.inst, rank=old.rank,
+                   ring_s=getattr(old, "ring_s", None))
 
     rec = _start(redact=redact, **kw)
     os.register_at_fork(after_in_child=_after_fork_in_child)

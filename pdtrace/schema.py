@@ -109,6 +109,8 @@ _KINDS: tuple[Kind, ...] = (
         F("events", "int", "events this process emitted"),
         F("dropped", "int", "events dropped because the queue was full"),
         F("hook_errors", "dict[str,int]", "hook name -> number of exceptions swallowed"),
+        F("ring_discarded", "int", "record --ring only: events of this process deleted with segments older "
+          "than the window", required=False),
     )),
     Kind("hooks.status", "Which hooks this process applied or skipped, with reasons.", (
         F("vllm", "str", "vLLM version seen by the process ('' if not importable)"),
@@ -364,6 +366,10 @@ HEADER_FIELDS: tuple[Field, ...] = (
     F("merged_from", "list[dict]", "merge only: each input trace's file name, origin, host and recorded "
       "command (cmd above is the first input's)", required=False),
     F("source_origins", "list[str]", "merge only: the inputs' origins", required=False),
+    F("ring_s", "float", "record --ring only: the flight recorder's window in seconds; events older than the "
+      "window were discarded (footer ring_discarded), process-level events are all kept", required=False),
+    F("snapshot", "str", "record --ring only: why this trace was written while the command ran "
+      "('SIGUSR1'); absent for the trace written at exit", required=False),
 )
 
 FOOTER_FIELDS: tuple[Field, ...] = (
@@ -378,7 +384,9 @@ FOOTER_FIELDS: tuple[Field, ...] = (
     F("lost", "int", "events in shard frames that could not be read back (damaged by a crash or a "
       "failed write; counted from the frame header where it survived)", required=False),
     F("shard_problems", "list[str]", "record only: each damaged shard stretch skipped, with its file, "
-      "frame, bytes skipped and events lost", required=False),    F("digest", "str", "'crc32:' and 8 hex digits: the CRC-32 of the event lines (every byte after the header "
+      "frame, bytes skipped and events lost", required=False),    F("ring_discarded", "int", "record --ring only: events discarded by the flight recorder's window, all "
+      "processes (the counts and processes above are of the events kept)", required=False),
+    F("digest", "str", "'crc32:' and 8 hex digits: the CRC-32 of the event lines (every byte after the header "
       "line and before the footer line). Written only when the writer type-checked every event against this "
       "schema; a reader that finds it matching skips its own type checks, any other trace is checked event by "
       "event", required=False),

@@ -60,7 +60,8 @@ def merge_shard_dir(directory: str) -> tuple[list[dict[str, Any]], list[Problem]
 
 
 def finalize_session(directory: str, output: str, *, cmd: list[str], redacted: bool,
-                     exit_code: int | None) -> tuple[dict[str, Any], list[Problem]]:
+                     exit_code: int | None, ring_s: float | None = None,
+                     snapshot: str | None = None) -> tuple[dict[str, Any], list[Problem]]:
     """Merge a recording's shards into one trace file, streaming: memory is bounded by one
     frame per shard plus the events a shard holds out of time order (``_scan``), not by the
     length of the recording."""
@@ -70,7 +71,12 @@ def finalize_session(directory: str, output: str, *, cmd: list[str], redacted: b
     scans = [_scan(f) for f in files]
     problems = [p for sc in scans for p in sc.problems]
     insts = sorted(set().union(*(sc.insts for sc in scans)) - {schema.INST_NONE})
-    header = make_header(origin="record", cmd=cmd, redacted=redacted, instances=insts)
+    extra: dict[str, Any] = {}
+    if ring_s:
+        extra["ring_s"] = float(ring_s)
+    if snapshot:
+        extra["snapshot"] = snapshot
+    header = make_header(origin="record", cmd=cmd, redacted=redacted, instances=insts, **extra)
 
     def footer(counter: FooterCounter) -> dict[str, Any]:
         f = counter.footer(exit_code=exit_code)

@@ -6,6 +6,7 @@ PDTRACE_REDACT       "1" (default) or "0"
 PDTRACE_FLUSH        writer flush interval, seconds
 PDTRACE_INSTANCE     force the instance id (P, D, ...)
 PDTRACE_HOOKS        "0" to record process events only (no vLLM hooks)
+PDTRACE_RING        flight recorder: keep about the last N seconds per process (pdtrace.ring)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def start_from_env() -> None:
         session=os.environ.get("PDTRACE_SESSION", ""),
         redact=os.environ.get("PDTRACE_REDACT", "1") != "0",
         flush_interval=float(os.environ.get("PDTRACE_FLUSH", "0.2")),
+        ring_s=float(os.environ["PDTRACE_RING"]) if os.environ.get("PDTRACE_RING") else None,
     )
     _flush_on_sigterm(rec)
     if os.environ.get("PDTRACE_HOOKS", "1") != "0":

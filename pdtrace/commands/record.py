@@ -70,7 +70,7 @@ def _alive_shard_writers(shard_dir: str, exclude: set[int]) -> list[int]:
             pass
         except PermissionError:
             alive.append(pid)
-    return alive
+    return sorted(set(alive))  # (ring mode: several shard files per pid)
 
 
 def _cmdline(pid: int) -> str:
@@ -97,7 +97,8 @@ def _wait_for_orphans(shard_dir: str, wait: float, flush_interval: float, exclud
 
 
 def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | None = None,
-        keep_shards: bool = False, flush_interval: float = 0.2, orphan_wait: float = 10.0) -> int:
+        keep_shards: bool = False, flush_interval: float = 0.2, orphan_wait: float = 10.0,
+        ring: float | None = None) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
@@ -119,6 +120,10 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
     env["PDTRACE_FLUSH"] = str(flush_interval)
     if instance:
         env["PDTRACE_INSTANCE"] = instance
+    if ring is not None:
+        if ring <= 0:
+            raise PdtraceError(f"--ring {ring:g}: the window must be a positive number of seconds")
+        env["PDTRACE_RING"] = str(ring)
 
     recover = f"pdtrace merge {shlex.quote(shard_dir)} -o {shlex.quote(str(output))}"
     print(f"pdtrace: recording {' '.join(mask_argv(cmd))}", file=sys.stderr)
@@ -141,11 +146,20 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
             pass
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    snaps: list[int] = []
+    if ring is not None:  # flight recorder: SIGUSR1 writes what the window holds now
+        old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda signum, frame: snaps.append(signum))
+        print(f"pdtrace: flight recorder: keeping about the last {ring:g} s per process; "
+              f"`kill -USR1 {os.getpid()}` writes a snapshot trace now", file=sys.stderr)
     try:
         while True:
             try:
-                rc = proc.wait()
+                rc = proc.wait(timeout=0.2 if ring is not None else None)
                 break
+            except subprocess.TimeoutExpired:
+                while snaps:
+                    snaps.pop()
+                    _snapshot(shard_dir, output, cmd, no_redact, ring)
             except KeyboardInterrupt:  # pragma: no cover - handler above replaces SIGINT
                 continue
         still = _wait_for_orphans(shard_dir, orphan_wait, flush_interval, exclude={os.getpid()})
@@ -168,7 +182,7 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
         return exit_code
     try:
         footer, problems = finalize_session(shard_dir, str(output), cmd=mask_argv(cmd), redacted=not no_redact,
-                                            exit_code=exit_code)
+                                            exit_code=exit_code, ring_s=ring)
     except PdtraceError as exc:
         print(f"pdtrace: no trace written: {exc}", file=sys.stderr)
         if not keep_shards:
@@ -182,7 +196,8 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
     procs = footer["processes"]
     print(f"pdtrace: wrote {output} ({footer['events']} events from {len(procs)} processes, "
           f"{footer['dropped']} dropped, {sum(footer['hook_errors'].values())} hook errors, "
-          f"{time.monotonic() - t0:.1f}s to merge)", file=sys.stderr)
+          + (f"{footer.get('ring_discarded', 0)} older than the {ring:g} s window discarded, " if ring else "")
+          + f"{time.monotonic() - t0:.1f}s to merge)", file=sys.stderr)
     for p in problems:
         print(f"pdtrace: warning: {p}", file=sys.stderr)
     if keep_shards:
@@ -190,3 +205,31 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
     else:
         shutil.rmtree(shard_dir, ignore_errors=True)
     return exit_code
+
+
+_snapshot_count = 0
+
+
+def _snapshot(shard_dir: str, output: Path, cmd: list[str], no_redact: bool, ring: float) -> None:
+    """Write the flight recorder's window as a trace while CMD runs (SIGUSR1): the shard files
+    are copied (cut to whole frames) and merged; CMD and its recorders go on untouched."""
+    from ..ring import copy_for_snapshot
+
+    global _snapshot_count
+    _snapshot_count += 1
+    name = output.name
+    stem, ext = (name[:-10], ".jsonl.zst") if name.endswith(".jsonl.zst") else \
+        ((name[:-6], ".jsonl") if name.endswith(".jsonl") else (name, ""))
+    path = output.with_name(f"{stem}.snapshot-{_snapshot_count}{ext}")
+    tmp = tempfile.mkdtemp(prefix=".pdtrace-snapshot-", dir=str(output.parent))
+    try:
+        if not copy_for_snapshot(shard_dir, tmp):
+            print("pdtrace: snapshot: nothing recorded yet", file=sys.stderr)
+            return
+        footer, _problems = finalize_session(tmp, str(path), cmd=mask_argv(cmd), redacted=not no_redact,
+                                             exit_code=None, ring_s=ring, snapshot="SIGUSR1")
+        print(f"pdtrace: snapshot {path} ({footer['events']} events; the command goes on)", file=sys.stderr)
+    except Exception as exc:  # a snapshot must never end the recording
+        print(f"pdtrace: snapshot failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

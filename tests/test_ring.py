@@ -1,0 +1,75 @@
+"""`pdtrace record --ring SECONDS` (issue 22's flight recorder) end to end on a real
+multi-process program: only about the last SECONDS of events stay on disk and in the trace,
+process-level events are all kept, the footer counts what was discarded, and SIGUSR1 writes a
+snapshot while the command runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pdtrace.ring import SegmentRing
+from pdtrace.trace import load
+
+APP = str(Path(__file__).parent / "programs" / "steady_app.py")
+
+
+def _record(tmp_path, *args, ring="0.6"):
+    out = tmp_path / "t.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "pdtrace", "record", "-o", str(out), "--ring", ring, "--",
+                           sys.executable, APP, *args], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PDTRACE_HOOKS="0"))
+    return proc, out
+
+
+def test_ring_keeps_the_last_window_and_counts_the_rest(tmp_path):
+    proc, out = _record(tmp_path, "3")
+    assert proc.returncode == 0, proc.stderr
+    tr = load(str(out))
+    assert tr.header["ring_s"] == 0.6 and "snapshot" not in tr.header
+    emitted = {line.split()[0]: int(line.split()[1]) for line in proc.stdout.split("\n") if line}
+    for who in ("main", "child"):
+        marks = [int(e["detail"]) for e in tr.events if e["ev"] == "mark" and e["label"] == who]
+        assert marks == list(range(marks[0], emitted[who]))  # the newest ones, none missing
+        assert 0 < len(marks) < emitted[who] // 2  # 3 s of marks, a ~0.6-0.75 s window
+        span_ns = max(e["t"] for e in tr.events if e.get("label") == who) - \
+            min(e["t"] for e in tr.events if e.get("label") == who)
+        assert span_ns < 1.5e9
+    kinds = {e["ev"] for e in tr.events}
+    assert {"proc.start", "proc.exit"} <= kinds  # proc.start is pinned: never rotated out
+    exits = [e for e in tr.events if e["ev"] == "proc.exit"]
+    assert tr.footer["ring_discarded"] == sum(e["ring_discarded"] for e in exits) > 0
+    # every event a process emitted is either in the trace or counted as discarded
+    for x in exits:
+        kept = sum(1 for e in tr.events if e["pid"] == x["pid"])
+        assert kept + x["ring_discarded"] == x["events"], (kept, x)
+
+
+def test_sigusr1_writes_a_snapshot_and_the_command_goes_on(tmp_path):
+    proc, out = _record(tmp_path, "2", "signal-parent", ring="5")
+    assert proc.returncode == 0, proc.stderr
+    snap = tmp_path / "t.snapshot-1.jsonl"
+    assert "pdtrace: snapshot" in proc.stderr and snap.exists(), proc.stderr
+    s, final = load(str(snap)), load(str(out))  # strict: whole frames only
+    assert s.header["snapshot"] == "SIGUSR1" and "exit_code" not in s.footer
+    assert 0 < sum(e["ev"] == "mark" for e in s.events) < sum(e["ev"] == "mark" for e in final.events)
+    assert not list(tmp_path.glob(".pdtrace-*"))
+
+
+def test_segments_rotate_on_a_fake_clock(tmp_path):
+    from pdtrace.frames import frame_head
+
+    now = [0.0]
+    ring = SegmentRing(str(tmp_path), 7, 4.0, clock=lambda: now[0])
+    frame = frame_head(0, 10, 0)  # a frame of 10 events (its payload does not matter here)
+    for k in range(40):  # one frame a second, 40 s
+        now[0] = float(k)
+        ring.write(frame)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert "7.pinned.pdshard" in files
+    segs = [f for f in files if f != "7.pinned.pdshard"]
+    assert 4 <= len(segs) <= 6  # 4 s window, 1 s segments: the window plus the one being written
+    assert ring.discarded == 10 * (40 - sum(os.path.getsize(tmp_path / f) // len(frame) for f in segs))
+    ring.close()
