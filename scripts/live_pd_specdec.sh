@@ -13,9 +13,10 @@
 #
 #   bash scripts/live_pd_specdec.sh [WORKDIR]
 #
-# Status: written and run on CPU only (same script, device=cpu: tests/test_live_cpu.py). Not yet
-# run on a GPU: the session that wrote it had no GPU lent. A run's merged trace belongs in
-# sample_traces/ labelled "live GPU run" with its sidecar and a provenance line.
+# Status: run on one H100 on 2026-11-25 through scripts/gpu_run.sh (which adds what that machine
+# needed: Triton attention, no flash-attn / flashinfer; docs/live-gpu.md), model runner V2 and V1;
+# the merged traces are sample_traces/live_gpu_pd_eagle_v{1,2}.jsonl.zst. Extra server arguments:
+# PDTRACE_LIVE_EXTRA_ARGS (JSON list), PDTRACE_LIVE_SPEC_EXTRA (JSON object), PDTRACE_LIVE_KV_BUFFER.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORKDIR=${1:-$(mktemp -d /tmp/pdtrace-live-gpu-XXXX)}

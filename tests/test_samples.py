@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parent.parent
-SAMPLES = sorted((ROOT / "sample_traces").glob("*.jsonl"))
+SAMPLES = sorted([*(ROOT / "sample_traces").glob("*.jsonl"), *(ROOT / "sample_traces").glob("*.jsonl.zst")])
 
 
 @pytest.mark.parametrize("trace", SAMPLES, ids=[p.stem for p in SAMPLES])

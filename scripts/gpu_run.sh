@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Run the live P/D + EAGLE recipe (scripts/live_pd_specdec.sh's run, scripts/live_cpu_pd.py with
+# PDTRACE_LIVE_DEVICE=cuda) on a GPU host with no package index, twice: model runner V2 (vLLM's
+# default on GPUs) and V1 (VLLM_USE_V2_MODEL_RUNNER=0). Needs .gpu/ from scripts/gpu_bundle.sh.
+#
+#   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [...]   # default: v2 v1
+#
+# Writes under $OUT: gpu_run.log (environment, doctor, both reports), merged-<mode>.jsonl.zst
+# (the merged P+D trace) and logs-<mode>.tgz (server logs, result.json, check.json).
+# The vLLM it runs has no compiled kernels (see gpu_bundle.sh): attention is vLLM's
+# TRITON_ATTN backend and RMSNorm / SiluAndMul / rotary run their torch-native forward.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/pdtrace-gpu-out}
+SITE=${SITE:-/tmp/pdtrace-site}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu_run.log") 2>&1
+MODES=("$@"); [ ${#MODES[@]} -gt 0 ] || MODES=(v2 v1)
+PER_RUN=${PER_RUN:-250}
+say() { echo "== gpu_run +$((SECONDS))s: $*"; }
+
+if [ ! -e "$SITE/vllm/__init__.py" ]; then
+  say "unpacking .gpu into $SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl || exit 3
+  tar xJf .gpu/vllm.tar.xz -C "$SITE" && tar xJf .gpu/nixl.tar.xz -C "$SITE" || exit 3
+fi
+# pdtrace itself, every time (a warm machine keeps $SITE from an earlier call)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . || exit 3
+if [ ! -e "$SITE/vllm/_C_stable_libtorch.py" ]; then
+  # vllm/platforms/cuda.py imports vllm._C_stable_libtorch unguarded; the library is not carried
+  # (gpu_bundle.sh), so an empty module stands in: torch.ops._C stays empty, and the servers run
+  # the Triton / torch-native paths chosen by $EXTRA below. Any op that has no such path fails loudly.
+  [ -e "$SITE/vllm/_C_stable_libtorch.abi3.so" ] || \
+    echo '# pdtrace scripts/gpu_run.sh: vLLM kernel library not carried to this host' > "$SITE/vllm/_C_stable_libtorch.py"
+fi
+# vllm/vllm_flash_attn/__init__.py raises ImportError when neither flash-attn extension loads, and
+# vllm/v1/attention/backends/fa_utils.py imports it unguarded on CUDA (model inspection imports it
+# through layers/attention): turn that one raise into a no-op. Nothing calls flash-attn with
+# --attention-backend TRITON_ATTN; a call would fail on the missing extension, loudly.
+python3 - "$SITE/vllm/vllm_flash_attn/__init__.py" <<'PYEOF'
+import sys
+p = sys.argv[1]; s = open(p).read()
+old = "if not (FA2_AVAILABLE or FA3_AVAILABLE):\n    raise ImportError("
+if old in s:
+    open(p, "w").write(s.replace(old, "if False:  # pdtrace gpu_run.sh: flash-attn not carried\n    raise ImportError("))
+PYEOF
+export PYTHONPATH=$SITE
+# flashinfer is not carried: the V2 sampler asks for its top-k/top-p kernels unless told not to
+export VLLM_USE_FLASHINFER_SAMPLER=0
+say "environment"
+nvidia-smi -L
+python3 - <<'EOF'
+import torch, triton, sys
+print("python", sys.version.split()[0], "torch", torch.__version__, "triton", triton.__version__,
+      "cuda", torch.version.cuda, torch.cuda.get_device_name(0))
+import vllm, nixl, pdtrace
+print("vllm", vllm.__version__, "nixl backend", nixl.__name__, "pdtrace", pdtrace.__version__)
+from vllm.platforms import current_platform as p
+print("platform", type(p).__name__, p.device_type)
+EOF
+say "pdtrace doctor"
+python3 -m pdtrace doctor
+
+EXTRA='["--attention-backend","TRITON_ATTN","--compilation-config","{\"custom_ops\":[\"none\"]}"]'
+for mode in "${MODES[@]}"; do
+  wd=/tmp/pdtrace-live-$mode
+  rm -rf "$wd"
+  say "live P/D + EAGLE, model runner $mode"
+  if [ "$mode" = v1 ]; then export VLLM_USE_V2_MODEL_RUNNER=0; else unset VLLM_USE_V2_MODEL_RUNNER; fi
+  PDTRACE_LIVE_DEVICE=cuda PDTRACE_LIVE_EXTRA_ARGS=$EXTRA PDTRACE_LIVE_KV_BUFFER=${KV_BUFFER:-cuda} \
+    PDTRACE_LIVE_SPEC_EXTRA='{"attention_backend":"TRITON_ATTN"}' \
+    timeout -k 10 "$PER_RUN" python3 scripts/live_cpu_pd.py --workdir "$wd" --block-size 16 --spec eagle \
+      --num-spec 3 --start-timeout 150
+  say "run $mode rc=$?"
+  pkill -9 -f vllm.entrypoints 2>/dev/null; pkill -9 -f "pdtrace record" 2>/dev/null; sleep 2
+  if [ -s "$wd/merged.jsonl" ]; then
+    python3 -c "import zstandard,sys; zstandard.ZstdCompressor(level=10).copy_stream(open(sys.argv[1],'rb'), open(sys.argv[2],'wb'))" \
+      "$wd/merged.jsonl" "$OUT/merged-$mode.jsonl.zst"
+  fi
+  for side in P D; do  # the per-side traces, when the merge did not happen
+    [ -s "$wd/merged.jsonl" ] || { [ -s "$wd/$side.jsonl" ] && cp "$wd/$side.jsonl" "$wd/$side.kept.jsonl"; }
+  done
+  (cd "$wd" 2>/dev/null && tar czf "$OUT/logs-$mode.tgz" --exclude=models --exclude='*.jsonl' \
+     --exclude='*.pdshard' . ) || true
+  grep -h "Model Runner\|model_runner\|Using .* backend\|Traceback\|Error" "$wd"/*.log 2>/dev/null | sort | uniq -c | sort -rn | head -25
+done
+say "done"
