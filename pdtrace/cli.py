@@ -138,12 +138,18 @@ def merge(
     _run("merge", inputs=list(inputs), output=output, lenient=lenient)
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def doctor(
+    ctx: typer.Context,
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
-    """Show, for the vLLM installed here, which hooks apply and which are skipped, and why."""
-    _run("doctor", json_out=json_out)
+    """Show, for the vLLM installed here, which hooks apply and which are skipped, and why: pdtrace doctor [-- CMD ...]
+
+    With a server command after `--` (`pdtrace doctor -- vllm serve MODEL ARGS`), vLLM builds that
+    command's config here, as the server would before starting (no weights, no processes), and doctor
+    says which model runner it picks (VllmConfig.use_v2_model_runner) and, per bug class, whether
+    its hooks fire under that runner. Exit 0: all required hooks ok, 1: some skipped, 2: no vLLM."""
+    _run("doctor", json_out=json_out, cmd=list(ctx.args))
 
 
 @app.command()

@@ -4,7 +4,8 @@ Checks every hook of every subsystem in ``pdtrace.hooks.SUBSYSTEMS`` with
 ``hooks.check(spec)`` (imports the target module, resolves the attribute, compares the
 signature; patches nothing), then, per bug class, which hooks feed it and whether they
 fire under model runner V1 and V2, and which runner vLLM builds by default
-(``pdtrace/commands/doctor_coverage.py``). Exit 0: all required hooks ok. 1: at least one required hook
+(``pdtrace/commands/doctor_coverage.py``); with ``-- CMD``, vLLM's own choice for that server
+command line and the per-class verdicts under it (``pdtrace/commands/doctor_cmdline.py``). Exit 0: all required hooks ok. 1: at least one required hook
 skipped (optional hooks for other vLLM layouts never count). 2: vLLM is not installed.
 """
 
@@ -42,15 +43,15 @@ def _rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return rows + broken, broken
 
 
-def run(json_out: bool = False) -> int:
+def run(json_out: bool = False, cmd: list[str] | None = None) -> int:
     # Importing vLLM logs to stdout on some versions (0.30.0 prints INFO lines): whatever the
     # imports print goes to stderr, so `doctor --json` writes only JSON on stdout.
     out = sys.stdout
     with contextlib.redirect_stdout(sys.stderr):
-        return _run(json_out, out)
+        return _run(json_out, out, cmd or [])
 
 
-def _run(json_out: bool, out: Any) -> int:
+def _run(json_out: bool, out: Any, cmd: list[str]) -> int:
     versions = collect_versions()
     if importlib.util.find_spec("vllm") is None:
         msg = ("vLLM is not installed in this Python environment, so there is nothing to hook. "
@@ -67,11 +68,17 @@ def _run(json_out: bool, out: Any) -> int:
     failed = [r for r in rows if r["status"] != "ok" and not r["optional"]]
     cov = doctor_coverage.class_coverage(rows)
     runner = doctor_coverage.default_runner()
+    for_cmd = None
+    if cmd:
+        from pdtrace.commands import doctor_cmdline
+
+        for_cmd = doctor_cmdline.evaluate(cmd)
     if json_out:
-        print(json.dumps({"versions": versions, "hooks": rows,
-                          "ok": sum(r["status"] == "ok" for r in rows), "failed": len(failed),
-                          "coverage": cov, "model_runner": runner}, indent=2),
-              file=out)
+        doc = {"versions": versions, "hooks": rows, "ok": sum(r["status"] == "ok" for r in rows),
+               "failed": len(failed), "coverage": cov, "model_runner": runner}
+        if for_cmd is not None:
+            doc["command"] = {**for_cmd, "coverage": doctor_cmdline.verdicts(for_cmd, cov) if for_cmd["ok"] else None}
+        print(json.dumps(doc, indent=2, default=str), file=out)
     else:
         print("pdtrace doctor", file=out)
         print("  " + "  ".join(f"{k}={v or '-'}" for k, v in versions.items()), file=out)
@@ -89,4 +96,22 @@ def _run(json_out: bool, out: Any) -> int:
         if failed:
             print("  Skipped hooks record nothing; the detectors that need their events cannot run.", file=out)
         doctor_coverage.print_text(cov, runner, out)
+        if for_cmd is not None:
+            _print_command(for_cmd, cov, out)
     return 1 if failed else 0
+
+
+def _print_command(res: dict[str, Any], cov: list[dict[str, Any]], out: Any) -> None:
+    from pdtrace.commands.doctor_cmdline import verdicts, why_line
+
+    print(file=out)
+    print(f"  for: {' '.join(res['command'])[:200]}", file=out)
+    if not res["ok"]:
+        print(f"  model runner: unknown ({why_line(res)}); the estimate above stands", file=out)
+        return
+    r = res["runner"]
+    print(f"  model runner: {r.upper()} ({why_line(res)})", file=out)
+    v = verdicts(res, cov)
+    w = max(map(len, v))
+    for k, why in v.items():
+        print(f"  {k:<{w}}  {why}", file=out)
