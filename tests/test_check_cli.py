@@ -152,3 +152,28 @@ def test_info(buggy):
     assert r.exit_code == 0
     assert "vllm 0.32.0" in r.output and "origin     synthetic" in r.output
     assert "nixl.request_finished" in r.output and "processes  " in r.output
+
+
+def test_lenient_check_of_a_cut_trace_calls_no_class_clean(tmp_path):
+    """A real trace (the live GPU V2 run: clean, every class decided) cut mid-line: with --lenient
+    the events before the cut are read, but no class is called checked: exit 4, never 0."""
+    from pdtrace.compress import decompress_to
+
+    src = pathlib.Path(__file__).parent.parent / "sample_traces" / "live_gpu_pd_eagle_v2.jsonl.zst"
+    whole = tmp_path / "whole.jsonl"
+    decompress_to(str(src), str(whole))
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_bytes(data[: len(data) // 2])
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(cut), "--lenient", "--format", "json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 4, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["trace"]["complete"] is False and not doc["findings"]
+    cov = doc["coverage"]
+    assert cov["stale-accepted-count-read"]["status"] == "not-applicable"
+    for k in ("lookahead-block-misalignment", "connector-metadata-cleared-before-drafter",
+              "drafter-window-outside-allocation"):
+        assert cov[k]["status"] == "not-checked" and "no footer" in cov[k]["reason"] and cov[k]["events"] > 0
+    full = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(src)], capture_output=True, text=True)
+    assert full.returncode == 0

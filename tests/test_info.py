@@ -75,3 +75,15 @@ def test_merged_trace_names_each_inputs_command(tmp_path):
     rc, text, _ = _info(out)
     cmd = " ".join(json.loads(SAMPLE.read_text().splitlines()[0])["cmd"])
     assert rc == 0 and text.count(f"{SAMPLE.name}: {cmd}") == 2
+
+
+def test_a_newer_schema_is_refused_as_check_refuses_it(tmp_path):
+    lines = SAMPLE.read_text().splitlines()
+    head = json.loads(lines[0])
+    head["schema_version"] += 1
+    newer = tmp_path / "newer.jsonl"
+    newer.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    rc, out, err = _info(newer)
+    assert rc == 2 and not out and f"newer.jsonl:1: trace schema_version {head['schema_version']} is newer" in err
+    rc, out, _ = _info(newer, "--lenient")
+    assert rc == 0 and f"v{head['schema_version']}" in out

@@ -121,3 +121,17 @@ def test_lenient_keeps_the_events_before_a_damaged_block(tmp_path):
     assert 0 < len(got.events) < len(tr.events) and got.footer is None
     assert "corrupt zstd stream" in got.problems[0].reason
     assert got.events == tr.events[:len(got.events)]
+
+
+def test_view_deletes_its_decompressed_copy(tmp_path):
+    from pdtrace.commands.view import _remove_decompressed
+
+    src = Path(__file__).resolve().parent.parent / "sample_traces" / "live_gpu_pd_eagle_v2.jsonl.zst"
+    idx = open_source(str(src))
+    copy = Path(idx.path)
+    assert copy.exists() and copy.parent.name.startswith("pdtrace-view-")
+    idx.close()
+    _remove_decompressed(idx.path)
+    assert not copy.parent.exists()
+    _remove_decompressed(str(src))  # never anything outside a pdtrace-view-* temp dir
+    assert src.exists()

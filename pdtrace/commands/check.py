@@ -2,8 +2,9 @@
 
 Exit codes: 0 no findings and every selected bug class checked, 1 at least one finding
 (error or warning), 2 unusable trace or bad arguments (``PdtraceError``), 4 no findings but
-at least one bug class not checked (its events are missing, a hook feeding it raised, or a
-process emitting them dropped events; ``EXIT_NOT_CHECKED``), also when the only findings are
+at least one bug class not checked (its events are missing, a hook feeding it raised, a
+process emitting them dropped events, or the trace is incomplete: damaged lines skipped by
+``--lenient`` or no footer; ``EXIT_NOT_CHECKED``), also when the only findings are
 ``inconclusive`` (the trace lacks what would decide them, e.g. a token count). Every format states, per bug
 class, whether it was checked, does not apply to the recorded configuration, or was not
 checked and why (``pdtrace.detectors.coverage``). Formats:
@@ -45,7 +46,7 @@ import orjson
 from .. import __version__
 from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
 from ..detectors.base import SEVERITY_INCONCLUSIVE
-from ..detectors.coverage import Coverage, coverage, not_checked
+from ..detectors.coverage import Coverage, coverage, incomplete_reason, not_checked
 from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError
 from ..trace import Trace, load
 from ..progress import load_progress
@@ -85,7 +86,8 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     wi = _whatif.run(what_if, tr.events, request) if what_if else None
 
     ran = only or list(DETECTORS)
-    cov = coverage(tr.events, tr.header, tr.footer, kinds=ran)
+    cov = coverage(tr.events, tr.header, tr.footer, kinds=ran,
+                   incomplete=incomplete_reason(tr.footer, len(tr.problems)))
     if format == "json":
         text = render_json(tr, findings, ran, request, what_if, wi, cov=cov)
     elif format == "markdown":
@@ -135,7 +137,8 @@ def _counts(findings: list[Finding], cov: dict[str, Coverage] | None = None) -> 
 
 
 def _cov(tr: Trace, ran: list[str], cov: dict[str, Coverage] | None) -> dict[str, Coverage]:
-    return cov if cov is not None else coverage(tr.events, tr.header, tr.footer, kinds=ran)
+    return cov if cov is not None else coverage(tr.events, tr.header, tr.footer, kinds=ran,
+                                                incomplete=incomplete_reason(tr.footer, len(tr.problems)))
 
 
 def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from .. import schema
 from ..errors import EXIT_OK
 from ..trace import load, make_footer
 from ..ends import read_ends
@@ -15,8 +16,8 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
     quick = None
     if not full and not lenient:
         header, footer, size = read_ends(str(trace))
-        if footer is not None:
-            quick = (header, footer)
+        if footer is not None and header["schema_version"] <= schema.SCHEMA_VERSION:
+            quick = (header, footer)  # (a newer schema: the full read below refuses it, as check does)
     if quick is not None:  # constant time: the events are not read
         h, footer = quick
         derived, problems, n_events, path = False, [], footer["events"], str(trace)

@@ -38,7 +38,7 @@ def open_source(trace: str | os.PathLike | None) -> TraceIndex:
 
 def _decompressed(p: Path) -> Path:
     """The viewer's index reads at byte offsets, which a zstd stream does not have: decompress
-    to a temporary file (kept while the viewer runs; the system's temp dir cleans it up)."""
+    to a temporary file, kept while the viewer runs and deleted when it exits (``run``)."""
     import tempfile
 
     from ..compress import decompress_to
@@ -61,4 +61,17 @@ def run(trace: str | os.PathLike | None = None) -> int:
         PdtraceViewer(index).run()
     finally:
         index.close()
+        _remove_decompressed(index.path)
     return EXIT_OK
+
+
+def _remove_decompressed(path: str | None) -> None:
+    """Delete the temporary copy ``_decompressed`` made (only a file in a pdtrace-view-* dir)."""
+    import shutil
+    import tempfile
+
+    if not path:
+        return
+    d = Path(path).parent
+    if d.name.startswith("pdtrace-view-") and d.parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(d, ignore_errors=True)

@@ -315,11 +315,32 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
 
 
 def coverage(events: list[Event], header: dict | None = None, footer: dict | None = None,
-             kinds: tuple[str, ...] | list[str] = ()) -> dict[str, Coverage]:
-    """Per bug class (all of ``CLASSES``, or ``kinds``): a ``Coverage`` for this trace."""
+             kinds: tuple[str, ...] | list[str] = (), incomplete: str | None = None) -> dict[str, Coverage]:
+    """Per bug class (all of ``CLASSES``, or ``kinds``): a ``Coverage`` for this trace.
+
+    ``incomplete``: why the trace as read is not whole (damaged lines skipped by --lenient, no
+    footer), from the loader. Then no class is called checked: the missing part may hold the
+    events that would give a finding. A class that "does not apply" keeps that verdict (it rests
+    on the scheduler config, recorded at start)."""
     idx = build(events)
     facts = _facts(idx, footer)
-    return {k: _one(k, spec, idx, facts) for k, spec in CLASSES.items() if not kinds or k in kinds}
+    out = {k: _one(k, spec, idx, facts) for k, spec in CLASSES.items() if not kinds or k in kinds}
+    if incomplete:
+        for k, c in out.items():
+            if c.status == CHECKED:
+                out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}): events of this class "
+                                  f"may be missing ({c.events} read)", c.events, c.hook_errors)
+    return out
+
+
+def incomplete_reason(footer: dict | None, problems: int) -> str | None:
+    """Why a loaded trace is not whole, in words, or None when it is (footer present, no damage)."""
+    bits = []
+    if problems:
+        bits.append(f"{problems} damaged line(s) skipped")
+    if footer is None:
+        bits.append("no footer: the recording was cut off")
+    return "; ".join(bits) or None
 
 
 def not_checked(cov: dict[str, Coverage]) -> list[str]:

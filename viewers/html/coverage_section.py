@@ -7,15 +7,16 @@ from __future__ import annotations
 import html
 from typing import Any, Callable
 
-from pdtrace.detectors.coverage import CHECKED, NOT_CHECKED, coverage
+from pdtrace.detectors.coverage import CHECKED, NOT_CHECKED, coverage, incomplete_reason
 
 
 def coverage_html(events: list[dict], header: dict | None, footer: dict | None,
-                  findings_cell: Callable[[str, Any], str] | None = None) -> tuple[str, list[str]]:
+                  findings_cell: Callable[[str, Any], str] | None = None, problems: int = 0) -> tuple[str, list[str]]:
     """(the <table>, the kinds not checked). ``findings_cell(kind, coverage)``, when given,
-    fills a third column (the report's summary puts the findings per class there)."""
+    fills a third column (the report's summary puts the findings per class there). A trace
+    with damaged lines or no footer checks no class (``coverage(incomplete=...)``), as `check`."""
     try:
-        cov = coverage(events, header, footer)
+        cov = coverage(events, header, footer, incomplete=incomplete_reason(footer, problems))
     except Exception as exc:  # noqa: BLE001 - a damaged trace must still render; say so
         return (f'<p class="warn">coverage could not be computed ({html.escape(type(exc).__name__)}): '
                 "no bug class is shown as checked</p>", ["(all)"])

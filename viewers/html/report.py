@@ -162,7 +162,8 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
     sections.append(events_table.section_html(ev_stats))
 
     ranges = [m.finding_range(f) for f in listed]
-    top = (summary.overview_html(m, trace.header, trace.footer, events, findings_note)
+    top = (summary.overview_html(m, trace.header, trace.footer, events, findings_note,
+                                 problems=len(trace.problems))
            + summary.findings_html(m, ranges, embedded.__contains__)
            + summary.trace_html(trace.header, trace.footer, trace.problems, events))
     title = f"pdtrace report: {os.path.basename(str(getattr(trace, 'path', '') or 'trace'))}"

@@ -40,7 +40,8 @@ def _ranges(steps: list[int]) -> str:
     return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in out)
 
 
-def overview_html(m: Model, header: dict, footer: dict | None, events: list[dict], findings_note: str) -> str:
+def overview_html(m: Model, header: dict, footer: dict | None, events: list[dict], findings_note: str,
+                  problems: int = 0) -> str:
     """The compact summary: one verdict line, a per-class table (coverage verdict and
     findings) and a per-request table; every count links to the first finding it counts."""
     fs = m.findings
@@ -62,7 +63,7 @@ def overview_html(m: Model, header: dict, footer: dict | None, events: list[dict
         sev = ", ".join(f"{v} {k}(s)" for k, v in sorted(c.items()))
         return finding_link(first_of[kind], f"<b>{n}</b>") + f' <span class="note">({esc(sev)})</span>'
 
-    cov_table, unchecked = coverage_html(events, header, footer, findings_cell=cell)
+    cov_table, unchecked = coverage_html(events, header, footer, findings_cell=cell, problems=problems)
     out = ['<section id="overview"><h2>Summary</h2>']
     if findings_note:
         out.append(f'<p class="warn">{esc(findings_note)}</p>')

@@ -186,7 +186,10 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, App):
             findings = list(self.detect(events, header=self.index.header))
             if self.cover is not None:
                 try:
-                    cov = self.cover(events, header=self.index.header, footer=self.index.footer)
+                    from pdtrace.detectors.coverage import incomplete_reason
+
+                    cov = self.cover(events, header=self.index.header, footer=self.index.footer,
+                                     incomplete=incomplete_reason(self.index.footer, len(self.index.problems)))
                 except Exception:  # coverage is a summary; the findings stand without it
                     cov = None
             del events
