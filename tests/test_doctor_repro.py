@@ -200,3 +200,15 @@ def test_repro_unknown_request(pd_harness, tmp_path):
     pd_harness.write_scenario_trace(str(trace), r.events)
     with pytest.raises(PdtraceError, match="does not appear"):
         repro.run(trace, "nope", tmp_path / "x.py", False)
+
+
+def test_repro_refuses_a_request_whose_findings_it_cannot_rebuild(tmp_path):
+    """The stale-read sample's req-10-D has a stale-accepted-count-read finding (model-runner side):
+    repro would write a scheduler-side test that passes, so it refuses and says why."""
+    from pdtrace.commands import repro
+    from pdtrace.errors import PdtraceError
+
+    sample = os.path.join(os.path.dirname(__file__), "..", "sample_traces", "stale_read_rowmoves_buggy.jsonl")
+    with pytest.raises(PdtraceError, match="stale-accepted-count-read, which repro cannot rebuild"):
+        repro.run(sample, "req-10-D", tmp_path / "x.py", False)
+    assert not (tmp_path / "x.py").exists()

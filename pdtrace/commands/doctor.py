@@ -54,8 +54,9 @@ def run(json_out: bool = False, cmd: list[str] | None = None) -> int:
 def _run(json_out: bool, out: Any, cmd: list[str]) -> int:
     versions = collect_versions()
     if importlib.util.find_spec("vllm") is None:
-        msg = ("vLLM is not installed in this Python environment, so there is nothing to hook. "
-               "Install the recording extra: pip install 'pdtrace[record]'")
+        msg = ("vLLM is not installed in this Python environment, so there is nothing to hook. Run doctor "
+               "in the environment that runs vLLM (pip install pdtrace there; it keeps that vLLM and torch); "
+               "pip install 'pdtrace[record]' installs the `vllm` wheel (CUDA) where none is installed")
         if json_out:
             print(json.dumps({"versions": versions, "error": msg, "hooks": []}, indent=2), file=out)
         else:

@@ -10,6 +10,10 @@ On fixed vLLM the test passes. Run it with ``PDTRACE_REPRO_FAULTS=<fault>`` (the
 trace points at is written into the file) to re-introduce the old rule: it then fails the
 way the recorded deployment did.
 
+It rebuilds the lookahead-block-misalignment class only: for a request whose findings are all of
+other classes (model-runner side) it refuses with that reason rather than write a test that
+passes while the recorded deployment had a bug.
+
 This module reads traces only; it never imports vLLM.
 """
 
@@ -221,8 +225,22 @@ def render(s: dict[str, Any], trace_path: str, fname: str) -> str:
     )
 
 
+# The one class whose situation repro rebuilds (scheduler + connector, on CPU). The other classes
+# happen in the model runner (phases, drafter windows, row moves, accepted-count copies).
+REBUILT_CLASS = "lookahead-block-misalignment"
+
+
 def run(trace: Any, request: str, output: Any = "test_repro.py", lenient: bool = False) -> int:
+    from pdtrace.detectors import run_all
+
     t = load(str(trace), lenient=lenient)
+    kinds = {f.kind for f in run_all(t.events, t.header, request=request)}
+    other = sorted(kinds - {REBUILT_CLASS})
+    if other and REBUILT_CLASS not in kinds:
+        raise PdtraceError(
+            f"{trace}: request {request!r} has finding(s) of {', '.join(other)}, which repro cannot rebuild: it "
+            f"rebuilds the scheduler / connector situation ({REBUILT_CLASS}) only, and these happen in the model "
+            "runner on a GPU. Attach the trace instead (`pdtrace bundle`); `pdtrace check --request` explains them")
     s = situation(t.events, request)
     out = Path(output)
     text = render(s, str(trace), out.name)
