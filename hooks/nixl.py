@@ -8,7 +8,11 @@ pull and push modes and holds the scheduler's KV cache manager):
 
 Worker side (needs a GPU worker in production; tested on the real functions with a
 minimal caller, see tests/test_hooks_nixl.py):
-- ``base_worker.NixlBaseConnectorWorker._apply_prefix_caching`` -> ``nixl.trim``
+- ``base_worker.NixlBaseConnectorWorker._apply_prefix_caching`` -> ``nixl.trim`` (pull: on D; push:
+  on P, inside ``push_worker.NixlPushConnectorWorker._xfer_blocks``, which says whose request it is:
+  ``mode: "push"``, ``req`` P's request, ``remote_req`` D's)
+- ``base_worker.NixlBaseConnectorWorker._apply_prefix_caching_by_region`` -> ``nixl.trim`` with
+  ``by_region: true`` (the region-layout path of ``_read_blocks``)
 - ``pull_worker.NixlPullConnectorWorker._read_blocks``          -> ``nixl.read``
 - ``base_worker.NixlBaseConnectorWorker.get_transfer_results``  -> ``nixl.read_done`` / ``nixl.send_done``
   (push mode's override calls it through ``super()``; ``get_finished`` calls it too).
@@ -29,6 +33,7 @@ PKG = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 CONN_MOD = PKG + ".connector"
 BASE_WORKER_MOD = PKG + ".base_worker"
 PULL_WORKER_MOD = PKG + ".pull_worker"
+PUSH_WORKER_MOD = PKG + ".push_worker"
 OLD_MOD = "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"
 
 
@@ -180,26 +185,78 @@ register("nixl.remote_alloc", CONN_MOD, "NixlBaseConnector.update_state_after_al
 
 # --- _apply_prefix_caching (D worker) ------------------------------------------------------------
 
-def _trim_before(rec: Any, self: Any, decode_block_ids: Any, prefill_block_ids: Any, *a: Any, **kw: Any) -> tuple:
-    return _groups(decode_block_ids), _groups(prefill_block_ids)
-
-
 def _trim_after(rec: Any, st: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
     if st is None or result is None:
         return
     local_out, remote_out = _groups(result[0]), _groups(result[1])
     self._pdtrace_last_trim = (local_out, remote_out)
-    rec.emit("nixl.trim", req=getattr(self, "_pdtrace_cur_req", None), inst=_worker_where(self, rec),
+    extra: dict[str, Any] = {}
+    push = getattr(self, "_pdtrace_push", None)
+    if push is not None:  # inside push mode's _xfer_blocks, on P: decode = D's blocks, prefill = P's
+        extra = {"mode": "push", "remote_req": push}
+    if st[2]:
+        extra["by_region"] = True
+    req = getattr(self, "_pdtrace_cur_req", None) or getattr(self, "_pdtrace_region_req", None)
+    rec.emit("nixl.trim", req=req, inst=_worker_where(self, rec),
              local_in=st[0], remote_in=st[1], local_out=local_out, remote_out=remote_out,
-             mamba=bool(getattr(self, "_has_mamba", False)))
+             mamba=bool(getattr(self, "_has_mamba", False)), **extra)
+
+
+def _trim_plain_before(rec: Any, self: Any, decode_block_ids: Any, prefill_block_ids: Any, *a: Any,
+                       **kw: Any) -> tuple:
+    return _groups(decode_block_ids), _groups(prefill_block_ids), False
+
+
+def _trim_region_before(rec: Any, self: Any, decode_block_ids: Any, prefill_block_ids: Any, *a: Any,
+                        **kw: Any) -> tuple:
+    return _groups(decode_block_ids), _groups(prefill_block_ids), True
 
 
 register("nixl.trim", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching",
          ("decode_block_ids", "prefill_block_ids", "decode_physical_per_logical", "prefill_physical_per_logical"),
-         around("nixl.trim", _trim_before, _trim_after),
+         around("nixl.trim", _trim_plain_before, _trim_after),
          doc="nixl.trim: which local/remote blocks pair up after prefix-cache trimming")
+register("nixl.trim_by_region", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching_by_region",
+         ("decode_block_ids", "prefill_block_ids"),
+         around("nixl.trim_by_region", _trim_region_before, _trim_after), optional=True,
+         doc="nixl.trim (by_region): the region-layout trim of _read_blocks (vLLM >= 0.32)")
+
+
+# _read_blocks_for_req (D, pull) runs the region trim before _read_blocks: it says whose request it is
+def _rfr_before(rec: Any, self: Any, req_id: str, meta: Any, *a: Any, **kw: Any) -> bool:
+    self._pdtrace_region_req = req_id
+    return True
+
+
+def _rfr_after(rec: Any, st: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
+    self._pdtrace_region_req = None
+
+
+register("nixl.read_for_req", PULL_WORKER_MOD, "NixlPullConnectorWorker._read_blocks_for_req", ("req_id", "meta"),
+         around("nixl.read_for_req", _rfr_before, _rfr_after), optional=True,
+         doc="pull mode: the request whose region-layout trim (by_region) runs inside")
+
+
+# --- _xfer_blocks (P worker, push mode): whose request the trim inside it is -------------------
+
+def _push_before(rec: Any, self: Any, read_spec: Any, dst_engine_id: str, request_id: str,
+                 remote_request_id: str, *a: Any, **kw: Any) -> bool:
+    self._pdtrace_cur_req = request_id
+    self._pdtrace_push = str(remote_request_id)
+    return True
+
+
+def _push_after(rec: Any, st: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
+    self._pdtrace_cur_req = None
+    self._pdtrace_push = None
+
+
+register("nixl.push_xfer", PUSH_WORKER_MOD, "NixlPushConnectorWorker._xfer_blocks",
+         ("read_spec", "dst_engine_id", "request_id", "remote_request_id"),
+         around("nixl.push_xfer", _push_before, _push_after), optional=True,
+         doc="push mode (P writes into D): the nixl.trim inside carries P's request and D's (remote_req)")
 register("nixl.trim_old", OLD_MOD, "NixlConnectorWorker._apply_prefix_caching", (),
-         around("nixl.trim_old", _trim_before, _trim_after), optional=True, doc="pre-0.32 single-file layout")
+         around("nixl.trim_old", _trim_plain_before, _trim_after), optional=True, doc="pre-0.32 single-file layout")
 
 
 # --- _read_blocks (D worker, pull mode) -------------------------------------------------------------

@@ -220,12 +220,17 @@ _KINDS: tuple[Kind, ...] = (
         F("sched", "int", "the emitting scheduler (sched.config's sched, same pid)", required=False),
         F("engine", "str", "D's own engine id", required=False),
     ), hook="nixl"),
-    Kind("nixl.trim", "D side: _apply_prefix_caching decided which local and remote blocks pair up.", (
-        F("local_in", "list[list[int]]", "decode (local) block ids in"),
-        F("remote_in", "list[list[int]]", "prefill (remote) block ids in"),
+    Kind("nixl.trim", "_apply_prefix_caching (or _apply_prefix_caching_by_region) decided which decode (D) "
+         "and prefill (P) blocks pair up: on D in pull mode, on P in push mode.", (
+        F("local_in", "list[list[int]]", "decode (D) block ids in"),
+        F("remote_in", "list[list[int]]", "prefill (P) block ids in"),
         F("local_out", "list[list[int]]", "decode block ids out"),
         F("remote_out", "list[list[int]]", "prefill block ids out: local_out[g][i] <- remote_out[g][i]"),
         F("mamba", "bool", "the worker has Mamba/state groups (trim skipped for them)", required=False),
+        F("mode", "str", "'push' when P ran it inside NixlPushConnectorWorker._xfer_blocks (absent: pull, on D)",
+          required=False),
+        F("remote_req", "str", "push mode: D's request id (req is P's)", required=False),
+        F("by_region", "bool", "true: the region-layout trim (per KV region, not per group)", required=False),
     ), hook="nixl"),
     Kind("nixl.read", "D side: a NIXL read was issued.", (
         F("local_block_ids", "list[list[int]]", "destination (local) blocks"),

@@ -166,3 +166,85 @@ def test_read_and_completion_hooks_minimal_caller(pd_harness):
     assert err["req"] == "d-bad" and err["status"] == "ERR"
     assert sent["req"] == "p-req"
     assert isinstance(NixlBaseConnectorWorker.get_transfer_results.__pdtrace_hook__, str)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_push_mode_trim_carries_its_request(pd_harness):
+    """Push mode (P writes into D): the REAL NixlPushConnectorWorker._xfer_blocks, installed
+    hooks and all, on a minimal worker object that holds exactly the attributes the method reads
+    up to its trim (transfer topology, world size, physical-per-logical ratios); the next step
+    (_compute_desc_ids, which needs registered NIXL descriptors) is stopped. The real
+    _apply_prefix_caching inside it runs; its nixl.trim carries P's request, D's (remote_req)
+    and mode "push"."""
+    import types
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import ReadSpec
+
+    from pdtrace import hooks, recorder
+
+    status = pd_harness.install_scheduler_hooks()
+    assert status["nixl.push_xfer"] in ("applied", "ok") and hooks.check(hooks.REGISTRY["nixl.push_xfer"]) == ("ok", "")
+    w = object.__new__(NixlPushConnectorWorker)
+    info = types.SimpleNamespace(remote_block_size=16, remote_physical_blocks_per_logical=1)
+    w.transfer_topo = types.SimpleNamespace(get_engine_info=lambda eng: info, block_size_ratio=lambda bs: 1)
+    w.world_size, w._physical_blocks_per_logical_kv_block, w._has_mamba = 1, 1, False
+    w.dst_num_blocks = w.dst_region_num_blocks = w.dst_region_group_ids = {"eng-D": None}
+    w.dst_uses_region_group_mapping = {"eng-D": False}
+    w._pdtrace_inst = "P"
+
+    def stop(*a, **k):
+        raise _Stop
+
+    w._compute_desc_ids = stop
+    rec = pd_harness.new_recorder()
+    prev = recorder.set_current(rec)
+    try:
+        with pytest.raises(_Stop):
+            w._xfer_blocks(ReadSpec(remote_rank=0, local_block_ids=[[1, 2, 3]], remote_block_ids=[[7, 8]]),
+                           "eng-D", "p-req", "d-req", 0, 0)
+    finally:
+        recorder.set_current(prev)
+    rec.flush()
+    (trim,) = [e for e in rec.events if e["ev"] == "nixl.trim"]
+    assert trim["req"] == "p-req" and trim["remote_req"] == "d-req" and trim["mode"] == "push"
+    assert trim["inst"] == "P" and trim["local_in"] == [[7, 8]] and trim["remote_out"] == [[2, 3]]
+    assert "by_region" not in trim
+    assert w._pdtrace_push is None and w._pdtrace_cur_req is None  # cleared though the call raised
+
+
+def test_region_trim_is_recorded_with_its_request(pd_harness):
+    """The region-layout path: pull mode's _read_blocks_for_req calls the REAL
+    _apply_prefix_caching_by_region before _read_blocks. A minimal caller with the real
+    _read_blocks_for_req signature (checked) calls the real by-region trim as vLLM does."""
+    import inspect
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
+
+    from pdtrace import hooks, recorder
+
+    pd_harness.install_scheduler_hooks()
+    spec = hooks.REGISTRY["nixl.read_for_req"]
+    assert hooks.check(spec) == ("ok", "") and hooks.check(hooks.REGISTRY["nixl.trim_by_region"]) == ("ok", "")
+
+    def _read_blocks_for_req(self, req_id, meta):
+        return self._apply_prefix_caching_by_region([[7, 8]], [[1, 2, 3]])
+
+    real = spec.original or NixlPullConnectorWorker._read_blocks_for_req
+    assert list(inspect.signature(_read_blocks_for_req).parameters) == list(inspect.signature(real).parameters)
+    w = object.__new__(NixlPullConnectorWorker)
+    w._has_mamba, w._pdtrace_inst = False, "D"
+    rec = pd_harness.new_recorder()
+    prev = recorder.set_current(rec)
+    try:
+        out = spec.wrap(_read_blocks_for_req)(w, "d-req", None)
+    finally:
+        recorder.set_current(prev)
+    rec.flush()
+    assert out == ([[7, 8]], [[2, 3]])
+    (trim,) = [e for e in rec.events if e["ev"] == "nixl.trim"]
+    assert trim["req"] == "d-req" and trim["by_region"] is True and trim["remote_out"] == [[2, 3]]
+    assert "mode" not in trim

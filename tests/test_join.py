@@ -86,3 +86,16 @@ def test_fresh_row_after_batch_growth_is_not_stale():
     b2.add("acc.read", inst="D", req="r4", step=5, row=3, value=1, event="ev7", event_done=True)
     (f,) = [f for f in run_all(b2.events) if f.kind == STALE_ACCEPTED_COUNT_READ]
     assert f.req == "r4" and "row-moved" in f.data["reasons"]
+
+
+def test_a_push_mode_trim_on_p_maps_d_s_request():
+    """Push mode: P's worker runs the trim (nixl.trim on inst P, req = P's request, remote_req =
+    D's, mode "push", as hooks/nixl.py records it inside NixlPushConnectorWorker._xfer_blocks).
+    The join pairs it with D's allocation of that request (mapping from the trim), not with a
+    D-side request of the same id, and never leaves it unkeyed."""
+    b = _d_only(remote_num_tokens=32, local=(50, 51), remote=(10, 11, 12), n_ext=32)
+    b.add("nixl.trim", inst="P", req="p1", step=2, local_in=[[50, 51]], remote_in=[[10, 11, 12]],
+          local_out=[[50, 51]], remote_out=[[11, 12]], mode="push", remote_req="d1")
+    (t,) = join_transfers(b.events)
+    assert t.mapping_source == "nixl.trim" and t.trim["mode"] == "push"
+    assert t.mapping == [[(50, 11), (51, 12)]]

@@ -164,8 +164,11 @@ def _pairs(idx: Index) -> list[tuple[Event | None, Event | None, tuple]]:
         a_by_key.setdefault((a.get("inst"), a.get("req")), []).append(a)
     trims: dict[tuple, list[Event]] = {}
     unkeyed: list[Event] = []
+    pushed: dict[tuple, list[Event]] = {}  # push mode: P's trim, under ("push", D's request)
     for t in idx.kind("nixl.trim"):
-        if t.get("req") is not None:
+        if t.get("mode") == "push" and t.get("remote_req") is not None:
+            pushed.setdefault(("push", t["remote_req"]), []).append(t)
+        elif t.get("req") is not None:
             trims.setdefault((t.get("inst"), t["req"]), []).append(t)
         else:
             unkeyed.append(t)
@@ -190,7 +193,7 @@ def _pairs(idx: Index) -> list[tuple[Event | None, Event | None, tuple]]:
             want_eng, want_req = a.get("remote_engine"), rkey
             rd = [r for r in rd if (r.get("remote_engine") in (None, want_eng) or want_eng is None)
                   and (r.get("remote_req") is None or r.get("remote_req") in (want_req, a.get("req")))]
-            tr = _window(trims, key, lo, hi)
+            tr = _window(trims, key, lo, hi) or _window(pushed, ("push", key[1]), lo, hi)
             ctx = (tr[-1] if tr else None, rd, unkeyed)
             if p is None:
                 d_only.append((a, ctx))
