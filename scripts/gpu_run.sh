@@ -3,7 +3,9 @@
 # PDTRACE_LIVE_DEVICE=cuda) on a GPU host with no package index, twice: model runner V2 (vLLM's
 # default on GPUs) and V1 (VLLM_USE_V2_MODEL_RUNNER=0). Needs .gpu/ from scripts/gpu_bundle.sh.
 #
-#   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [...]   # default: v2 v1
+#   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [hybrid-v2] [hybrid-v1]   # default: v2 v1
+# (hybrid-*: scripts/live_cpu_hybrid.py, one tiny Mamba-2 + attention server with ngram spec decode,
+# the model for which vLLM copies accepted counts to the CPU on V1 and keeps them on the GPU on V2)
 #
 # Writes under $OUT: gpu_run.log (environment, doctor, both reports), merged-<mode>.jsonl.zst
 # (the merged P+D trace) and logs-<mode>.tgz (server logs, result.json, check.json).
@@ -66,11 +68,16 @@ for mode in "${MODES[@]}"; do
   wd=/tmp/pdtrace-live-$mode
   rm -rf "$wd"
   say "live P/D + EAGLE, model runner $mode"
-  if [ "$mode" = v1 ]; then export VLLM_USE_V2_MODEL_RUNNER=0; else unset VLLM_USE_V2_MODEL_RUNNER; fi
-  PDTRACE_LIVE_DEVICE=cuda PDTRACE_LIVE_EXTRA_ARGS=$EXTRA PDTRACE_LIVE_KV_BUFFER=${KV_BUFFER:-cuda} \
-    PDTRACE_LIVE_SPEC_EXTRA='{"attention_backend":"TRITON_ATTN"}' \
+  case "$mode" in *v1) export VLLM_USE_V2_MODEL_RUNNER=0 ;; *) unset VLLM_USE_V2_MODEL_RUNNER ;; esac
+  export PDTRACE_LIVE_DEVICE=cuda PDTRACE_LIVE_EXTRA_ARGS=$EXTRA PDTRACE_LIVE_KV_BUFFER=${KV_BUFFER:-cuda} \
+    PDTRACE_LIVE_SPEC_EXTRA='{"attention_backend":"TRITON_ATTN"}'
+  if [ "${mode#hybrid-}" != "$mode" ]; then  # one hybrid (Mamba-2 + attention) server, ngram spec decode
+    timeout -k 10 "$PER_RUN" python3 scripts/live_cpu_hybrid.py --workdir "$wd"
+    cp "$wd/H.jsonl" "$wd/merged.jsonl" 2>/dev/null
+  else
     timeout -k 10 "$PER_RUN" python3 scripts/live_cpu_pd.py --workdir "$wd" --block-size 16 --spec eagle \
       --num-spec 3 --start-timeout 150
+  fi
   say "run $mode rc=$?"
   pkill -9 -f vllm.entrypoints 2>/dev/null; pkill -9 -f "pdtrace record" 2>/dev/null; sleep 2
   if [ -s "$wd/merged.jsonl" ]; then

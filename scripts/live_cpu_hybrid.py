@@ -59,7 +59,11 @@ def server_cmd(model: str, port: int) -> list[str]:
             "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "4", "--dtype", "float32",
             "--enforce-eager", "--seed", "0", "--no-enable-prefix-caching",
             "--num-gpu-blocks-override", "256", "--shutdown-timeout", "20",  # see live_cpu_pd.server_cmd
-            "--speculative-config", json.dumps(spec)]
+            "--speculative-config", json.dumps(spec),
+            # a GPU host (scripts/gpu_run.sh hybrid-v2|hybrid-v1): fp16, a share of the GPU, and the
+            # extra arguments that machine needs (PDTRACE_LIVE_EXTRA_ARGS)
+            *(["--dtype", "float16", "--gpu-memory-utilization", "0.35"] if L.DEVICE == "cuda" else []),
+            *L.EXTRA_ARGS]
 
 
 def send(url: str) -> list[dict]:

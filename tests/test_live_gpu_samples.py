@@ -90,3 +90,39 @@ def test_check_is_clean_with_three_classes_checked(trace):
                    "connector-metadata-cleared-before-drafter": "checked",
                    "drafter-window-outside-allocation": "checked",
                    "stale-accepted-count-read": "not-applicable"}
+
+
+HV2 = ROOT / "sample_traces" / "live_gpu_hybrid_ngram_v2.jsonl.zst"
+HV1 = ROOT / "sample_traces" / "live_gpu_hybrid_ngram_v1.jsonl.zst"
+
+
+def test_hybrid_v2_keeps_accepted_counts_on_the_device():
+    """V2 on a hybrid model (tiny NemotronH, ngram, H100): MambaHybridModelState's counts live on
+    the GPU, one per slot; pdtrace records that (acc.device) and check says the class does not apply."""
+    tr = load(str(HV2))
+    (dev,) = _by(tr, "acc.device")
+    assert dev["runner"] == "v2" and dev["device"] == "cuda:0" and dev["cpu_copy"] is False
+    assert dev["keyed_by"] == "slot" and dev["holder"].endswith("MambaHybridModelState")
+    assert not [e for e in tr.events if e["ev"].startswith("d2h.") or e["ev"] == "acc.read"]
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(HV2), "--format", "json"],
+                       capture_output=True, text=True)
+    cov = json.loads(r.stdout)["coverage"]["stale-accepted-count-read"]
+    assert r.returncode == 0 and cov["status"] == "not-applicable" and "acc.device" in cov["reason"]
+
+
+def test_hybrid_v1_records_the_real_cuda_copy_and_reads():
+    """V1 on the same model: the non-blocking D2H copy of the accepted counts with its CUDA event
+    (d2h.issue / d2h.done) and every CPU read of them (acc.read, naming the event read behind)."""
+    tr = load(str(HV1))
+    issues, dones, reads = _by(tr, "d2h.issue"), _by(tr, "d2h.done"), _by(tr, "acc.read")
+    assert len(issues) == len(dones) > 10 and len(reads) > 30
+    assert {e["event"] for e in issues} == {e["event"] for e in dones}
+    assert all(e["buf"] == "input_batch.num_accepted_tokens_cpu_tensor" and e["blocking"] is False for e in issues)
+    issued = {e["event"] for e in issues}
+    behind = [e for e in reads if e["event"]]
+    assert behind and all(e["event"] in issued and e["event_done"] and e["synced"] for e in behind)
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(HV1), "--format", "json"],
+                       capture_output=True, text=True)
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and not doc["findings"]
+    assert doc["coverage"]["stale-accepted-count-read"]["status"] == "checked"
