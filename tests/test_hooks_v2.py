@@ -430,3 +430,26 @@ def test_drafter_window_detector_on_v2_events(pd_harness, cpu_uva, fault):
         assert found[0].data["start"] == 29 and found[0].data["end"] == 33
     else:
         assert found == []
+
+
+def test_v2_step_with_nothing_scheduled_opens_no_target_phase(rec, cpu_uva, pd_harness):
+    """On the H100 (docs/live-gpu.md) V2's execute_model was called on every engine step, also
+    when nothing was scheduled (P idling while D reads): it then returns before any forward
+    (``total_num_scheduled_tokens == 0`` -> ``kv_connector.no_forward``). Such a call records no
+    spec.phase; a step with tokens still does. The faithful caller has the real signature."""
+    runner = SimpleNamespace(calls=0)
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False,
+                      skip_attn_for_dummy_run=False, is_profile=False, context_len=0,
+                      valid_dummy_state_slots=False, randomize_inputs=False):
+        self.calls += 1
+        return None
+
+    assert list(inspect.signature(execute_model).parameters) == \
+        list(inspect.signature(spec_v2.TARGET.original).parameters)
+    execute = spec_v2.TARGET.wrap(execute_model)
+    execute(runner, SimpleNamespace(total_num_scheduled_tokens=0))
+    assert runner.calls == 1 and not [e for e in events(rec) if e["ev"] == "spec.phase"]
+    execute(runner, SimpleNamespace(total_num_scheduled_tokens=5))
+    assert [(e["phase"], e["edge"]) for e in events(rec) if e["ev"] == "spec.phase"] == \
+        [("target", "begin"), ("target", "end")]
