@@ -27,6 +27,7 @@ app = typer.Typer(
     add_completion=False,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -57,12 +58,12 @@ LENIENT = typer.Option(False, "--lenient", help="Keep every valid event of a dam
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def record(
     ctx: typer.Context,
-    output: Path = typer.Option(Path("trace.jsonl"), "-o", "--output", help="Trace file to write."),
+    output: Path = typer.Option(Path("trace.jsonl"), "-o", "--output", metavar="FILE", help="Trace file to write (.jsonl, or .jsonl.zst: zstd-compressed)."),
     no_redact: bool = typer.Option(False, "--no-redact", help="Keep token ids in the trace (off by default: traces are for bug reports)."),
-    instance: Optional[str] = typer.Option(None, "--instance", help="Force the instance id (P, D, ...) instead of reading vLLM's kv_role."),
+    instance: Optional[str] = typer.Option(None, "--instance", metavar="NAME", help="Force the instance id (P, D, ...) instead of reading vLLM's kv_role."),
     keep_shards: bool = typer.Option(False, "--keep-shards", help="Keep the per-process shard directory next to the trace."),
-    flush_interval: float = typer.Option(0.2, "--flush-interval", help="Seconds between writer flushes (the most a SIGKILLed process loses)."),
-    orphan_wait: float = typer.Option(10.0, "--orphan-wait", help="Seconds to wait, after CMD exits, for its other processes (daemonized or orphaned workers) before merging; those still running are reported."),
+    flush_interval: float = typer.Option(0.2, "--flush-interval", metavar="SECONDS", help="Seconds between writer flushes (the most a SIGKILLed process loses)."),
+    orphan_wait: float = typer.Option(10.0, "--orphan-wait", metavar="SECONDS", help="Seconds to wait, after CMD exits, for its other processes (daemonized or orphaned workers) before merging; those still running are reported."),
     ring: Optional[float] = typer.Option(None, "--ring", metavar="SECONDS", help="Flight recorder: keep only about the last SECONDS of each process's events on disk (process-level events are all kept); the trace is written at exit, and `kill -USR1 <record's pid>` writes a snapshot while CMD runs."),
 ) -> None:
     """Run CMD unmodified with pdtrace hooks in every Python process it starts: pdtrace record [-o trace.jsonl] -- CMD ...
@@ -75,12 +76,12 @@ def record(
 
 @app.command()
 def check(
-    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl)."),
-    format: str = typer.Option("text", "--format", "-f", help="text | markdown | json"),
-    only: Optional[List[str]] = typer.Option(None, "--only", help="Only this detector (repeatable)."),
-    request: Optional[str] = typer.Option(None, "--request", help="Only findings about this request id."),
-    what_if: Optional[str] = typer.Option(None, "--what-if", help="Replay the recorded block lists through a corrected rule: fixed-trim."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the report here instead of stdout."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
+    format: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="text | markdown | json"),
+    only: Optional[List[str]] = typer.Option(None, "--only", metavar="KIND", help="Only this detector (repeatable): lookahead-block-misalignment, connector-metadata-cleared-before-drafter, drafter-window-outside-allocation, stale-accepted-count-read."),
+    request: Optional[str] = typer.Option(None, "--request", metavar="ID", help="Only findings about this request id."),
+    what_if: Optional[str] = typer.Option(None, "--what-if", metavar="RULE", help="Replay the recorded block lists through a corrected rule: fixed-trim."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", help="Write the report here instead of stdout."),
     lenient: bool = LENIENT,
 ) -> None:
     """Run the detectors. Exit 0: no findings and every bug class checked, 1: findings, 2: unusable trace,
@@ -100,7 +101,7 @@ def view(
 @app.command()
 def report(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
-    output: Path = typer.Option(Path("report.html"), "-o", "--output", help="HTML file to write (self-contained, works offline)."),
+    output: Path = typer.Option(Path("report.html"), "-o", "--output", metavar="FILE", help="HTML file to write (self-contained, works offline)."),
     lenient: bool = LENIENT,
 ) -> None:
     """Write a self-contained Plotly HTML report: findings, timeline, block maps, accepted counts."""
@@ -110,7 +111,7 @@ def report(
 @app.command()
 def export(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
-    perfetto: Path = typer.Option(..., "--perfetto", help="Chrome/Perfetto trace-event JSON to write."),
+    perfetto: Path = typer.Option(..., "--perfetto", metavar="FILE", help="Chrome/Perfetto trace-event JSON to write."),
     lenient: bool = LENIENT,
 ) -> None:
     """Export to Chrome/Perfetto trace-event JSON (open in ui.perfetto.dev next to nsys traces)."""
@@ -120,7 +121,7 @@ def export(
 @app.command()
 def bundle(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
-    output: Path = typer.Option(Path("pdtrace-bug.tar.gz"), "-o", "--output", help="Archive to write (.tar.gz or .zip)."),
+    output: Path = typer.Option(Path("pdtrace-bug.tar.gz"), "-o", "--output", metavar="FILE", help="Archive to write (.tar.gz or .zip)."),
     allow_unredacted: bool = typer.Option(False, "--allow-unredacted", help="Bundle a trace recorded with --no-redact."),
     lenient: bool = LENIENT,
 ) -> None:
@@ -131,7 +132,7 @@ def bundle(
 @app.command()
 def merge(
     inputs: List[Path] = typer.Argument(..., metavar="INPUT", help="Traces to join (e.g. P.jsonl D.jsonl), or shard directories."),
-    output: Path = typer.Option(Path("trace.jsonl"), "-o", "--output", help="Merged trace to write."),
+    output: Path = typer.Option(Path("trace.jsonl"), "-o", "--output", metavar="FILE", help="Merged trace to write (.jsonl, or .jsonl.zst: zstd-compressed)."),
     lenient: bool = LENIENT,
 ) -> None:
     """Join traces recorded on two hosts (prefill and decode) into one, aligning their clocks."""
@@ -169,8 +170,8 @@ def info(
 @app.command()
 def repro(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
-    request: str = typer.Option(..., "--request", help="Request id whose situation to rebuild."),
-    output: Path = typer.Option(Path("test_repro.py"), "-o", "--output", help="Pytest file to write."),
+    request: str = typer.Option(..., "--request", metavar="ID", help="Request id whose situation to rebuild."),
+    output: Path = typer.Option(Path("test_repro.py"), "-o", "--output", metavar="FILE", help="Pytest file to write."),
     lenient: bool = LENIENT,
 ) -> None:
     """Write a standalone pytest that rebuilds the recorded scheduler/connector situation on real vLLM (CPU)."""
