@@ -39,30 +39,57 @@ def _zstd() -> Any:
 
 
 class _Reader(io.RawIOBase):
-    """A raw, read-only stream of the decompressed bytes that turns zstd's errors into
-    ``ValueError("corrupt zstd stream: ...")`` and knows how much of the file it consumed."""
+    """A raw, read-only stream of the decompressed bytes, frame after frame. zstd's errors become
+    ``ValueError("corrupt zstd stream: ...")``, and a file that ends inside a frame (cut while
+    written or copied) ``ValueError("compressed stream ends early: ...")`` once the bytes before
+    the cut are returned. ``consumed()``: how much of the file was read."""
 
     def __init__(self, fh: IO[bytes]) -> None:
         self._fh = fh
-        self._z = _zstd().ZstdDecompressor().stream_reader(fh, read_across_frames=True)
+        self._dctx = _zstd().ZstdDecompressor()
+        self._obj: Any = None  # the current frame's decompressor
+        self._raw = b""  # compressed bytes read but not yet fed
+        self._out = memoryview(b"")  # decompressed bytes not yet returned
+        self._done = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, b: Any) -> int:
+        while not len(self._out):
+            if self._done:
+                return 0
+            self._fill()
+        k = min(len(b), len(self._out))
+        b[:k] = self._out[:k]
+        self._out = self._out[k:]
+        return k
+
+    def _fill(self) -> None:
+        if not self._raw:
+            self._raw = self._fh.read(1 << 16)
+            if not self._raw:
+                self._done = True
+                if self._obj is not None and not self._obj.eof:
+                    raise ValueError("compressed stream ends early: the file was cut inside its last zstd frame "
+                                     "(the lines before the cut were read)")
+                return
+        if self._obj is None or self._obj.eof:
+            self._obj = self._dctx.decompressobj()
         try:
-            return self._z.readinto(b)
+            out = self._obj.decompress(self._raw)
         except _zstd().ZstdError as exc:
             raise ValueError(f"corrupt zstd stream: {exc}") from None
+        self._raw = self._obj.unused_data if self._obj.eof else b""
+        self._out = memoryview(out)
 
     def consumed(self) -> int:
         return self._fh.tell()
 
     def close(self) -> None:
         try:
-            self._z.close()
-        finally:
             self._fh.close()
+        finally:
             super().close()
 
 

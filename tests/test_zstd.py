@@ -89,6 +89,19 @@ def test_a_damaged_stream_is_one_clear_line(tmp_path):
     cut.write_bytes(packed.read_bytes()[: len(data) // 2])
     rc, out, err = _cli("info", cut)
     assert rc == 2 and str(cut) in err and "Traceback" not in err
+    # the cut is named as a cut of the compressed file, not as a line of text the user cannot see
+    assert "compressed stream ends early: the file was cut inside its last zstd frame" in err
+
+
+def test_a_cut_real_trace_keeps_the_lines_before_the_cut(tmp_path):
+    src = Path(__file__).resolve().parent.parent / "sample_traces" / "live_gpu_pd_eagle_v1.jsonl.zst"
+    cut = tmp_path / "cut.jsonl.zst"
+    cut.write_bytes(src.read_bytes()[:100_000])
+    rc, out, err = _cli("check", cut)
+    assert rc == 2 and "compressed stream ends early" in err and "Traceback" not in err
+    tr = load(str(cut), lenient=True)
+    assert len(tr.events) > 1000 and tr.footer is None
+    assert any(p.reason.startswith("compressed stream ends early") for p in tr.problems)
 
 
 def test_record_writes_a_compressed_trace(tmp_path):
