@@ -120,3 +120,14 @@ def test_cli_needs_no_click_import():
                        text=True, timeout=60, env=dict(os.environ))
     assert r.returncode == EXIT_UNUSABLE, r.stderr
     assert "No such option" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bad_record_options_create_nothing_and_merge_refuses_a_repeated_input(tmp_path):
+    out = tmp_path / "new" / "r.jsonl"
+    for opt in (["--ring", "-1"], ["--ring", "0"], ["--flush-interval", "0"], ["--orphan-wait", "-2"]):
+        r = _pdtrace("record", "-o", str(out), *opt, "--", "true")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (opt, r.stderr)
+    assert not (tmp_path / "new").exists()  # nothing created: no empty shard folder left behind
+    sample = Path(SAMPLE)
+    r = _pdtrace("merge", str(sample), str(sample), "-o", str(tmp_path / "m.jsonl"))
+    assert r.returncode == 2 and "given twice" in r.stderr and not (tmp_path / "m.jsonl").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,9 +19,14 @@ def _fmt_ns(ns: int | None) -> str:
 def run(inputs: list[Path], output: Path, lenient: bool = False) -> int:
     if len(inputs) < 1:
         raise PdtraceError("give at least one trace or shard directory")
+    seen: dict[str, Path] = {}
     for p in inputs:
         if not Path(p).exists():
             raise PdtraceError(f"{p}: no such file or directory")
+        real = os.path.realpath(p)
+        if real in seen:
+            raise PdtraceError(f"{p}: given twice (also as {seen[real]}): every event would be merged twice")
+        seen[real] = Path(p)
     res = merge_traces([str(p) for p in inputs], str(output), lenient=lenient)
     print(f"pdtrace: wrote {output} ({res['events']} events)", file=sys.stderr)
     for t in res["clock"]["traces"]:

@@ -103,8 +103,17 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
         cmd = cmd[1:]
     if not cmd:
         raise PdtraceError("nothing to record: give a command after --, e.g. pdtrace record -- vllm serve MODEL")
+    if ring is not None and not ring > 0:  # before anything is created (no empty shard folder left behind)
+        raise PdtraceError(f"--ring {ring:g}: the window must be a positive number of seconds")
+    if not flush_interval > 0:
+        raise PdtraceError(f"--flush-interval {flush_interval:g}: must be a positive number of seconds")
+    if orphan_wait < 0:
+        raise PdtraceError(f"--orphan-wait {orphan_wait:g}: must be zero or more seconds")
     output = Path(output)
+    created = not (output.parent if str(output.parent) else Path(".")).exists()
     out_dir = _check_output(output)
+    if created:
+        print(f"pdtrace: created {out_dir} for the trace", file=sys.stderr)
     session = uuid.uuid4().hex[:12]
     try:
         shard_dir = tempfile.mkdtemp(prefix=f".pdtrace-{session}-", dir=str(out_dir))
@@ -121,8 +130,6 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
     if instance:
         env["PDTRACE_INSTANCE"] = instance
     if ring is not None:
-        if ring <= 0:
-            raise PdtraceError(f"--ring {ring:g}: the window must be a positive number of seconds")
         env["PDTRACE_RING"] = str(ring)
 
     recover = f"pdtrace merge {shlex.quote(shard_dir)} -o {shlex.quote(str(output))}"
