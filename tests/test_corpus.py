@@ -5,9 +5,13 @@ NIXL connector (P and D) and the real _apply_prefix_caching with pdtrace's hooks
 documented worker-side simulation where the code needs a GPU; faults re-introduce the
 pre-fix upstream rules. Labels come from the injected fault and the real block lists (an
 oracle independent of the detectors). Covers block-aligned and non-aligned prompts, 0/1/2
-trailing lookahead blocks, a hybrid model with a Mamba state group, DFlash, and async
-scheduling with and without row moves.
+trailing lookahead blocks, a hybrid model with a Mamba state group, sliding-window-only and
+sliding + full attention, chunked local attention, reused request ids across two P/D pairs,
+failed hooks, DFlash, and async scheduling with and without row moves. docs/corpus.md is the
+table of it (checked here against the runs).
 """
+
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +126,33 @@ def test_reused_ids_do_not_cross_join(corpus):
     assert [c["block_sizes"] for c in cfg] == [[16]] and cfg[0]["kv_role"] == "kv_producer"
     sc, findings = corpus["reused_ids_two_pairs_fixed"]
     assert findings == []
+
+
+def corpus_table(corpus) -> str:
+    """docs/corpus.md: one row per scenario, expected vs found, and the totals."""
+    rows = ["# The labelled detector corpus", "",
+            "Generated from `tests/test_corpus.py` (`corpus_table`; the test fails when this file and the runs "
+            "disagree). Each scenario runs real vLLM scheduler / KV cache manager / NIXL connector code on CPU "
+            "(pdtrace/testing/scenarios.py); `buggy` ones re-introduce a pre-fix upstream rule.", "",
+            "| scenario | what | expected | found |", "| --- | --- | --- | --- |"]
+    tp = fp = fn = 0
+    for name, (sc, findings) in corpus.items():
+        found, exp = sorted({f.kind for f in findings}), sorted(set(sc.expected))
+        tp += len(set(found) & set(exp))
+        fp += len(set(found) - set(exp))
+        fn += len(set(exp) - set(found))
+        desc = scenarios.SCENARIOS[name][0].replace("|", "/")
+        rows.append(f"| `{name}` | {desc} | {', '.join(exp) or 'none'} | {', '.join(found) or 'none'} |")
+    rows += ["", f"{len(corpus)} scenarios; true positives {tp}, false positives {fp}, false negatives {fn}: "
+             f"precision {tp / (tp + fp) if tp + fp else 1.0:.2f}, recall {tp / (tp + fn) if tp + fn else 1.0:.2f}.", ""]
+    return "\n".join(rows)
+
+
+def test_docs_corpus_table_is_current(corpus):
+    doc = Path(__file__).parent.parent / "docs" / "corpus.md"
+    want = corpus_table(corpus)
+    if not doc.exists() or doc.read_text() != want:
+        import os
+        if os.environ.get("PDTRACE_UPDATE_DOCS") == "1":
+            doc.write_text(want)
+        assert doc.read_text() == want, "docs/corpus.md is stale: PDTRACE_UPDATE_DOCS=1 pytest tests/test_corpus.py"

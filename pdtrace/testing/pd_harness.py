@@ -56,6 +56,9 @@ class PDConfig:
     hybrid: add a Mamba (state) KV cache group after the attention group; mamba_block_size
     is that group's block size (defaults to block_size).
     async_scheduling: use vLLM's AsyncScheduler.
+    attn: the attention KV cache groups, in order: "full" (FullAttentionSpec), "sliding"
+    (SlidingWindowSpec, ``window`` tokens), "chunked" (ChunkedLocalAttentionSpec, chunks of
+    ``window`` tokens); one layer each.
     """
 
     spec_method: str = "eagle"
@@ -68,10 +71,13 @@ class PDConfig:
     max_model_len: int = 2048
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
+    attn: tuple[str, ...] = ("full",)
+    window: int = 32
 
     def label(self) -> str:
         spec = f"{self.spec_method}k{self.num_spec_tokens}" if self.spec_method else "nospec"
-        return (f"{spec}-bs{self.block_size}" + ("-hybrid" if self.hybrid else "")
+        attn = "" if self.attn == ("full",) else "-" + "+".join(self.attn) + f"{self.window}"
+        return (f"{spec}-bs{self.block_size}" + attn + ("-hybrid" if self.hybrid else "")
                 + ("-async" if self.async_scheduling else ""))
 
 
@@ -119,16 +125,26 @@ def build_vllm_config(inst: str, cfg: PDConfig) -> Any:
 
 def build_kv_cache_config(cfg: PDConfig) -> Any:
     import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MambaSpec
+    from vllm.v1.kv_cache_interface import (ChunkedLocalAttentionSpec, FullAttentionSpec, KVCacheConfig,
+                                            KVCacheGroupSpec, MambaSpec, SlidingWindowSpec)
 
-    groups = [KVCacheGroupSpec(["model.layers.0.self_attn.attn"],
-                               FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=32,
-                                                 dtype=torch.float32))]
+    common = {"block_size": cfg.block_size, "num_kv_heads": 1, "head_size": 32, "dtype": torch.float32}
+    groups = []
+    for i, kind in enumerate(cfg.attn):
+        if kind == "full":
+            spec = FullAttentionSpec(**common)
+        elif kind == "sliding":
+            spec = SlidingWindowSpec(**common, sliding_window=cfg.window)
+        elif kind == "chunked":
+            spec = ChunkedLocalAttentionSpec(**common, attention_chunk_size=cfg.window)
+        else:
+            raise ValueError(f"unknown attention kind {kind!r}: full, sliding or chunked")
+        groups.append(KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn"], spec))
     if cfg.hybrid:
         # vLLM's MambaModelConfig.verify_and_update_config (0.32.0 and 0.33.0) sets
         # mamba_cache_mode="align" whenever prefix caching is on, as it is here; 0.33.0's
         # MambaManager asserts it.
-        groups.append(KVCacheGroupSpec(["model.layers.1.mixer"],
+        groups.append(KVCacheGroupSpec([f"model.layers.{len(groups)}.mixer"],
                                        MambaSpec(block_size=cfg.mamba_block_size or cfg.block_size,
                                                  shapes=((4, 8),), dtypes=(torch.float32,),
                                                  mamba_cache_mode="align")))

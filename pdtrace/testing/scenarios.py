@@ -72,6 +72,39 @@ def _misaligned(r: Any, block_size: int) -> bool:
     return list(remote) != list(exp_tail)
 
 
+def _misaligned_group(r: Any, g: int, block_size: int) -> bool:
+    """``_misaligned`` for attention group ``g`` (sliding-window groups included: P's block i
+    still holds tokens [i*B, (i+1)*B); blocks that left the window are the null block 0)."""
+    need = math.ceil(r.prompt_len / block_size)
+    expected = r.p_allocated[g][:need]
+    local, remote = r.trim_local[g], r.trim_remote[g]
+    exp_tail = expected[len(expected) - len(local):] if local else []
+    return list(remote) != list(exp_tail)
+
+
+def _attn_kinds(attn: tuple[str, ...], fault: bool, spec: str = "eagle", prompt_len: int = 80,
+                window: int = 32) -> Callable[[], Scenario]:
+    """Sliding-window / chunked-local attention groups (issue 19 point 7) on the real scheduler:
+    P's sliding groups report only their in-window tail (earlier blocks are the null block)."""
+    def build() -> Scenario:
+        pd = _pd()
+        k = 3
+        cfg = pd.PDConfig(spec_method=spec, num_spec_tokens=k, block_size=16, attn=attn, window=window)
+        r = pd.run_pd_request(cfg, prompt_len, faults=("old_p_block_rule",) if fault else ())
+        shifted = [g for g in range(len(attn)) if _misaligned_group(r, g, 16)]
+        if not fault:
+            assert not shifted, f"oracle: fixed vLLM pairs every group's blocks ({shifted} shifted)"
+        expected = [LOOKAHEAD_MISALIGNMENT] if fault and shifted else []
+        return Scenario("", "", r.events, expected, {
+            "real": [REAL_SCHED], "simulated": [SIM_NIXL],
+            "faults": ["old_p_block_rule: P reports its full allocation (pre-fix rule of vLLM PR #44151)"] if fault else [],
+            "facts": {"prompt_len": prompt_len, "num_spec_tokens": k, "block_size": 16, "attn": list(attn),
+                      "window": window, "p_allocated": r.p_allocated, "p_reported": r.p_reported,
+                      "d_local": r.d_local, "trim_remote": r.trim_remote, "shifted_groups": shifted},
+        }, _unrecorded() if spec in ("eagle", "dflash") else [])
+    return build
+
+
 # What each builder records (an oracle from construction, not from the detectors): the
 # scheduler-side P/D run feeds the lookahead class only; the worker simulations add one
 # class each. The accepted-count copy exists only on hybrid models (else "does not apply"),
@@ -291,6 +324,18 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
     "lookahead_hybrid_mamba_buggy": ("hybrid attention + Mamba state group, prompt 16, k=3: attention group shifted, "
                                      "state group untouched", _lookahead(16, 3, True, hybrid=True)),
     "lookahead_hybrid_mamba_fixed": ("hybrid attention + Mamba, prompt 16, k=3, fixed", _lookahead(16, 3, False, hybrid=True)),
+    # issue 19 point 7: attention kinds other than full attention
+    "sliding_window_only_buggy": ("sliding-window-only model (window 32, block 16), prompt 80, EAGLE k=3: P's old rule "
+                                  "reports its lookahead block after the in-window tail", _attn_kinds(("sliding",), True)),
+    "sliding_window_only_fixed": ("sliding-window-only model, prompt 80, EAGLE k=3, fixed: P reports the in-window "
+                                  "tail (null blocks before it)", _attn_kinds(("sliding",), False)),
+    "sliding_plus_full_buggy": ("full-attention + sliding-window groups, prompt 80, EAGLE k=3: both groups shifted",
+                                _attn_kinds(("full", "sliding"), True)),
+    "sliding_plus_full_fixed": ("full-attention + sliding-window groups, prompt 80, EAGLE k=3, fixed",
+                                _attn_kinds(("full", "sliding"), False)),
+    "chunked_local_ngram_fixed": ("chunked local attention (chunks of 32), prompt 80, ngram (vLLM refuses EAGLE with "
+                                  "chunked local attention): no lookahead, the class does not apply",
+                                  _attn_kinds(("chunked",), False, spec="ngram")),
     # seed 002
     "metadata_cleared_before_drafter_buggy": ("EAGLE on P: connector metadata cleared before the drafter layers",
                                               _metadata(True)),
