@@ -156,3 +156,13 @@ def test_docs_corpus_table_is_current(corpus):
         if os.environ.get("PDTRACE_UPDATE_DOCS") == "1":
             doc.write_text(want)
         assert doc.read_text() == want, "docs/corpus.md is stale: PDTRACE_UPDATE_DOCS=1 pytest tests/test_corpus.py"
+
+
+def test_2p2d_findings_name_exactly_the_shifted_transfers(corpus):
+    """Four transfers between two prefill and two decode engines of equal config: the join
+    pairs each D allocation with its own P by engine id, so only P2's two requests are cited."""
+    sc, findings = corpus["two_p_two_d_buggy"]
+    facts = sc.provenance["facts"]
+    assert facts["shifted"] == ["P2->D1", "P2->D2"]
+    assert sorted({f.req for f in findings}) == facts["p_requests_shifted"]
+    assert corpus["two_p_two_d_fixed"][1] == []

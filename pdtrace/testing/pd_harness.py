@@ -58,7 +58,8 @@ class PDConfig:
     async_scheduling: use vLLM's AsyncScheduler.
     attn: the attention KV cache groups, in order: "full" (FullAttentionSpec), "sliding"
     (SlidingWindowSpec, ``window`` tokens), "chunked" (ChunkedLocalAttentionSpec, chunks of
-    ``window`` tokens); one layer each.
+    ``window`` tokens); one layer each. engine_tag: appended to the instance in the engine id,
+    so that two equal configs build two engines (2P2D).
     """
 
     spec_method: str = "eagle"
@@ -73,6 +74,7 @@ class PDConfig:
     max_num_batched_tokens: int = 1024
     attn: tuple[str, ...] = ("full",)
     window: int = 32
+    engine_tag: str = ""  # makes the engine ids differ between otherwise equal instances (xPyD)
 
     def label(self) -> str:
         spec = f"{self.spec_method}k{self.num_spec_tokens}" if self.spec_method else "nospec"
@@ -114,7 +116,7 @@ def build_vllm_config(inst: str, cfg: PDConfig) -> Any:
                          is_encoder_decoder=False, async_scheduling=cfg.async_scheduling)
     cc = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=True)
     kvt = KVTransferConfig(kv_connector="NixlConnector", kv_role=ROLE_KV[inst],
-                           engine_id=f"pdtrace-{inst}-{cfg.label()}")
+                           engine_id=f"pdtrace-{inst}{cfg.engine_tag}-{cfg.label()}")
     vc = VllmConfig(model_config=mc, speculative_config=spec, scheduler_config=sc, cache_config=cc,
                     kv_transfer_config=kvt, device_config=DeviceConfig("cpu"), attention_config=AttentionConfig())
     # VllmConfig's CPU platform checks may turn async scheduling off; the harness asks for what it was told.

@@ -303,6 +303,47 @@ def _reused_ids(fault: bool) -> Callable[[], Scenario]:
     return build
 
 
+def _two_p_two_d(fault: bool) -> Callable[[], Scenario]:
+    """2P2D in one process: prefill engines P1, P2 and decode engines D1, D2 (equal configs,
+    distinct engine ids); each P sends one block-aligned request to each D (4 transfers, the
+    same prompt length everywhere). With ``fault`` only P2 runs the pre-fix rule: exactly the
+    two transfers from P2 are shifted, whichever D received them."""
+    def build() -> Scenario:
+        pd = _pd()
+        rec = pd.new_recorder()
+        c1 = pd.PDConfig(spec_method="eagle", num_spec_tokens=1, block_size=16, engine_tag="1")
+        c2 = pd.PDConfig(spec_method="eagle", num_spec_tokens=1, block_size=16, engine_tag="2")
+        a, b = pd.make_pair(c1, rec), pd.make_pair(c2, rec)
+        runs = {}
+        for pn, p_pair in (("P1", a), ("P2", b)):
+            for dn, d_pair in (("D1", a), ("D2", b)):
+                pair = pd.PDPair(p_pair.cfg, p_pair.p, d_pair.d, rec, [])
+                bad = fault and pn == "P2"
+                runs[(pn, dn)] = pd.run_pd_request(p_pair.cfg, 32, faults=("old_p_block_rule",) if bad else (),
+                                                   pair=pair)
+        shifted = sorted(f"{pn}->{dn}" for (pn, dn), r in runs.items() if _misaligned(r, 16))
+        if fault:
+            assert shifted == ["P2->D1", "P2->D2"], f"oracle: only P2's transfers are shifted, got {shifted}"
+        else:
+            assert not shifted
+        seen: set[int] = set()
+        events = []
+        for e in list(a.setup_events) + list(b.setup_events) + [e for r in runs.values() for e in r.events]:
+            if id(e) not in seen:
+                seen.add(id(e))
+                events.append(e)
+        events.sort(key=lambda e: e["t"])
+        return Scenario("", "", events, [LOOKAHEAD_MISALIGNMENT] if shifted else [], {
+            "real": [REAL_SCHED + " (2 prefill + 2 decode engines in one process, each P to each D)"],
+            "simulated": [SIM_NIXL],
+            "faults": ["old_p_block_rule on P2 only (pre-fix rule of vLLM PR #44151)"] if fault else [],
+            "facts": {"shifted": shifted,
+                      "p_requests_shifted": sorted(r.p_req for (pn, dn), r in runs.items() if f"{pn}->{dn}" in shifted),
+                      "d_requests_shifted": sorted(r.d_req for (pn, dn), r in runs.items() if f"{pn}->{dn}" in shifted)},
+        }, _unrecorded())
+    return build
+
+
 def _merge(a: list[dict], b: list[dict]) -> list[dict]:
     return sorted(list(a) + list(b), key=lambda e: e["t"])
 
@@ -324,7 +365,10 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
     "lookahead_hybrid_mamba_buggy": ("hybrid attention + Mamba state group, prompt 16, k=3: attention group shifted, "
                                      "state group untouched", _lookahead(16, 3, True, hybrid=True)),
     "lookahead_hybrid_mamba_fixed": ("hybrid attention + Mamba, prompt 16, k=3, fixed", _lookahead(16, 3, False, hybrid=True)),
-    # issue 19 point 7: attention kinds other than full attention
+    # issue 19 point 7: xPyD, and attention kinds other than full attention
+    "two_p_two_d_buggy": ("2P2D: each of two prefill engines sends a block-aligned request (prompt 32, EAGLE k=1) "
+                          "to each of two decode engines; only P2 runs the pre-fix rule", _two_p_two_d(True)),
+    "two_p_two_d_fixed": ("2P2D, the same four transfers on fixed vLLM", _two_p_two_d(False)),
     "sliding_window_only_buggy": ("sliding-window-only model (window 32, block 16), prompt 80, EAGLE k=3: P's old rule "
                                   "reports its lookahead block after the in-window tail", _attn_kinds(("sliding",), True)),
     "sliding_window_only_fixed": ("sliding-window-only model, prompt 80, EAGLE k=3, fixed: P reports the in-window "
