@@ -100,10 +100,25 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
             text += "\n" + _whatif.render_text(wi)
     if output is not None:
         Path(output).write_text(text, encoding="utf-8")
+        print(f"pdtrace: wrote {output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
+        if format == "text" and sys.stdout.isatty():
+            _next_steps(str(trace), findings, cov)
     return exit_code(findings, cov)
+
+
+def _next_steps(trace: str, findings: list[Finding], cov: dict[str, Coverage]) -> None:
+    """What to do next, for a person at a terminal (stderr; never in piped or written reports)."""
+    tips = []
+    if findings:
+        tips += [f"pdtrace view {trace}   (f: next finding)", f"pdtrace report {trace} -o report.html",
+                 f"pdtrace bundle {trace} -o bug.tar.gz   (for a bug report)"]
+    if not_checked(cov):
+        tips.append("pdtrace doctor   (which hooks feed each class on the vLLM installed here)")
+    if tips:
+        print("next: " + "\n      ".join(tips), file=sys.stderr)
 
 
 def exit_code(findings: list[Finding], cov: dict[str, Coverage]) -> int:
