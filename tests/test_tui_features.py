@@ -301,3 +301,26 @@ async def test_a_pane_that_cannot_be_drawn_is_reported_not_fatal(monkeypatch):
         await pilot.press("5")  # the other panes still work
         await pilot.pause()
         assert "cited by the finding" in app.query_one("#pane-raw").text
+
+
+def test_block_map_header_fits_80_columns_with_vllms_long_request_ids():
+    """vLLM's request ids (cmpl-<16 hex>-0-<8 hex>, as in the live GPU samples) overflowed an
+    80-column block map header; they now go one per line, cut in the middle with an ellipsis."""
+    import dataclasses
+
+    from rich.text import Text
+
+    from pdtrace.viewers.tui.model import BlockMap
+    from pdtrace.viewers.tui.widgets.panes import BlockMapPane
+
+    bm = BlockMap(p_req="cmpl-8686945f13fce943-0-81f7aa1a-prefill-side-id", d_req="cmpl-8686945f13fce943-0-81f7aa1a",
+                  remote_num_tokens=32, prompt_len=32, groups=[], source="nixl.read", event_ids=[])
+    t = Text()
+    BlockMapPane._pairs(t, 40, bm)
+    lines = t.plain.splitlines()
+    assert all(len(ln) <= 40 for ln in lines[:2]), lines
+    assert "…" in lines[0] and lines[1].startswith("    ->  D:cmpl-")
+    short = dataclasses.replace(bm, p_req="req-1-P", d_req="req-1-D")
+    t = Text()
+    BlockMapPane._pairs(t, 80, short)
+    assert t.plain.splitlines()[0] == "Request P:req-1-P  ->  D:req-1-D"

@@ -63,9 +63,14 @@ class BlockMapPane(Pane):
         return t
 
     @staticmethod
-    def _pairs(t: Text, width: int, bm: model.BlockMap) -> None:
+    def _pairs(t: Text, width: int, bm: model.BlockMap) -> None:  # noqa: C901
         t.append("Request ", style="bold")
-        t.append(f"P:{bm.p_req or '-'}  ->  D:{bm.d_req or '-'}\n", style="bold cyan")
+        p, d = f"P:{bm.p_req or '-'}", f"D:{bm.d_req or '-'}"
+        if len(p) + len(d) + 14 <= width:
+            t.append(f"{p}  ->  {d}\n", style="bold cyan")
+        else:  # long ids (vLLM's cmpl-<hex>-0-<hex>): one per line, cut in the middle with an ellipsis
+            t.append(_middle(p, width - 9) + "\n", style="bold cyan")
+            t.append("    ->  " + _middle(d, width - 9) + "\n", style="bold cyan")
         para(t, f"remote_num_tokens={bm.remote_num_tokens}  prompt_len={bm.prompt_len}  "
                 f"pairs from {bm.source or '(no trim/read yet)'}", width, "dim")
         if bm.mismatches:
@@ -138,3 +143,11 @@ class RawPane(Pane):
                 t.append(f"#{e.get('id')} {e['ev']}\n", style="bold cyan")
                 t.append(body + "\n")
         return t
+
+
+def _middle(s: str, n: int) -> str:
+    """``s`` in at most ``n`` characters, its middle replaced by an ellipsis when longer."""
+    if len(s) <= n or n < 5:
+        return s
+    keep = n - 1
+    return s[: keep - keep // 2] + "…" + s[len(s) - keep // 2:]
