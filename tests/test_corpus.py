@@ -7,7 +7,7 @@ pre-fix upstream rules. Labels come from the injected fault and the real block l
 oracle independent of the detectors). Covers block-aligned and non-aligned prompts, 0/1/2
 trailing lookahead blocks, a hybrid model with a Mamba state group, sliding-window-only and
 sliding + full attention, chunked local attention, reused request ids across two P/D pairs,
-failed hooks, DFlash, and async scheduling with and without row moves. docs/corpus.md is the
+failed hooks, DFlash, and async scheduling with and without row moves and with batch growth. docs/corpus.md is the
 table of it (checked here against the runs).
 """
 
@@ -126,6 +126,35 @@ def test_reused_ids_do_not_cross_join(corpus):
     assert [c["block_sizes"] for c in cfg] == [[16]] and cfg[0]["kv_role"] == "kv_producer"
     sc, findings = corpus["reused_ids_two_pairs_fixed"]
     assert findings == []
+
+
+def test_fresh_rows_after_batch_growth_are_not_stale(corpus):
+    """Issue 19 point 4 as a corpus shape: two requests join the real InputBatch at step 4 in
+    rows past the ones step 3's accepted-count copy wrote. No finding cites them, on the
+    synchronized path (where they read nothing) and on the racy one (where they read rows the
+    copy did not cover, holding add_request's value) while the covered rows' racy reads are
+    still flagged."""
+    for name in ("stale_read_batch_growth_fixed", "stale_read_batch_growth_buggy"):
+        sc, findings = corpus[name]
+        grown = sc.provenance["facts"]["grown"]
+        assert [g["req"] for g in grown] == ["grow-a", "grow-b"], name
+        issue = [e for e in sc.events if e["ev"] == "d2h.issue" and e["step"] == 3][-1]
+        fresh_reads = [e for e in sc.events if e["ev"] == "acc.read" and e["step"] == 4
+                       and e["req"] in ("grow-a", "grow-b")]
+        if name.endswith("_fixed"):
+            # 0.32.0's synchronized path maps rows through prev_req_id_to_index: a request with
+            # no previous row gets the constant 1 and reads nothing (no acc.read)
+            assert fresh_reads == [], name
+        else:  # the racy path reads the current rows: past the copy's rows, add_request's 1
+            assert len(fresh_reads) == 2 and all(e["row"] >= len(issue["rows"]) for e in fresh_reads), name
+            assert {e["value"] for e in fresh_reads} == {1}, name
+        later = [e for e in sc.events if e["ev"] == "acc.read" and e["step"] == 5 and e["req"].startswith("grow-")]
+        assert len(later) == 2, name  # the next step's copy covers them
+        # step 4: the fresh rows' reads; from step 5 on they are covered rows like the others
+        cited = {f.req for f in findings if f.step == 4}
+        assert not cited & {"grow-a", "grow-b"}, (name, [f.title for f in findings])
+        if name.endswith("_buggy"):
+            assert findings and {f.kind for f in findings} == {"stale-accepted-count-read"}
 
 
 def corpus_table(corpus) -> str:

@@ -191,7 +191,7 @@ def _metadata(fault: bool) -> Callable[[], Scenario]:
     return build
 
 
-def _stale(fault: bool, row_moves: bool) -> Callable[[], Scenario]:
+def _stale(fault: bool, row_moves: bool, grow: bool = False) -> Callable[[], Scenario]:
     def build() -> Scenario:
         pd, ws = _pd(), _ws()
         cfg = pd.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16, async_scheduling=True)
@@ -199,8 +199,11 @@ def _stale(fault: bool, row_moves: bool) -> Callable[[], Scenario]:
         runs = [pd.run_pd_request(cfg, n, pair=pair) for n in (16, 20, 33, 48)]
         rec = pd.new_recorder()
         rec.set_role(role="worker", inst="D", why="worker simulation")
+        # grow: two requests join the batch at step 4 (after the condense at step 3), in rows past the
+        # ones step 3's copy wrote; InputBatch.add_request sets their counts
+        grown = {4: ["grow-a", "grow-b"]} if grow else None
         res = ws.accepted_counts_steps(rec, [r.d_req for r in runs], 6, "buggy" if fault else "fixed",
-                                       row_moves=row_moves, k=3)
+                                       row_moves=row_moves, k=3, grow=grown)
         rec.flush()
         events = [e for r in runs for e in r.events]
         # the pair's setup events appear in every run's list: keep one copy
@@ -219,7 +222,8 @@ def _stale(fault: bool, row_moves: bool) -> Callable[[], Scenario]:
                           "_prepare_inputs (GPU-only), acc.truth"],
             "faults": ["racy-accepted-count-read: _prepare_inputs reads the CPU copy without waiting for the "
                        "copy's event, after row moves (pre-fix behaviour of vLLM PR #45100)"] if fault else [],
-            "facts": {"row_moves": row_moves, "reads": res["reads"][:12], "mismatches": len(res.get("mismatches") or [])},
+            "facts": {"row_moves": row_moves, "reads": res["reads"][:12], "mismatches": len(res.get("mismatches") or []),
+                      "grown": res.get("grown", [])},
         }, _unrecorded(STALE_ACCEPTED_COUNT_READ))
     return build
 
@@ -396,6 +400,12 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
     "stale_read_norowmoves_buggy": ("async spec decode on D, no row moves, read before the copy completed",
                                     _stale(True, False)),
     "stale_read_norowmoves_fixed": ("async spec decode on D, no row moves, synchronized read", _stale(False, False)),
+    # issue 19 point 4: rows added past the last copy's rows hold add_request's value, not a stale one
+    "stale_read_batch_growth_buggy": ("async spec decode on D, row moves, two requests added at step 4 in rows past "
+                                      "the last copy's rows, racy read: only the covered rows are stale",
+                                      _stale(True, True, grow=True)),
+    "stale_read_batch_growth_fixed": ("the same batch growth on the synchronized path (vLLM 0.32.0): the fresh rows "
+                                      "are not stale reads", _stale(False, True, grow=True)),
     # issue 19: two schedulers per role in one process reusing request ids
     "reused_ids_two_pairs_buggy": ("two P/D pairs in one process (block 16 and 32), both with request id "
                                    "'id-1'; pair 1 under the pre-fix P rule", _reused_ids(True)),

@@ -411,7 +411,11 @@ def _default_count(ri: int, step: int, k: int) -> int:
 
 
 def accepted_counts_steps(rec: Any, req_ids: list[str], steps: int, mode: str, *, row_moves: bool = True,
-                          k: int = 3, counts: dict[str, list[int]] | None = None, start_step: int = 0) -> dict:
+                          k: int = 3, counts: dict[str, list[int]] | None = None, start_step: int = 0,
+                          grow: dict[int, list[str]] | None = None) -> dict:
+    """Steps of async spec decode on a real InputBatch. ``grow`` maps a step index to the
+    request ids ``InputBatch.add_request`` adds that step (after the row moves, before the
+    read): batch growth puts them in rows past the ones the last accepted-count copy wrote."""
     import torch
 
     _check_mode(mode)
@@ -451,6 +455,10 @@ def accepted_counts_steps(rec: Any, req_ids: list[str], steps: int, mode: str, *
                 n = ib.num_reqs
                 if i % 2 == 1 and n >= 2:
                     ib.swap_states(0, n - 1)  # live batch.swap
+            for r in (grow or {}).get(i, ()):
+                index.setdefault(r, len(index))
+                ib.add_request(make_request_state(r, 8 + index[r]))  # live batch.add past the copy's rows
+                out.setdefault("grown", []).append({"step": step, "req": r, "row": ib.req_id_to_index[r]})
             with _simulated(rec):
                 prep(runner, None, None)
             n = ib.num_reqs
