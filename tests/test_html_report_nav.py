@@ -234,6 +234,7 @@ class _Dom(html.parser.HTMLParser):
         self.by_id: dict[str, dict] = {}
         self.body: dict = {}
         self.ev_rows: list[dict] = []
+        self.raw_sel: str | None = None
 
     def handle_starttag(self, tag, attrs):
         a = {k: (v or "") for k, v in attrs}
@@ -243,6 +244,14 @@ class _Dom(html.parser.HTMLParser):
             self.by_id[a["id"]] = {"tag": tag, **a}
         if tag == "tr" and "data-ev" in a:
             self.ev_rows.append(a)
+        if tag == "span" and a.get("id") == "pd-sel-figs":
+            self._in_sel = True
+        elif getattr(self, "_in_sel", False) and tag == "a":
+            self.raw_sel = (self.raw_sel or "") + f'href="{a.get("href", "")}" '
+
+    def handle_endtag(self, tag):
+        if tag == "span":
+            self._in_sel = False
 
 
 def _dom(text: str) -> _Dom:
@@ -291,6 +300,11 @@ def test_clicking_a_finding_zooms_every_time_figure_and_lists_its_events(stale_p
     assert sorted(listed) == sorted(f.event_ids)
     assert all(r.get("data-highlighted") == "1" for r in after.ev_rows)
     assert "hidden" not in after.by_id["pd-ev-banner"]  # "listing the events cited by finding k+1"
+    # the selected finding's crosses are marked (selectedpoints), by event id, in every figure drawing crosses
+    for fid, fig in data["figs"].items():
+        crosses = [c for tr in fig["data"] if tr.get("name") == "finding" for c in tr.get("customdata") or ()]
+        if crosses:
+            assert after.by_id[fid].get("data-marked") == str(sum(c in f.event_ids for c in crosses)), fid
     assert shot.stat().st_size > 10_000
     keep = os.environ.get("PDTRACE_SCREENSHOT_DIR")
     if keep:
@@ -324,3 +338,39 @@ def test_the_timeline_opens_on_the_findings_in_chromium(tmp_path):
     lo, hi = _xrange(d, "fig-timeline")
     want = data["figs"]["fig-timeline"]["layout"]["xaxis"]["range"]
     assert abs(lo - want[0]) < 1e-3 and abs(hi - want[1]) < 1e-3 and hi - lo < 1.0
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(bc.find_chromium() is None,
+                    reason="headless Chromium not installed (Debian: apt-get install -y chromium)")
+def test_clicking_an_event_row_zooms_the_time_figures_to_it(stale_page):
+    """A real click (dispatched on the row's cell, so the page's own handler runs) on an
+    event the selected finding does not cite: every time axis centres on that event."""
+    html_path, data, findings = stale_page
+    k = 0
+    rows = {r[0]: r for r in data["events"]["rows"]}
+    n = next(i for i in sorted(rows) if i not in findings[k].event_ids and i > findings[k].event_ids[0])
+    d = _dom(bc.render_with_chromium(html_path, query=f"?autoclick={k}&clickev={n}"))
+    assert d.body.get("data-pd-evclicked") == str(n) and d.body.get("data-pd-zoomed-event") == str(n)
+    assert d.by_id[f"ev-{n}"].get("data-focus") == "1"
+    t = rows[n][1]
+    for fid in data["timefigs"]:
+        lo, hi = _xrange(d, fid)
+        assert lo < t < hi and abs((lo + hi) / 2 - t) < 1e-2, (fid, lo, hi, t)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(bc.find_chromium() is None,
+                    reason="headless Chromium not installed (Debian: apt-get install -y chromium)")
+def test_a_finding_outlines_its_block_map_and_zooms_the_window_figure(tmp_path):
+    for name, fid in (("lookahead_aligned16_k1_buggy.jsonl", "fig-blockmap-0"), ("dflash_window_buggy.jsonl", "fig-windows")):
+        out = tmp_path / (name + ".html")
+        assert report_cmd.run(SAMPLES / name, out, lenient=False) == 0
+        data = report.unpack_data(out.read_text(encoding="utf-8"))
+        before = _dom(bc.render_with_chromium(out))
+        d = _dom(bc.render_with_chromium(out, query="?autoclick=0"))
+        assert d.body.get("data-pd-clicked") == "0"
+        assert before.by_id[fid].get("data-selected") is None and d.by_id[fid].get("data-selected") == "1", name
+        assert f'href="#{fid}"' in (d.raw_sel or ""), name
+        if fid == "fig-blockmap-0":
+            assert set(data["findings"][0]["reqs"]) & set(data["reqfigs"][fid])

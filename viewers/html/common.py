@@ -260,8 +260,9 @@ class Model:
 
 
 def finding_markers(m: Model, yof, only: Iterable[str] | None = None, ids: set | None = None) -> list[dict]:
-    """Red crosses on the events findings cite (at most 20 per finding), y from ``yof(event)``."""
-    X, Y, H = [], [], []
+    """Red crosses on the events findings cite (at most 20 per finding), y from ``yof(event)``;
+    ``customdata`` holds each cross's event id."""
+    X, Y, H, C = [], [], [], []
     only = set(only) if only is not None else None
     for f in m.findings:
         if only is not None and f.kind not in only:
@@ -275,9 +276,10 @@ def finding_markers(m: Model, yof, only: Iterable[str] | None = None, ids: set |
                 continue
             X.append(m.x(e))
             Y.append(y)
+            C.append(i)  # the page script marks the selected finding's crosses by event id
             H.append(f"<b>{html.escape(f.severity)}: {html.escape(f.title)}</b><br>{html.escape(f.kind)}"
                      f"<br>event #{i} {html.escape(e['ev'])}")
     if not X:
         return []
-    return [{"type": "scatter", "mode": "markers", "name": "finding", "x": X, "y": Y, "hovertext": H,
+    return [{"type": "scatter", "mode": "markers", "name": "finding", "x": X, "y": Y, "hovertext": H, "customdata": C,
              "hoverinfo": "text", "marker": {"color": RED, "size": 14, "symbol": "x-thin-open", "line": {"width": 3}}}]

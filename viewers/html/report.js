@@ -8,9 +8,15 @@
  *    zooms every time-axis figure to the finding's range (Plotly.relayout) and lists and
  *    highlights the events it cites in the table (rows get data-highlighted="1"); a cited id
  *    (#107) opens that event among all events (data-focus="1"). n / p step through findings.
+ *    The selected finding's crosses are drawn larger and black, the others faded
+ *    (selectedpoints on the "finding" traces, by the event ids in their customdata); its
+ *    request's block map is outlined (data-selected="1") and the drafter-window figure
+ *    zooms to its request's rows. Clicking an event-table row zooms every time axis to a
+ *    window around that event and draws a line at it (body[data-pd-zoomed-event]).
  *
  * Test hooks: ?autoclick=K selects finding K (0-based) once the figures are drawn and then
- * sets body[data-pd-clicked=K]; ?ev=N (or #ev-N) opens event N. body[data-pd-rendered] is
+ * sets body[data-pd-clicked=K]; ?clickev=N then clicks event N's table row and sets
+ * body[data-pd-evclicked=N]; ?ev=N (or #ev-N) opens event N. body[data-pd-rendered] is
  * the number of figures drawn, body[data-pd-error] a rendering failure.
  */
 (function () {
@@ -222,15 +228,94 @@
     return [{ type: "rect", xref: "x", yref: "paper", x0: mid - w / 2, x1: mid + w / 2, y0: 0, y1: 1,
               fillcolor: "rgba(253, 224, 71, 0.28)", line: { width: 0 }, layer: "below" }];
   }
-  function zoom(x, f) {
+  function zoom(x, f, atEvent) {
     if (!figsReady || !window.Plotly) return Promise.resolve();
     var upd = x ? { "xaxis.range": [x[0], x[1]], "xaxis.autorange": false } : { "xaxis.autorange": true };
-    if (f !== undefined) upd.shapes = band(f);
+    if (f !== undefined) {
+      upd.shapes = band(f);
+      if (atEvent != null) {
+        upd.shapes = upd.shapes.concat([{ type: "line", xref: "x", yref: "paper", x0: atEvent, x1: atEvent, y0: 0,
+                                          y1: 1, line: { color: "#1d4ed8", width: 2, dash: "dot" } }]);
+      }
+    }
     return Promise.all(D.timefigs.map(function (id) {
       var el = $(id);
       if (!el || !el._fullLayout) return null;
       return window.Plotly.relayout(el, upd).then(function () { markRange(el); });
     }));
+  }
+
+  function markFinding(f) {
+    // the selected finding's crosses: larger and black; every other cross faded
+    if (!figsReady || !window.Plotly) return Promise.resolve();
+    var ids = f ? new Set(f.ids) : null;
+    return Promise.all(Object.keys(D.figs).map(function (id) {
+      var el = $(id);
+      if (!el || !el.data) return null;
+      var idx = [], pts = [];
+      el.data.forEach(function (tr, t) {
+        if (tr.name !== "finding" || !tr.customdata) return;
+        idx.push(t);
+        pts.push(ids ? tr.customdata.reduce(function (a, c, i) { if (ids.has(c)) a.push(i); return a; }, []) : null);
+      });
+      if (!idx.length) return null;
+      return window.Plotly.restyle(el, {
+        selectedpoints: pts,
+        "selected.marker.color": "#111827", "selected.marker.size": 20,
+        "unselected.marker.opacity": 0.25
+      }, idx).then(function () {
+        el.setAttribute("data-marked", ids ? String(pts.reduce(function (a, p) { return a + p.length; }, 0)) : "");
+      });
+    }));
+  }
+
+  function focusRequestFigures(f) {
+    // outline the block map(s) of the finding's request; zoom the drafter-window figure to its rows
+    var reqs = f ? f.reqs || [] : [];
+    var maps = [];
+    Object.keys(D.reqfigs || {}).forEach(function (id) {
+      var el = $(id), on = reqs.some(function (r) { return D.reqfigs[id].indexOf(r) >= 0; });
+      if (!el) return;
+      if (on) { el.setAttribute("data-selected", "1"); maps.push(id); } else el.removeAttribute("data-selected");
+    });
+    var links = maps.map(function (id) {
+      return '<a href="#' + id + '">block map of ' + esc(D.reqfigs[id].join(" / ")) + "</a>";
+    });
+    var win = $("fig-windows");
+    if (win && win.data && figsReady) {
+      var labels = [];
+      win.data.forEach(function (tr) { (tr.y || []).forEach(function (y) { if (labels.indexOf(y) < 0) labels.push(y); }); });
+      var hit = [];
+      labels.forEach(function (y, i) {
+        var ok = reqs.some(function (r) { return y.indexOf(r + " ") === 0; }) &&
+          (f.step == null || f.kind !== "drafter-window-outside-allocation" || y.indexOf(" s" + f.step + " ") > 0);
+        if (ok) hit.push(i);
+      });
+      if (hit.length) {
+        window.Plotly.relayout(win, { "yaxis.range": [Math.min.apply(null, hit) - 0.6, Math.max.apply(null, hit) + 0.6],
+                                      "yaxis.autorange": false });
+        win.setAttribute("data-selected", "1");
+        links.push('<a href="#fig-windows">drafter write window' + (hit.length > 1 ? "s" : "") + "</a>");
+      } else if (win.hasAttribute("data-selected")) {
+        window.Plotly.relayout(win, { "yaxis.autorange": true });
+        win.removeAttribute("data-selected");
+      }
+    }
+    var where = $("pd-sel-figs");
+    if (where) where.innerHTML = links.length ? " · see: " + links.join(", ") : "";
+  }
+
+  function zoomToEvent(id) {
+    // an event-table row: every time axis to a window around the event, a line at it
+    var i = T.pos.get(id);
+    if (i === undefined || !figsReady) return Promise.resolve();
+    var t = T.rows[i][1], n = T.rows.length;
+    var whole = n ? T.rows[n - 1][1] - T.rows[0][1] : 0;
+    var half = Math.max(whole * 0.01, 0.5);
+    var f = selected >= 0 ? D.findings[selected] : null;
+    if (f && f.x) half = Math.max(half, (f.x[1] - f.x[0]) / 2);
+    body.setAttribute("data-pd-zoomed-event", String(id));
+    return zoom([t - half, t + half], f, t);
   }
 
   function selText(k) {
@@ -265,7 +350,8 @@
     $("pd-sel").hidden = false;
     $("pd-sel-text").innerHTML = selText(k);
     body.setAttribute("data-selected-finding", String(k));
-    return zoom(f.x, f);
+    focusRequestFigures(f);
+    return Promise.all([zoom(f.x, f), markFinding(f)]);
   }
   function unselect() {
     selected = -1;
@@ -273,6 +359,9 @@
     $("pd-sel").hidden = true;
     body.removeAttribute("data-selected-finding");
     if (figsReady) D.timefigs.forEach(function (id) { var el = $(id); if (el && el._fullLayout) window.Plotly.relayout(el, { shapes: [] }); });
+    markFinding(null);
+    focusRequestFigures(null);
+    body.removeAttribute("data-pd-zoomed-event");
     clearFilters();
     T.highlight = {};
     T.focus = null;
@@ -311,7 +400,15 @@
       }
       if (a || (t.closest && t.closest("details, pre, button, input, select"))) return;
       var tr = t.closest ? t.closest("tr.finding") : null;
-      if (tr) selectFinding(+tr.getAttribute("data-finding"));
+      if (tr) { selectFinding(+tr.getAttribute("data-finding")); return; }
+      var er = t.closest ? t.closest("#pd-ev-body tr[data-ev]") : null;
+      if (er) {
+        var eid = +er.getAttribute("data-ev");
+        T.focus = eid;
+        document.querySelectorAll("#pd-ev-body tr[data-focus]").forEach(function (x) { x.removeAttribute("data-focus"); });
+        er.setAttribute("data-focus", "1");
+        zoomToEvent(eid);
+      }
     });
     document.addEventListener("keydown", function (ev) {
       var tag = (ev.target && ev.target.tagName) || "";
@@ -373,12 +470,21 @@
     (0, eval)(js);  // defines window.Plotly
     return drawFigures();
   }).then(function () {
-    var k = params.get("autoclick");
+    var k = params.get("autoclick"), ce = params.get("clickev");
     var sel = selected >= 0 ? zoom(D.findings[selected].x, D.findings[selected]) : Promise.resolve();
-    if (k === null) return sel;
-    return sel.then(function () { return selectFinding(+k); }).then(function () {
-      body.setAttribute("data-pd-clicked", k);
-    });
+    if (k !== null) {
+      sel = sel.then(function () { return selectFinding(+k); }).then(function () {
+        body.setAttribute("data-pd-clicked", k);
+      });
+    }
+    if (ce === null) return sel;
+    return sel.then(function () {
+      // a real click on the event's table row (the handler a user's click runs)
+      goToEvent(+ce, true);
+      var row = $("ev-" + ce);
+      if (row) row.querySelector("td:nth-child(3)").dispatchEvent(new MouseEvent("click", { bubbles: true }));
+      return new Promise(function (res) { setTimeout(res, 300); });
+    }).then(function () { body.setAttribute("data-pd-evclicked", ce); });
   }).catch(function (err) {
     status.textContent = "figure rendering failed: " + err;
     body.setAttribute("data-pd-error", String(err));

@@ -137,7 +137,9 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
 
     maps, note = fig_blockmap.block_maps(m, limit=12)
     body = [f'<p class="note">{fig_blockmap.caption([fig for _r, _t, fig in maps], note)}</p>']
+    reqfigs: dict[str, list[str]] = {}  # block-map figure -> the requests it draws (D's and P's id)
     for i, (req, _title, fig) in enumerate(maps):
+        reqfigs[f"fig-blockmap-{i}"] = sorted({req, m.d2p.get(req, req)})
         body.append(f'<h3 id="req-{esc(req)}">{esc(req)}</h3>' + fig_div(f"fig-blockmap-{i}", fig))
     sections.append('<section id="blockmaps"><h2>Block mapping per affected request</h2>' + "".join(body) + "</section>")
 
@@ -171,9 +173,11 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
         ("overview", "Summary"), ("findings", "Findings"), ("timeline", "Timeline"), ("blockmaps", "Block maps"),
         ("accepted", "Accepted counts"), ("metadata", "Connector metadata"), ("events", "Events"),
         ("summary", "Trace")))
-    data = {"figs": figs, "timefigs": timefigs,
+    data = {"figs": figs, "timefigs": timefigs, "reqfigs": reqfigs,
             "findings": [{"x": list(r) if r else None, "span": list(m.finding_span(f) or []) or None,
                           "ids": f.event_ids, "kind": f.kind, "sev": f.severity,
+                          "reqs": sorted({str(r) for r in (f.req, (f.data or {}).get("p_req"), (f.data or {}).get("d_req"))
+                                          if r}),
                           "req": f.req, "step": f.step, "inst": f.inst, "title": f.title}
                          for f, r in zip(listed, ranges)],
             "events": events_table.table_data(m, chosen, ev_stats)}
