@@ -405,6 +405,12 @@ class TraceIndex:
         mask = self.req_insts[rc]
         return sorted(name for ic, name in enumerate(self.inst_names[:8]) if mask >> ic & 1)
 
+    def search(self, text: str, start: int = 0, direction: int = 1) -> int | None:
+        """The ordinal of the next event whose JSON line contains ``text`` (``pdtrace.index_search``)."""
+        from .index_search import search
+
+        return search(self, text, start, direction)
+
     def memory_bytes(self) -> int:
         """Approximate bytes held by the columns (not the cache)."""
         cols = (self.starts, self.lengths, self.kinds, self.steps, self.reqs, self.insts)

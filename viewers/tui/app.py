@@ -36,6 +36,7 @@ from .export import ExportMixin
 from .layout import TABS, LayoutMixin
 from .messages import FindingsReady, IndexFailed, IndexProgress
 from .navigation import PANE_OF_KIND, NavigationMixin
+from .search import SearchMixin
 from .widgets.accepted import AcceptedPane
 from .widgets.lists import FindingsList, RequestList
 from .widgets.panes import BlockMapPane, MetadataPane, RawPane
@@ -66,7 +67,7 @@ def default_coverage() -> Callable[..., dict] | None:
     return coverage
 
 
-class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, App):
+class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App):
     CSS_PATH = "app.tcss"
     TITLE = "pdtrace view"
     COMMANDS = App.COMMANDS | {TraceCommands}
@@ -87,6 +88,9 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, App):
         Binding("S", "save_svg", "Save SVG", show=False),
         Binding("g", "group", "Group findings", show=False),
         Binding("D", "detect", "Run detectors", show=False),
+        Binding("e", "search", "Search events", show=False),
+        Binding("E", "search_prev", "Previous match", show=False),
+        Binding("escape", "close_search", show=False),
     ] + [Binding(str(k + 1), f"tab('{tid}')", short.split()[1], show=False, group=_TABS)
          for k, (tid, _, short) in enumerate(TABS)]
 
@@ -139,6 +143,9 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, App):
                 with TabbedContent(initial="blocks", id="tabs"):
                     for tid, label, _ in TABS:
                         with TabPane(label, id=tid):
+                            if tid == "raw":
+                                yield Input(placeholder="search raw events: text, kind, request or #id "
+                                            "(Enter: next, E: previous, Esc: close)", id="rawsearch")
                             yield {"blocks": BlockMapPane, "acc": AcceptedPane, "meta": MetadataPane,
                                    "window": WindowPane, "raw": RawPane}[tid](id=f"pane-{tid}")
         yield Footer()
@@ -388,8 +395,12 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, App):
             self.query_one(MetadataPane).show(model.metadata(index, self.step), self.step,
                                               self._selection_findings("meta"), sel)
         elif tab == "raw":
+            marked = set(self.finding.event_ids) if self.finding is not None else set()
+            hit = self.search_view()
+            if hit is not None:
+                self.query_one(RawPane).show(index.events(hit[0]), hit[1], marked, hit[2])
+                return
             ords = model.raw_ordinals(index, self.req, self.step)
             what = " ".join(x for x in (f"request {self.req}" if self.req else "", f"step {self.step}"
                                         if self.step is not None else "") if x) or "first events"
-            marked = set(self.finding.event_ids) if self.finding is not None else set()
             self.query_one(RawPane).show(index.events(ords), what, marked)

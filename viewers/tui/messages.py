@@ -31,3 +31,12 @@ class FindingsReady(Message):
     findings: list[Any]
     error: str = ""
     coverage: dict[str, Any] | None = None  # bug class -> detectors.coverage.Coverage
+
+
+@dataclasses.dataclass
+class SearchDone(Message):
+    """A raw-event search finished: ``ordinal`` of the match, or None."""
+
+    query: str
+    ordinal: int | None
+    direction: int

@@ -131,12 +131,16 @@ class MetadataPane(Pane):
 
 
 class RawPane(Pane):
-    def build(self, width: int, events: list[dict[str, Any]], what: str, marked: set[int]) -> Text:
+    def build(self, width: int, events: list[dict[str, Any]], what: str, marked: set[int],
+              found: int | None = None) -> Text:
         t = Text()
         para(t, f"{what}  ({len(events)} events)", width, "bold")
         for e in events:
             body = orjson.dumps(e, option=orjson.OPT_INDENT_2).decode()
-            if e.get("id") in marked:
+            if found is not None and e.get("id") == found:
+                t.append(f"#{e.get('id')} {e['ev']}  <- search match\n", style="bold black on yellow")
+                t.append(body + "\n", style="bold")
+            elif e.get("id") in marked:
                 t.append(f"#{e.get('id')} {e['ev']}  <- cited by the finding\n", style=BAD)
                 t.append(body + "\n", style="red")
             else:
