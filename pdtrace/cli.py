@@ -52,6 +52,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Trace and debug vLLM prefill/decode disaggregation (NIXL) with speculative decoding."""
 
 
+# the exit codes of every command but check / doctor / record (pdtrace.errors), under each --help
+EXITS = "Exit 0: done, 2: unusable input or bad arguments (one line on stderr), 3: a pdtrace bug (please report)."
+
 LENIENT = typer.Option(False, "--lenient", help="Keep every valid event of a damaged or newer trace instead of failing.")
 
 
@@ -90,15 +93,15 @@ def check(
          output=output, lenient=lenient)
 
 
-@app.command()
+@app.command(epilog=EXITS)
 def view(
-    trace: Optional[Path] = typer.Argument(None, metavar="[TRACE]", help="Trace file, or a directory of shards to merge."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst), or a directory of shards to merge."),
 ) -> None:
     """Open the trace in the terminal viewer (Textual TUI). Press ? for help."""
     _run("view", trace=trace)
 
 
-@app.command()
+@app.command(epilog=EXITS)
 def report(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", metavar="FILE", help="HTML file to write (self-contained, works offline)."),
@@ -108,7 +111,7 @@ def report(
     _run("report", trace=trace, output=output, lenient=lenient)
 
 
-@app.command()
+@app.command(epilog=EXITS)
 def export(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     perfetto: Path = typer.Option(..., "--perfetto", metavar="FILE", help="Chrome/Perfetto trace-event JSON to write."),
@@ -118,7 +121,7 @@ def export(
     _run("export", trace=trace, perfetto=perfetto, lenient=lenient)
 
 
-@app.command()
+@app.command(epilog=EXITS)
 def bundle(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     output: Path = typer.Option(Path("pdtrace-bug.tar.gz"), "-o", "--output", metavar="FILE", help="Archive to write (.tar.gz or .zip)."),
@@ -129,7 +132,7 @@ def bundle(
     _run("bundle", trace=trace, output=output, allow_unredacted=allow_unredacted, lenient=lenient)
 
 
-@app.command()
+@app.command(epilog=EXITS)
 def merge(
     inputs: List[Path] = typer.Argument(..., metavar="INPUT", help="Traces to join (e.g. P.jsonl D.jsonl), or shard directories."),
     output: Path = typer.Option(Path("trace.jsonl"), "-o", "--output", metavar="FILE", help="Merged trace to write (.jsonl, or .jsonl.zst: zstd-compressed)."),
@@ -153,7 +156,7 @@ def doctor(
     _run("doctor", json_out=json_out, cmd=list(ctx.args))
 
 
-@app.command()
+@app.command(epilog=EXITS)
 def info(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     lenient: bool = LENIENT,
@@ -167,7 +170,7 @@ def info(
     _run("info", trace=trace, lenient=lenient, full=full)
 
 
-@app.command()
+@app.command(epilog=EXITS)
 def repro(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
     request: str = typer.Option(..., "--request", metavar="ID", help="Request id whose situation to rebuild."),

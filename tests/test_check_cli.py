@@ -177,3 +177,10 @@ def test_lenient_check_of_a_cut_trace_calls_no_class_clean(tmp_path):
         assert cov[k]["status"] == "not-checked" and "no footer" in cov[k]["reason"] and cov[k]["events"] > 0
     full = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(src)], capture_output=True, text=True)
     assert full.returncode == 0
+    # the same warning lines from check and report (one wording): the cut line, then "incomplete trace"
+    rep = subprocess.run([sys.executable, "-m", "pdtrace", "report", str(cut), "--lenient", "-o",
+                          str(tmp_path / "r.html")], capture_output=True, text=True)
+    assert rep.returncode == 0, rep.stderr
+    warn = [ln for ln in r.stderr.splitlines() if ln.startswith("pdtrace: warning:")]
+    assert warn and any("incomplete trace (" in ln and "no footer" in ln for ln in warn), r.stderr
+    assert [ln for ln in rep.stderr.splitlines() if ln.startswith("pdtrace: warning:")] == warn

@@ -388,7 +388,8 @@ def test_view_command_errors(tmp_path):
     with pytest.raises(PdtraceError, match="no shards"):
         view.run(empty)
     r = subprocess.run([sys.executable, "-m", "pdtrace", "view"], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and "no trace given" in r.stderr
+    # TRACE is required (its --help says so): a usage error, one line, exit 2
+    assert r.returncode == 2 and "Missing argument 'TRACE'" in r.stderr and len(r.stderr.splitlines()) == 1
 
 
 # ------------------------------------------------------------------------------ snapshots
@@ -432,3 +433,51 @@ def test_tmux_real_terminal(tmp_path, fixed):
     else:
         assert r.returncode == 0, r.stdout + r.stderr
         assert "lookahead-block-misalignment" in r.stdout and "● r1 s1 D" in r.stdout
+
+
+@pytest.mark.asyncio
+async def test_raw_event_search_finds_next_and_previous_match(tmp_path):
+    """``e`` + text + Enter: the Raw tab shows the first event at or after the current step
+    whose line contains the text, highlighted, and the scrubber moves to its step; Enter
+    again goes to the next match, ``E`` back; ``#id`` goes to an event id; Esc closes."""
+    path = _trace(tmp_path, "stale")
+    idx = TraceIndex(path)
+    app = PdtraceViewer(idx)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _ready(app, pilot)
+        await pilot.press("home", "e")
+        await pilot.pause()
+        assert app.query_one("TabbedContent").active == "raw" and app.focused.id == "rawsearch"
+        start = idx.step_ordinals(app.step)[0]
+        want = [i for i in range(start, len(idx)) if idx.kind(i) == "acc.read"]
+        assert len(want) >= 2
+        for ch in "ACC":  # typed: the keys go to the line, not to the app's bindings
+            await pilot.press(ch)
+        app.query_one("#rawsearch").value += ".read"
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.raw_hit == want[0]
+        assert app.step == idx.steps[want[0]]
+        text = _pane(app, "raw")
+        assert f"#{idx.event_id(want[0])} acc.read  <- search match" in text
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.raw_hit == want[1]
+        await pilot.press("escape")  # closes the line; E still goes back
+        await pilot.pause()
+        assert not app.query_one("#rawsearch").display
+        await pilot.press("E")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.raw_hit == want[0]
+        await pilot.press("e")
+        app.query_one("#rawsearch").value = "#3"
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.raw_hit == idx.ordinal(3) and "#3 " in _pane(app, "raw")
+        await pilot.press("escape", "right")  # a step key leaves the search view
+        await pilot.pause()
+        assert "search match" not in _pane(app, "raw") or app.step == idx.steps[idx.ordinal(3)]

@@ -47,7 +47,7 @@ from .. import __version__
 from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
 from ..detectors.base import SEVERITY_INCONCLUSIVE
 from ..detectors.coverage import Coverage, coverage, incomplete_reason, not_checked
-from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError
+from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, warn_problems
 from ..trace import Trace, load
 from ..progress import load_progress
 
@@ -71,11 +71,7 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         raise PdtraceError(f"unknown --what-if rule {what_if!r}; valid: {', '.join(_whatif.RULES)}")
 
     tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
-    if tr.problems:
-        for p in tr.problems[:20]:
-            print(f"pdtrace: warning: {tr.path}:{p.line}: {p.reason}", file=sys.stderr)
-        if len(tr.problems) > 20:
-            print(f"pdtrace: warning: ... and {len(tr.problems) - 20} more problem line(s)", file=sys.stderr)
+    warn_problems(tr)
     if request is not None and not any(e.get("req") == request or e.get("remote_req") == request
                                        for e in tr.events):
         known = sorted({e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"})

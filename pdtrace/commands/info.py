@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from .. import schema
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, warn_problems
 from ..trace import load, make_footer
 from ..ends import read_ends
 from ..progress import load_progress
@@ -25,8 +25,7 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
                     "`pdtrace check` checks them)")
     else:
         tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
-        for p in tr.problems[:20]:
-            print(f"pdtrace: warning: {tr.path}:{p.line}: {p.reason}", file=sys.stderr)
+        warn_problems(tr, incomplete=False)  # info says whether it is complete itself
         h, footer, problems, n_events, path = tr.header, tr.footer, tr.problems, len(tr.events), tr.path
         derived = footer is None
         if footer is None:  # lenient read of a cut trace: rebuild the summary from the events

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import PdtraceError
+from ..errors import PdtraceError, warn_problems
 
 
 def load_with_findings(trace: Path, lenient: bool) -> tuple[Any, list, str]:
@@ -16,6 +16,7 @@ def load_with_findings(trace: Path, lenient: bool) -> tuple[Any, list, str]:
     from ..trace import load
 
     tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
+    warn_problems(tr)
     try:
         from ..detectors import run_all
     except ImportError as exc:
