@@ -114,11 +114,13 @@ def report(
 @app.command(epilog=EXITS)
 def export(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
-    perfetto: Path = typer.Option(..., "--perfetto", metavar="FILE", help="Chrome/Perfetto trace-event JSON to write."),
+    perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE", help="Chrome/Perfetto trace-event JSON to write."),
+    perfetto_proto: Optional[Path] = typer.Option(None, "--perfetto-proto", metavar="FILE", help="Perfetto protobuf trace (.pftrace) to write: the same content, smaller and faster to open (needs the perfetto package)."),
+    parquet: Optional[Path] = typer.Option(None, "--parquet", metavar="DIR", help="Directory for one Parquet table per event kind (DuckDB, Spark, pandas; needs pyarrow). Streamed: memory does not grow with the trace."),
     lenient: bool = LENIENT,
 ) -> None:
-    """Export to Chrome/Perfetto trace-event JSON (open in ui.perfetto.dev next to nsys traces)."""
-    _run("export", trace=trace, perfetto=perfetto, lenient=lenient)
+    """Export for other tools: Perfetto (JSON or protobuf, next to nsys traces) and Parquet (query a fleet's traces)."""
+    _run("export", trace=trace, perfetto=perfetto, perfetto_proto=perfetto_proto, parquet=parquet, lenient=lenient)
 
 
 @app.command(epilog=EXITS)

@@ -1,4 +1,12 @@
-"""`pdtrace export TRACE --perfetto out.json`: Chrome / Perfetto trace-event JSON."""
+"""`pdtrace export TRACE --perfetto out.json | --perfetto-proto out.pftrace | --parquet DIR`.
+
+- ``--perfetto``: Chrome / Perfetto trace-event JSON (``viewers.perfetto``);
+- ``--perfetto-proto``: the same content in Perfetto's protobuf format, written with
+  Perfetto's own builder (``viewers.perfetto_proto``; needs the ``perfetto`` package);
+- ``--parquet``: one Parquet table per event kind (``viewers.parquet``; needs ``pyarrow``),
+  streamed: memory does not grow with the trace.
+Any combination; the trace is read once for the Perfetto outputs, once more for Parquet.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +16,46 @@ from pathlib import Path
 from ..errors import PdtraceError
 
 
-def run(trace: Path, perfetto: Path, lenient: bool = False) -> int:
-    from ..viewers import perfetto as pf
-    from .report import load_with_findings
+def run(trace: Path, perfetto: Path | None = None, lenient: bool = False, perfetto_proto: Path | None = None,
+        parquet: Path | None = None) -> int:
+    if perfetto is None and perfetto_proto is None and parquet is None:
+        raise PdtraceError("nothing to export: give --perfetto FILE, --perfetto-proto FILE and/or --parquet DIR")
+    if perfetto is not None or perfetto_proto is not None:
+        from .report import load_with_findings
 
-    tr, findings, note = load_with_findings(Path(trace), lenient)
-    try:
-        stats = pf.write(tr, perfetto, findings)
-    except OSError as exc:
-        raise PdtraceError(f"cannot write {perfetto}: {exc.strerror or exc}") from None
-    print(f"wrote {perfetto} ({stats['events']:,} trace events, {stats['flows']} KV flow(s), "
-          f"{stats['findings']} finding(s)); open it in https://ui.perfetto.dev or chrome://tracing", file=sys.stderr)
-    if note:
-        print(f"pdtrace: warning: {note}", file=sys.stderr)
+        tr, findings, note = load_with_findings(Path(trace), lenient)
+        if perfetto is not None:
+            from ..viewers import perfetto as pf
+
+            try:
+                stats = pf.write(tr, perfetto, findings)
+            except OSError as exc:
+                raise PdtraceError(f"cannot write {perfetto}: {exc.strerror or exc}") from None
+            print(f"wrote {perfetto} ({stats['events']:,} trace events, {stats['flows']} KV flow(s), "
+                  f"{stats['findings']} finding(s)); open it in https://ui.perfetto.dev or chrome://tracing",
+                  file=sys.stderr)
+        if perfetto_proto is not None:
+            from ..viewers import perfetto_proto as pp
+
+            try:
+                st = pp.write(tr, perfetto_proto, findings)
+            except OSError as exc:
+                raise PdtraceError(f"cannot write {perfetto_proto}: {exc.strerror or exc}") from None
+            print(f"wrote {perfetto_proto} ({st['bytes'] / 1e6:.2f} MB Perfetto protobuf: {st['slices']:,} slices, "
+                  f"{st['instants']:,} instants, {st['flows']} KV flow(s), {st['findings']} finding(s)); "
+                  f"open it in https://ui.perfetto.dev", file=sys.stderr)
+        if note:
+            print(f"pdtrace: warning: {note}", file=sys.stderr)
+        del tr
+    if parquet is not None:
+        from ..progress import load_progress
+        from ..viewers import parquet as pq
+
+        try:
+            st = pq.write(str(trace), parquet, lenient=lenient, progress=load_progress(str(trace)))
+        except OSError as exc:
+            raise PdtraceError(f"cannot write {parquet}: {exc.strerror or exc}") from None
+        print(f"wrote {parquet}/ ({st['tables']} Parquet table(s), one per event kind, {st['events']:,} events"
+              + (f", {st['problems']} problem line(s) not exported" if st["problems"] else "")
+              + f"; {parquet}/_trace.json has the header and footer)", file=sys.stderr)
     return 0
