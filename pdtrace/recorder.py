@@ -82,6 +82,8 @@ class Recorder:
         self._stop = threading.Event()
         self._flush_lock = threading.Lock()
         self._failing = False
+        self._online: Any = None  # flight recorder's online checks (to_shard_dir with ring_s)
+        self._online_dir: str | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
         self.events: list[dict] | None = None  # in-memory sink storage
@@ -116,6 +118,11 @@ class Recorder:
             rec._ring = SegmentRing(directory, os.getpid(), ring_s)
             rec._sink = rec._write_ring
             rec._encode = rec._encode_ring
+            from . import online
+
+            if online.enabled():  # checked on the writer thread, after each write (pdtrace.online)
+                rec._online = online.OnlineCheck()
+                rec._online_dir = directory
         else:
             path = os.path.join(directory, f"{os.getpid()}{SHARD_SUFFIX}")
             rec._fh = open(path, "ab", buffering=0)  # type: ignore[attr-defined]
@@ -247,10 +254,27 @@ class Recorder:
                           "(counted) until writes succeed again", file=sys.stderr)
             else:
                 self.emitted += n
+                if self._online is not None:
+                    self._check_online(items)
                 if self._failing:
                     self._failing = False
                     print(f"pdtrace: writer for pid {self.pid} writes again ({self.dropped} events "
                           "dropped so far)", file=sys.stderr)
+
+    def _check_online(self, items: list[tuple]) -> None:
+        """Flight recorder: the online rules over the batch just written; the first hit asks
+        ``pdtrace record`` for a snapshot (``pdtrace.online``). Never raises."""
+        try:
+            hit = self._online.scan(items, self.inst)  # type: ignore[union-attr]
+            if hit is not None:
+                from . import online
+
+                if online.trigger(self._online_dir, self.pid, self.inst, hit, self._wall_off):
+                    print(f"pdtrace: [{self.inst} pid {self.pid}] online check: {hit[1]}; asking for a snapshot",
+                          file=sys.stderr)
+        except Exception as exc:  # the check is a convenience: never break the writer
+            self._online = None
+            print(f"pdtrace: online check disabled in pid {self.pid}: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def _run(self) -> None:
         while not self._stop.wait(self.flush_interval):

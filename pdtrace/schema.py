@@ -374,7 +374,8 @@ HEADER_FIELDS: tuple[Field, ...] = (
     F("ring_s", "float", "record --ring only: the flight recorder's window in seconds; events older than the "
       "window were discarded (footer ring_discarded), process-level events are all kept", required=False),
     F("snapshot", "str", "record --ring only: why this trace was written while the command ran "
-      "('SIGUSR1'); absent for the trace written at exit", required=False),
+      "('SIGUSR1', or 'online check: RULE in pid N at step S: REASON' when a worker's online check "
+      "asked for it, pdtrace.online); absent for the trace written at exit", required=False),
 )
 
 FOOTER_FIELDS: tuple[Field, ...] = (

@@ -58,6 +58,43 @@ def test_sigusr1_writes_a_snapshot_and_the_command_goes_on(tmp_path):
     assert not list(tmp_path.glob(".pdtrace-*"))
 
 
+def test_an_online_check_asks_for_a_snapshot_by_itself(tmp_path):
+    """A racy accepted-count read half-way through a 3 s run: the writer thread's online check
+    (pdtrace.online) writes its trigger and signals record, which writes a snapshot whose
+    header names the rule, the pid and the step, and which holds the read; no SIGUSR1 is
+    sent by anyone else. The trace written at exit has it too."""
+    proc, out = _record(tmp_path, "3", "racy-read", ring="5")
+    assert proc.returncode == 0, proc.stderr
+    assert "online check: racy accepted-count read: req-racy step 7" in proc.stderr, proc.stderr
+    snap = tmp_path / "t.snapshot-1.jsonl"
+    assert snap.exists() and not (tmp_path / "t.snapshot-2.jsonl").exists(), proc.stderr  # once per rule
+    s = load(str(snap))
+    assert s.header["snapshot"].startswith("online check: stale-accepted-count-read in pid ")
+    assert "at step 7" in s.header["snapshot"]
+    (read,) = [e for e in s.events if e["ev"] == "acc.read"]
+    assert read["req"] == "req-racy" and read["event_done"] is False
+    assert any(e["ev"] == "acc.read" for e in load(str(out)).events)
+
+
+def test_online_check_rules():
+    from pdtrace.online import METADATA, STALE, OnlineCheck
+
+    oc = OnlineCheck("P")
+    synced = [("acc.read", 0, "a", 1, {"row": 0, "value": 1, "event_done": False, "synced": True}),
+              ("acc.read", 0, "a", 1, {"row": 0, "value": 1, "event_done": True})]
+    assert oc.scan(synced) is None  # synchronized, or complete: the fixed runner
+    racy = [("acc.read", 0, "b", 2, {"row": 1, "value": 2, "event": "e", "event_done": False})]
+    assert oc.scan(racy)[0] == STALE and oc.scan(racy) is None  # once per process
+    fixed = [("kvmeta.bind", 0, None, 3, {}), ("spec.phase", 0, None, 3, {"phase": "drafter", "edge": "begin"}),
+             ("kvmeta.clear", 0, None, 3, {})]
+    assert oc.scan(fixed) is None  # cleared after the drafter: vLLM PR #34529
+    early = [("kvmeta.bind", 0, None, 4, {}), ("kvmeta.clear", 0, None, 4, {}),
+             ("spec.phase", 0, None, 4, {"phase": "drafter", "edge": "begin"})]
+    hit = oc.scan(early)
+    assert hit[0] == METADATA and hit[2] == 4
+    assert OnlineCheck("D").scan(early) is None  # D saves no KV: nothing lost there
+
+
 def test_segments_rotate_on_a_fake_clock(tmp_path):
     from pdtrace.frames import frame_head
 

@@ -131,6 +131,7 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
         env["PDTRACE_INSTANCE"] = instance
     if ring is not None:
         env["PDTRACE_RING"] = str(ring)
+        env["PDTRACE_RECORD_PID"] = str(os.getpid())  # online checks ask this process for snapshots
 
     recover = f"pdtrace merge {shlex.quote(shard_dir)} -o {shlex.quote(str(output))}"
     print(f"pdtrace: recording {' '.join(mask_argv(cmd))}", file=sys.stderr)
@@ -157,7 +158,9 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
     if ring is not None:  # flight recorder: SIGUSR1 writes what the window holds now
         old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda signum, frame: snaps.append(signum))
         print(f"pdtrace: flight recorder: keeping about the last {ring:g} s per process; "
-              f"`kill -USR1 {os.getpid()}` writes a snapshot trace now", file=sys.stderr)
+              f"`kill -USR1 {os.getpid()}` writes a snapshot trace now"
+              + ("; so does the first racy accepted-count read or early metadata clear (online checks)"
+                 if os.environ.get("PDTRACE_ONLINE_CHECK", "1") != "0" else ""), file=sys.stderr)
     try:
         while True:
             try:
@@ -170,6 +173,12 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
             except KeyboardInterrupt:  # pragma: no cover - handler above replaces SIGINT
                 continue
         still = _wait_for_orphans(shard_dir, orphan_wait, flush_interval, exclude={os.getpid()})
+        if ring is not None:
+            from ..online import take_triggers
+
+            for d in take_triggers(shard_dir):  # fired after the last snapshot: the exit trace holds them
+                print(f"pdtrace: online check in pid {d.get('pid')} at step {d.get('step')}: {d.get('reason')} "
+                      "(in the trace written at exit)", file=sys.stderr)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -220,9 +229,16 @@ _snapshot_count = 0
 def _snapshot(shard_dir: str, output: Path, cmd: list[str], no_redact: bool, ring: float) -> None:
     """Write the flight recorder's window as a trace while CMD runs (SIGUSR1): the shard files
     are copied (cut to whole frames) and merged; CMD and its recorders go on untouched."""
+    from ..online import take_triggers
     from ..ring import copy_for_snapshot
 
     global _snapshot_count
+    trig = take_triggers(shard_dir)  # online checks that asked for this snapshot (pdtrace.online)
+    why = "SIGUSR1"
+    if trig:
+        first = min(trig, key=lambda d: d.get("t", 0))
+        why = (f"online check: {first['rule']} in pid {first['pid']} at step {first.get('step')}: {first['reason']}"
+               + (f" (+{len(trig) - 1} more)" if len(trig) > 1 else ""))
     _snapshot_count += 1
     name = output.name
     stem, ext = (name[:-10], ".jsonl.zst") if name.endswith(".jsonl.zst") else \
@@ -234,8 +250,8 @@ def _snapshot(shard_dir: str, output: Path, cmd: list[str], no_redact: bool, rin
             print("pdtrace: snapshot: nothing recorded yet", file=sys.stderr)
             return
         footer, _problems = finalize_session(tmp, str(path), cmd=mask_argv(cmd), redacted=not no_redact,
-                                             exit_code=None, ring_s=ring, snapshot="SIGUSR1")
-        print(f"pdtrace: snapshot {path} ({footer['events']} events; the command goes on)", file=sys.stderr)
+                                             exit_code=None, ring_s=ring, snapshot=why)
+        print(f"pdtrace: snapshot {path} ({footer['events']} events; {why}; the command goes on)", file=sys.stderr)
     except Exception as exc:  # a snapshot must never end the recording
         print(f"pdtrace: snapshot failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
