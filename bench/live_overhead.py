@@ -201,6 +201,18 @@ def summarize(rounds: list[dict], key: str) -> dict:
             "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
 
 
+def best_of(rounds: list[dict], key: str) -> dict:
+    """Each side's best load (most tokens per CPU-second) and their ratio recorded/plain. On
+    this host a load's CPU time is bimodal (measured 2026-11-25: ~15 CPU-s for 384 tokens, or
+    25-77 CPU-s when vLLM's shm readers spin and P's engine core keeps stepping), on either
+    side; the best loads are the ones neither noise reached, like timeit's minimum."""
+    sides = {flag: [r[key] for r in rounds if r["record"] == flag and r[key]] for flag in (False, True)}
+    if not sides[False] or not sides[True]:
+        return {"plain": None, "recorded": None, "ratio": None}
+    p, r = max(sides[False]), max(sides[True])
+    return {"plain": p, "recorded": r, "ratio": round(r / p, 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", choices=("eagle", "ngram"), default="eagle")
@@ -255,9 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                 p.stop()
     cpu = summarize(rounds, "tok_per_cpu_s")
     wall = summarize(rounds, "tok_per_s")
+    best = best_of(rounds, "tok_per_cpu_s")
     verdict = {"spec": a.spec, "mode": a.mode, "control": a.control, "recorded_first": a.recorded_first,
                "rounds": rounds, "tokens_per_cpu_second": cpu, "tokens_per_second": wall,
-               "goal": GOAL, "ok": cpu["median"] is not None and cpu["median"] >= GOAL}
+               "best_of": best, "goal": GOAL, "ok": cpu["median"] is not None and cpu["median"] >= GOAL}
     if a.json:
         Path(a.json).write_text(json.dumps(verdict, indent=1))
     print(f"live P/D {a.spec}, {a.mode}{', A/A CONTROL (both pairs plain)' if a.control else ''}"
@@ -265,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.rounds} rounds per side x {a.requests} requests:")
     print(f"  tokens per CPU-second, recorded/plain: median {cpu['median']} "
           f"(spread {cpu.get('min')}-{cpu.get('max')}; per pair {cpu['ratios']}; goal >= {GOAL})")
+    print(f"  best load of each side: plain {best['plain']}, recorded {best['recorded']} tok/CPU-s, "
+          f"ratio {best['ratio']}")
     print(f"  tokens per second (wall, for information), recorded/plain: median {wall['median']} "
           f"(spread {wall.get('min')}-{wall.get('max')})")
     return 0 if verdict["ok"] else 1
