@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 from pdtrace.trace import EventList, derive_block_lists
 
-from . import drafter_window, lookahead, metadata, stale_read
+from . import drafter_window, lookahead, metadata, ringcut, stale_read
 from .base import (
     ALL_KINDS,
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
@@ -75,6 +75,7 @@ def run_all(events: list[dict[str, Any]], header: dict | None = None, only: Iter
     finally:
         if was_enabled:
             gc.enable()
+    findings = ringcut.mark(findings, events, header)  # flight-recorder traces: cut beginnings
     if request is not None:
         findings = [f for f in findings if _about(f, request)]
     findings.sort(key=sort_key)
