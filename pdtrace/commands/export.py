@@ -24,26 +24,16 @@ def run(trace: Path, perfetto: Path | None = None, lenient: bool = False, perfet
         from .report import load_with_findings
 
         tr, findings, note = load_with_findings(Path(trace), lenient)
-        if perfetto is not None:
-            from ..viewers import perfetto as pf
+        from ..viewers import perfetto as pf, perfetto_proto as pp
 
+        for out, mod, said in ((perfetto, pf, _said_json), (perfetto_proto, pp, _said_proto)):
+            if out is None:
+                continue
             try:
-                stats = pf.write(tr, perfetto, findings)
+                stats = mod.write(tr, out, findings)
             except OSError as exc:
-                raise PdtraceError(f"cannot write {perfetto}: {exc.strerror or exc}") from None
-            print(f"wrote {perfetto} ({stats['events']:,} trace events, {stats['flows']} KV flow(s), "
-                  f"{stats['findings']} finding(s)); open it in https://ui.perfetto.dev or chrome://tracing",
-                  file=sys.stderr)
-        if perfetto_proto is not None:
-            from ..viewers import perfetto_proto as pp
-
-            try:
-                st = pp.write(tr, perfetto_proto, findings)
-            except OSError as exc:
-                raise PdtraceError(f"cannot write {perfetto_proto}: {exc.strerror or exc}") from None
-            print(f"wrote {perfetto_proto} ({st['bytes'] / 1e6:.2f} MB Perfetto protobuf: {st['slices']:,} slices, "
-                  f"{st['instants']:,} instants, {st['flows']} KV flow(s), {st['findings']} finding(s)); "
-                  f"open it in https://ui.perfetto.dev", file=sys.stderr)
+                raise PdtraceError(f"cannot write {out}: {exc.strerror or exc}") from None
+            print(f"wrote {out} ({said(stats)}); open it in https://ui.perfetto.dev", file=sys.stderr)
         if note:
             print(f"pdtrace: warning: {note}", file=sys.stderr)
         del tr
@@ -59,3 +49,13 @@ def run(trace: Path, perfetto: Path | None = None, lenient: bool = False, perfet
               + (f", {st['problems']} problem line(s) not exported" if st["problems"] else "")
               + f"; {parquet}/_trace.json has the header and footer)", file=sys.stderr)
     return 0
+
+
+def _said_json(st: dict) -> str:
+    return (f"{st['events']:,} trace events, {st['flows']} KV flow(s), {st['findings']} finding(s); "
+            "chrome://tracing reads it too")
+
+
+def _said_proto(st: dict) -> str:
+    return (f"{st['bytes'] / 1e6:.2f} MB Perfetto protobuf: {st['slices']:,} slices, {st['instants']:,} instants, "
+            f"{st['flows']} KV flow(s), {st['findings']} finding(s)")
