@@ -202,14 +202,15 @@ def _trim_after(rec: Any, st: Any, result: Any, self: Any, *a: Any, **kw: Any) -
              mamba=bool(getattr(self, "_has_mamba", False)), **extra)
 
 
-def _trim_plain_before(rec: Any, self: Any, decode_block_ids: Any, prefill_block_ids: Any, *a: Any,
-                       **kw: Any) -> tuple:
-    return _groups(decode_block_ids), _groups(prefill_block_ids), False
+def _trim_before(by_region: bool):
+    """The ``before`` half of both trims: the block lists going in, and which trim it is."""
+    def before(rec: Any, self: Any, decode_block_ids: Any, prefill_block_ids: Any, *a: Any, **kw: Any) -> tuple:
+        return _groups(decode_block_ids), _groups(prefill_block_ids), by_region
+
+    return before
 
 
-def _trim_region_before(rec: Any, self: Any, decode_block_ids: Any, prefill_block_ids: Any, *a: Any,
-                        **kw: Any) -> tuple:
-    return _groups(decode_block_ids), _groups(prefill_block_ids), True
+_trim_plain_before, _trim_region_before = _trim_before(False), _trim_before(True)
 
 
 register("nixl.trim", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching",
