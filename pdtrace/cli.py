@@ -88,7 +88,8 @@ def check(
     lenient: bool = LENIENT,
 ) -> None:
     """Run the detectors. Exit 0: no findings and every bug class checked, 1: findings, 2: unusable trace,
-    4: no findings but some bug class not checked (its events missing or its hooks failed; see the coverage lines)."""
+    3: a pdtrace bug (please report), 4: no findings but some bug class not checked (its events missing or its
+    hooks failed; see the coverage lines) or only inconclusive findings."""
     _run("check", trace=trace, format=format, only=only or [], request=request, what_if=what_if,
          output=output, lenient=lenient)
 
@@ -96,6 +97,7 @@ def check(
 @app.command(epilog=EXITS)
 def view(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst), or a directory of shards to merge."),
+    lenient: bool = typer.Option(False, "--lenient", help="Accepted for symmetry with the other commands: the viewer always reads a damaged trace leniently, with a banner naming the damaged lines."),
 ) -> None:
     """Open the trace in the terminal viewer (Textual TUI). Press ? for help."""
     _run("view", trace=trace)
@@ -103,7 +105,7 @@ def view(
 
 @app.command(epilog=EXITS)
 def report(
-    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
     output: Path = typer.Option(Path("report.html"), "-o", "--output", metavar="FILE", help="HTML file to write (self-contained, works offline)."),
     lenient: bool = LENIENT,
 ) -> None:
@@ -113,7 +115,7 @@ def report(
 
 @app.command(epilog=EXITS)
 def export(
-    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
     perfetto: Optional[Path] = typer.Option(None, "--perfetto", metavar="FILE", help="Chrome/Perfetto trace-event JSON to write."),
     perfetto_proto: Optional[Path] = typer.Option(None, "--perfetto-proto", metavar="FILE", help="Perfetto protobuf trace (.pftrace) to write: the same content, smaller and faster to open (needs the perfetto package)."),
     parquet: Optional[Path] = typer.Option(None, "--parquet", metavar="DIR", help="Directory for one Parquet table per event kind (DuckDB, Spark, pandas; needs pyarrow). Streamed: memory does not grow with the trace."),
@@ -125,7 +127,7 @@ def export(
 
 @app.command(epilog=EXITS)
 def bundle(
-    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
     output: Path = typer.Option(Path("pdtrace-bug.tar.gz"), "-o", "--output", metavar="FILE", help="Archive to write (.tar.gz or .zip)."),
     allow_unredacted: bool = typer.Option(False, "--allow-unredacted", help="Bundle a trace recorded with --no-redact."),
     lenient: bool = LENIENT,
@@ -160,7 +162,7 @@ def doctor(
 
 @app.command(epilog=EXITS)
 def info(
-    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
     lenient: bool = LENIENT,
     full: bool = typer.Option(False, "--full", help="Read every event (validates them and counts them "
                               "again) instead of answering from the header and footer."),
@@ -174,7 +176,7 @@ def info(
 
 @app.command(epilog=EXITS)
 def repro(
-    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file."),
+    trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
     request: str = typer.Option(..., "--request", metavar="ID", help="Request id whose situation to rebuild."),
     output: Path = typer.Option(Path("test_repro.py"), "-o", "--output", metavar="FILE", help="Pytest file to write."),
     lenient: bool = LENIENT,

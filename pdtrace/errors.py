@@ -97,9 +97,9 @@ def warn_problems(tr: "object", limit: int = 20, incomplete: bool = True) -> Non
     if len(problems) > limit:
         print(f"pdtrace: warning: ... and {len(problems) - limit} more problem line(s)", file=sys.stderr)
     if incomplete and (problems or getattr(tr, "footer", None) is None):
-        why = "; ".join(x for x in (f"{len(problems)} damaged line(s) skipped" if problems else "",
-                                    "no footer: the recording was cut off" if getattr(tr, "footer", None) is None
-                                    else "") if x)
+        from .detectors.coverage import incomplete_reason
+
+        why = incomplete_reason(getattr(tr, "footer", None), problems)
         print(f"pdtrace: warning: {path}: incomplete trace ({why}): read with --lenient; what it lacks is not "
               f"checked", file=sys.stderr)
 

@@ -44,7 +44,7 @@ def _one_error_line(r, *needles):
     (["check", "/nonexistent/t.jsonl"], ["/nonexistent/t.jsonl", "cannot open"]),
     (["info", __file__], [__file__ + ":1", "not a pdtrace trace"]),
     (["merge"], ["Missing argument 'INPUT'"]),
-    (["view", "/nonexistent/t.jsonl"], ["no such file"]),
+    (["view", "/nonexistent/t.jsonl"], ["/nonexistent/t.jsonl", "cannot open"]),  # the same words as check
 ])
 def test_usage_and_input_errors_are_one_line_exit_2(args, needles):
     _one_error_line(_pdtrace(*args), *needles)

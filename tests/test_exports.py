@@ -94,6 +94,17 @@ def test_parquet_export_memory_does_not_hold_the_trace(tmp_path):
     assert peak < 20 << 20, f"export peaked at {peak >> 20} MiB of Python allocations"
 
 
+def test_missing_extras_are_named_together(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n in ("perfetto", "pyarrow") else real(n, *a))
+    with pytest.raises(PdtraceError, match=r"pip install 'pdtrace\[perfetto,parquet\]'"):
+        export_cmd.run(SAMPLES / "dflash_window_buggy.jsonl", perfetto_proto=tmp_path / "x.pftrace",
+                       parquet=tmp_path / "pq")
+    assert not (tmp_path / "x.pftrace").exists() and not (tmp_path / "pq").exists()
+
+
 def test_export_cli_needs_a_target_and_parquet_writes_tables(tmp_path):
     trace = SAMPLES / "dflash_window_buggy.jsonl"
     with pytest.raises(PdtraceError, match="nothing to export"):

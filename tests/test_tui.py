@@ -381,7 +381,7 @@ def test_view_command_errors(tmp_path):
     (tmp_path / "x.txt").write_text("hello\n")
     with pytest.raises(PdtraceError, match="not a pdtrace trace"):
         view.run(tmp_path / "x.txt")
-    with pytest.raises(PdtraceError, match="no such file"):
+    with pytest.raises(PdtraceError, match="cannot open: No such file"):
         view.run(tmp_path / "missing.jsonl")
     empty = tmp_path / "d"
     empty.mkdir()
@@ -461,6 +461,17 @@ async def test_raw_event_search_finds_next_and_previous_match(tmp_path):
         assert app.step == idx.steps[want[0]]
         text = _pane(app, "raw")
         assert f"#{idx.event_id(want[0])} acc.read  <- search match" in text
+        # the match is the first event drawn, so it is on screen without scrolling
+        first = next(ln for ln in text.splitlines() if ln.startswith("#"))
+        assert first.startswith(f"#{idx.event_id(want[0])} acc.read")
+        await pilot.press("down")  # in the line: next, and up: previous, without leaving it
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.raw_hit == want[1] and app.focused.id == "rawsearch"
+        await pilot.press("up")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.raw_hit == want[0] and app.query_one("#rawsearch").value == "ACC.read"
         await pilot.press("enter")
         await app.workers.wait_for_complete()
         await pilot.pause()

@@ -83,7 +83,7 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
 
     ran = only or list(DETECTORS)
     cov = coverage(tr.events, tr.header, tr.footer, kinds=ran,
-                   incomplete=incomplete_reason(tr.footer, len(tr.problems)))
+                   incomplete=incomplete_reason(tr.footer, tr.problems))
     if format == "json":
         text = render_json(tr, findings, ran, request, what_if, wi, cov=cov)
     elif format == "markdown":
@@ -149,7 +149,7 @@ def _counts(findings: list[Finding], cov: dict[str, Coverage] | None = None) -> 
 
 def _cov(tr: Trace, ran: list[str], cov: dict[str, Coverage] | None) -> dict[str, Coverage]:
     return cov if cov is not None else coverage(tr.events, tr.header, tr.footer, kinds=ran,
-                                                incomplete=incomplete_reason(tr.footer, len(tr.problems)))
+                                                incomplete=incomplete_reason(tr.footer, tr.problems))
 
 
 def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
@@ -189,7 +189,7 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
     out = [f"pdtrace check {tr.path}",
            f"  origin {tr.header.get('origin', '?')}, {len(tr.events)} events, vLLM {v['vllm'] or '?'}, "
            f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
-           + ("" if tr.complete else f"  [INCOMPLETE: {len(tr.problems)} problem line(s)]"),
+           + ("" if tr.complete else "  [INCOMPLETE: " + incomplete_reason(tr.footer, tr.problems) + "]"),
            f"  detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""),
            "", _summary_line(findings, cov), "", "coverage:"]
     width = max((len(k) for k in cov), default=0)

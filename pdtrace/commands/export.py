@@ -20,6 +20,7 @@ def run(trace: Path, perfetto: Path | None = None, lenient: bool = False, perfet
         parquet: Path | None = None) -> int:
     if perfetto is None and perfetto_proto is None and parquet is None:
         raise PdtraceError("nothing to export: give --perfetto FILE, --perfetto-proto FILE and/or --parquet DIR")
+    _check_extras(perfetto_proto is not None, parquet is not None)
     if perfetto is not None or perfetto_proto is not None:
         from .report import load_with_findings
 
@@ -59,3 +60,18 @@ def _said_json(st: dict) -> str:
 def _said_proto(st: dict) -> str:
     return (f"{st['bytes'] / 1e6:.2f} MB Perfetto protobuf: {st['slices']:,} slices, {st['instants']:,} instants, "
             f"{st['flows']} KV flow(s), {st['findings']} finding(s)")
+
+
+def _check_extras(proto: bool, parquet: bool) -> None:
+    """Every missing optional package in one line, before anything is read or written."""
+    import importlib.util
+
+    missing = []
+    if proto and importlib.util.find_spec("perfetto") is None:
+        missing.append(("perfetto", "the perfetto package"))
+    if parquet and importlib.util.find_spec("pyarrow") is None:
+        missing.append(("parquet", "pyarrow"))
+    if missing:
+        extras = ",".join(x for x, _ in missing)
+        raise PdtraceError(f"this export needs {' and '.join(w for _, w in missing)}: pip install 'pdtrace[{extras}]'")
+

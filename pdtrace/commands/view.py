@@ -21,7 +21,7 @@ def open_source(trace: str | os.PathLike | None) -> TraceIndex:
     if p.is_dir():
         return load_shards(str(p))
     if not p.exists():
-        raise PdtraceError(f"{p}: no such file")
+        raise PdtraceError(f"{p}: cannot open: No such file or directory")  # check's wording
     if is_zstd(str(p)):
         p = _decompressed(p)
     idx = TraceIndex(str(p), lenient=True)

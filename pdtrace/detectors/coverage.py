@@ -333,9 +333,19 @@ def coverage(events: list[Event], header: dict | None = None, footer: dict | Non
     return out
 
 
-def incomplete_reason(footer: dict | None, problems: int) -> str | None:
-    """Why a loaded trace is not whole, in words, or None when it is (footer present, no damage)."""
+def damaged_lines(problems: Any) -> int:
+    """How many of a load's problems are damaged lines: not the missing footer (a problem
+    of its own, said separately), so a cut trace does not read as one more damaged line."""
+    if isinstance(problems, int):
+        return problems
+    return sum(1 for p in problems if not str(getattr(p, "reason", p)).startswith("no footer"))
+
+
+def incomplete_reason(footer: dict | None, problems: Any) -> str | None:
+    """Why a loaded trace is not whole, in words, or None when it is (footer present, no damage).
+    ``problems``: the load's problem list (or a count of damaged lines)."""
     bits = []
+    problems = damaged_lines(problems)
     if problems:
         bits.append(f"{problems} damaged line(s) skipped")
     if footer is None:

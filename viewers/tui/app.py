@@ -36,7 +36,7 @@ from .export import ExportMixin
 from .layout import TABS, LayoutMixin
 from .messages import FindingsReady, IndexFailed, IndexProgress
 from .navigation import PANE_OF_KIND, NavigationMixin
-from .search import SearchMixin
+from .search import PLACEHOLDER, SearchInput, SearchMixin
 from .widgets.accepted import AcceptedPane
 from .widgets.lists import FindingsList, RequestList
 from .widgets.panes import BlockMapPane, MetadataPane, RawPane
@@ -83,12 +83,12 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App)
         Binding("n", "req_step(1)", "Req step"),
         Binding("N", "req_step(-1)", "Prev req step", show=False),
         Binding("slash", "filter", "Filter"),
+        Binding("e", "search", "Search"),
         Binding("s", "toggle_side", "Side"),
         Binding("c", "copy_finding", "Copy"),
         Binding("S", "save_svg", "Save SVG", show=False),
         Binding("g", "group", "Group findings", show=False),
         Binding("D", "detect", "Run detectors", show=False),
-        Binding("e", "search", "Search events", show=False),
         Binding("E", "search_prev", "Previous match", show=False),
         Binding("escape", "close_search", show=False),
     ] + [Binding(str(k + 1), f"tab('{tid}')", short.split()[1], show=False, group=_TABS)
@@ -144,8 +144,7 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App)
                     for tid, label, _ in TABS:
                         with TabPane(label, id=tid):
                             if tid == "raw":
-                                yield Input(placeholder="search raw events: text, kind, request or #id "
-                                            "(Enter: next, E: previous, Esc: close)", id="rawsearch")
+                                yield SearchInput(placeholder=PLACEHOLDER, id="rawsearch")
                             yield {"blocks": BlockMapPane, "acc": AcceptedPane, "meta": MetadataPane,
                                    "window": WindowPane, "raw": RawPane}[tid](id=f"pane-{tid}")
         yield Footer()
@@ -196,7 +195,7 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App)
                     from pdtrace.detectors.coverage import incomplete_reason
 
                     cov = self.cover(events, header=self.index.header, footer=self.index.footer,
-                                     incomplete=incomplete_reason(self.index.footer, len(self.index.problems)))
+                                     incomplete=incomplete_reason(self.index.footer, self.index.problems))
                 except Exception:  # coverage is a summary; the findings stand without it
                     cov = None
             del events
@@ -236,8 +235,7 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App)
             shown = "; ".join(str(p) for p in self.index.problems[:5])
             more = f" (+{len(self.index.problems) - 5} more)" if len(self.index.problems) > 5 else ""
             banner = self.query_one("#banner", Static)
-            banner.update(f"⚠ damaged trace: {len(self.index.problems)} line(s) skipped: {shown}{more}. The viewer "
-                          "reads damaged traces leniently; check, report, export and bundle need --lenient for them")
+            banner.update(f"⚠ damaged trace, read leniently (check / report need --lenient): {shown}{more}")
             banner.display = True
         if not self.scan:
             self.query_one(FindingsList).show([], "running detectors...")
@@ -401,6 +399,6 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App)
                 self.query_one(RawPane).show(index.events(hit[0]), hit[1], marked, hit[2])
                 return
             ords = model.raw_ordinals(index, self.req, self.step)
-            what = " ".join(x for x in (f"request {self.req}" if self.req else "", f"step {self.step}"
-                                        if self.step is not None else "") if x) or "first events"
+            what = (" ".join(x for x in (f"request {self.req}" if self.req else "", f"step {self.step}"
+                                         if self.step is not None else "") if x) or "first events") + "  (e: search)"
             self.query_one(RawPane).show(index.events(ords), what, marked)

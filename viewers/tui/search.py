@@ -1,11 +1,11 @@
 """Full-text search of the raw events (``e``): ``SearchMixin`` is mixed into ``PdtraceViewer``.
 
-``e`` opens the search line above the Raw events tab; Enter finds the next event whose JSON
-line contains the text (case-insensitive; ``#N`` is event id N), ``E`` the previous one,
-Esc closes the line. The search runs in a worker thread over the file's bytes
+``e`` opens the search line above the Raw events tab; Enter (or down) finds the next event
+whose JSON line contains the text (case-insensitive; ``#N`` is event id N), up the previous
+one; Esc closes the line, after which ``E`` still goes to the previous match. The search runs in a worker thread over the file's bytes
 (``pdtrace.index_search``: no event is parsed), so a multi-GB trace does not freeze the
 screen. A match moves the step scrubber to the event's step and the Raw tab shows the event
-highlighted among its neighbours until the step or request changes.
+highlighted at its top, followed by the events after it, until the step or request changes.
 """
 
 from __future__ import annotations
@@ -13,11 +13,20 @@ from __future__ import annotations
 from typing import Any
 
 from textual import work
+from textual.binding import Binding
 from textual.widgets import Input, TabbedContent
 
 from .messages import SearchDone
 
-CONTEXT_BEFORE, CONTEXT_AFTER = 4, 16
+CONTEXT_BEFORE, CONTEXT_AFTER = 0, 16  # the match first: an event takes ~13 lines in the pane
+PLACEHOLDER = "search raw events (text, #id): Enter/↓ next, ↑ previous, Esc close"
+
+
+class SearchInput(Input):
+    """The search line: up / down step through the matches without leaving it."""
+
+    BINDINGS = [Binding("down", "app.search_step(1)", "Next match", show=False),
+                Binding("up", "app.search_step(-1)", "Previous match", show=False)]
 
 
 class SearchMixin:
@@ -35,6 +44,11 @@ class SearchMixin:
         if not box.value and self._last_query:
             box.value = self._last_query
         box.focus()
+
+    def action_search_step(self, direction: int) -> None:
+        q = self.query_one("#rawsearch", Input).value.strip() or self._last_query  # type: ignore[attr-defined]
+        if q:
+            self._start_search(q, direction)
 
     def action_search_prev(self) -> None:
         if self._last_query:
@@ -113,6 +127,6 @@ class SearchMixin:
         assert o is not None
         ords = list(range(max(0, o - CONTEXT_BEFORE), min(len(self.index), o + CONTEXT_AFTER)))
         eid = self.index.event_id(o)
-        head = (f"search {self._last_query!r}: event #{eid} (Enter / E: next / previous match, Esc: close; "
-                f"a step or request key leaves the search)")
+        head = (f"search {self._last_query!r}: match #{eid}, then the events after it (in the search line "
+                f"Enter/↓ next, ↑ previous; Esc closes it; a step or request key leaves the search)")
         return ords, head, eid

@@ -21,11 +21,11 @@ Replays a trace and shows where P/D + speculative decoding went wrong.
 | `n` / `N` | next / previous step at which the selected request has events |
 | `enter` | on a finding: jump to it; on a request: select it |
 | `/` | filter findings and requests (kind, request, instance, title) |
+| `e` | search the raw events (text, kind, request, `#id`): in the search line Enter or `↓` next match, `↑` previous, `esc` closes it (then `E`: previous match); the match is shown first in the Raw tab |
 | `g` | group findings by bug class / by request |
 | `s` | show / hide the left column (hidden by default under 100 columns) |
 | `c` | copy the selected finding as Markdown (clipboard, and a .md file in the working directory) |
 | `S` | save the screen as SVG in the working directory |
-| `e` / `E` | search the raw events (text, kind, request, `#id`): next / previous match, shown in the Raw tab; `esc` closes the search line |
 | `D` | run the detectors on a trace too large to run them automatically (> 256 MiB) |
 | `1` ... `5` | Block map, Accepted counts, Connector metadata, Drafter window, Raw events |
 | `tab` / `shift+tab` | move focus between lists and panes |

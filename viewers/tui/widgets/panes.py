@@ -131,6 +131,11 @@ class MetadataPane(Pane):
 
 
 class RawPane(Pane):
+    def show(self, *args: Any) -> None:
+        super().show(*args)
+        if len(args) > 3 and args[3] is not None:
+            self.scroll_home(animate=False)  # a search match is drawn first: bring it into view
+
     def build(self, width: int, events: list[dict[str, Any]], what: str, marked: set[int],
               found: int | None = None) -> Text:
         t = Text()
