@@ -157,7 +157,13 @@ def test_d_remote_alloc_trim_and_read(live):
     for e in reads:
         assert len(e["local_block_ids"][0]) == len(e["remote_block_ids"][0]) > 0, e
     done = _ev(live, "nixl.read_done", "D")
-    assert done and all(d["status"] == "DONE" for d in done), done[:3]
+    assert done and any(d["status"] == "DONE" for d in done), done[:3]
+    # a pull that failed can only be a warm-up attempt whose NIXL handshake timed out (vLLM waits
+    # 5 s for P's reply; scripts/live_cpu_pd.py warm_decoders): the last attempt succeeded
+    warm = live.get("warmup") or []
+    assert warm and warm[-1]["ok"], warm
+    errs = [d for d in done if d["status"] != "DONE"]
+    assert len(errs) <= sum(not w["ok"] for w in warm), (errs, warm)
 
 
 def test_connector_metadata_lifecycle_and_phases(live):
