@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pdtrace import schema
+import pytest
+
+from pdtrace import recorder, schema
 from pdtrace.recorder import Recorder
 from pdtrace.trace import make_footer, make_header, write_trace
 
@@ -280,3 +282,13 @@ class RaisingRecorder(Recorder):
         if kind == self.bad_kind:
             raise RuntimeError("boom in recording")
         super().emit(kind, req=req, step=step, **fields)
+
+
+@pytest.fixture
+def rec():
+    """An in-memory recorder for a worker on P, made current for the test (shared by the
+    worker-side hook tests: test_hooks_worker.py, the V2 tests through v2lib.py)."""
+    r = Recorder.in_memory(role="worker", inst="P")
+    prev = recorder.set_current(r)
+    yield r
+    recorder.set_current(prev)

@@ -30,7 +30,7 @@ from pdtrace import hooks, recorder, schema  # noqa: E402
 from pdtrace.hooks import accepted_counts, connector_metadata, input_batch  # noqa: E402
 from pdtrace.recorder import Recorder  # noqa: E402
 from pdtrace.testing import worker_sim as ws  # noqa: E402
-from eventlib import RaisingRecorder, recorded  # noqa: E402
+from eventlib import RaisingRecorder, rec, recorded  # noqa: E402,F401 - rec: the worker recorder fixture
 
 ALL_SPECS = (*connector_metadata.SPECS, *accepted_counts.SPECS, *input_batch.SPECS)
 
@@ -41,14 +41,6 @@ def installed():
     for s in ALL_SPECS:
         assert s.status == "applied", (s.name, s.reason)
     yield
-
-
-@pytest.fixture
-def rec():
-    r = Recorder.in_memory(role="worker", inst="P")
-    prev = recorder.set_current(r)
-    yield r
-    recorder.set_current(prev)
 
 
 events = recorded  # tests/eventlib.py

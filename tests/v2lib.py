@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from pdtrace import hooks, recorder
+from pdtrace import hooks
 from pdtrace.hooks import spec_v2, states_v2
-from pdtrace.recorder import Recorder
-from eventlib import recorded
+from eventlib import rec, recorded  # noqa: F401 - rec: the worker recorder fixture
 
 ALL_SPECS = (*spec_v2.SPECS, *states_v2.SPECS)
 
@@ -26,14 +25,6 @@ def installed():
     for s in ALL_SPECS:
         assert s.status == "applied", (s.name, s.reason)
     yield
-
-
-@pytest.fixture
-def rec():
-    r = Recorder.in_memory(role="worker", inst="P")
-    prev = recorder.set_current(r)
-    yield r
-    recorder.set_current(prev)
 
 
 @pytest.fixture
