@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from zlib import crc32
 from typing import Any, Callable, Iterable, Iterator
 
 import orjson
@@ -23,8 +22,9 @@ from . import schema
 from .errors import TraceError
 from .footer import make_footer  # noqa: F401 - part of this module's API
 from .compress import open_read
-from .typecheck import EventChecker, digest_of
-from .eventlist import _KIND_CODE, EventList, kind_code, kind_groups, select_kinds  # noqa: F401 - API
+from .segments import FastReader, NeedsScan
+from .typecheck import EventChecker
+from .eventlist import EventList, kind_code, kind_groups, select_kinds  # noqa: F401 - API
 from .writer import make_header, write_trace  # noqa: F401 - part of this module's API
 
 _KIND_REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schema.KINDS.items()}
@@ -51,6 +51,10 @@ class Trace:
     @property
     def complete(self) -> bool:
         return self.footer is not None and not self.problems
+
+    @property
+    def n_events(self) -> int:
+        return len(self.events)
 
     def versions(self) -> dict[str, str]:
         return dict(self.header.get("versions") or {})
@@ -193,25 +197,6 @@ def scan(
             yield "problem", line_no + 1, reason
 
 
-def _kind_table() -> tuple[dict[str, tuple[Callable, int]], dict[str, list[dict[str, Any]]], dict[str, str]]:
-    """Per known kind: (the append of that kind's group list, its code); the groups; and the
-    key names as orjson returns them.
-
-    The names are the very ``str`` objects orjson returns for those keys (it caches short
-    keys), so the lookups hit on identity and skip comparing strings; built per load since
-    orjson's cache may have been recycled in between. Any other name objects would do,
-    only slower."""
-    names = ["ev", "id"]
-    parsed = list(orjson.loads(orjson.dumps(dict.fromkeys(names, 0))))
-    canon = dict(zip(names, parsed)) if parsed == names else {n: n for n in names}
-    groups: dict[str, list[dict[str, Any]]] = {}
-    table = {}
-    for kind in _KIND_REQUIRED:
-        lst = groups[kind] = []
-        table[kind] = (lst.append, _KIND_CODE[kind])
-    return table, groups, canon
-
-
 def _all_valid(events: list[dict[str, Any]]) -> bool:
     """Whether every event passes the schema's type check (``EventChecker``): the fast
     loader's check of a file whose footer has no matching ``digest``."""
@@ -229,118 +214,49 @@ def _all_valid(events: list[dict[str, Any]]) -> bool:
     return True
 
 
-_CHUNK = 1 << 16  # bytes parsed per orjson call by the fast loader
-
-
 def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
-    """The common case, a clean trace, in one tight loop (no per-line generator / tuples).
+    """The common case, a clean trace, read by ``pdtrace.segments.FastReader`` in one tight
+    loop (no per-line generator / tuples) and joined into one ``EventList``, with the
+    extras it recorded (kind groups, kind codes, whether ids are positions).
 
-    The file is read in runs of whole lines (``readlines`` of about ``_CHUNK`` bytes); each
-    run is parsed by one ``orjson.loads`` as a JSON array, its lines joined by commas (each
-    keeps its newline: JSON whitespace). A valid JSON line holds no raw newline, so this is
-    the same parse as one call per line, minus a Python call per line; small runs keep the
-    new objects in the CPU cache for the bookkeeping loop that follows. A run must parse
-    into exactly one value per line: a line with a stray top-level comma gives more values
-    than lines, and an empty line or bad JSON fails the parse. (The line count comes with
-    the list; counting newlines in the raw bytes cost a byte-by-byte pass over the file.)
+    Field types: when the footer's ``digest`` does not match the lines read (or is absent),
+    every event is type-checked (``_all_valid``) before the trace is returned.
 
-    Field types: the footer's ``digest`` (a CRC-32 of the event lines, written only by a
-    writer that type-checked every event, ``pdtrace.typecheck``) is compared with the CRC of
-    the lines read; when it does not match (or is absent), every event is type-checked
-    (``_all_valid``) before the trace is returned.
-
-    Returns None at the first run or line that needs a verdict (bad JSON, not an event
-    object, unknown kind, a wrong-typed or missing field, data after the footer, no footer,
-    newer schema):
-    ``load`` then re-reads the file through ``scan``, which produces the exact errors /
-    problems with their line numbers. Opening and header errors are raised here exactly as
-    ``scan`` raises them. The same pass records the ``EventList`` extras (kind groups, kind
-    codes, whether ids are positions).
-    """
+    Returns None at the first run or line that needs a verdict (``segments.NeedsScan``), or
+    a wrong-typed field: ``load`` then re-reads the file through ``scan``, which produces
+    the exact errors / problems with their line numbers. Opening and header errors are
+    raised here exactly as ``scan`` raises them."""
     fh, total, consumed = _open(path)
-    loads = orjson.loads
-    table, groups, canon = _kind_table()
-    crc = 0  # of the event lines, for the footer's digest
-    EV, ID = canon["ev"], canon["id"]
     events = EventList()
+    groups: dict[str, list[dict[str, Any]]] = {}
     codes = bytearray()
-    code_append = codes.append
     aligned = True
-    alloc_code = _KIND_CODE["sched.alloc"]
-    BIDS, DERIVED = "block_ids", "block_ids_derived"
-    underived = False
-    n = 0
-    footer = None
     with fh:
-        header, first = _read_header(path, fh)
+        header, _first = _read_header(path, fh)
         if header["schema_version"] > schema.SCHEMA_VERSION:
             return None
-        next_progress = 0
-        readlines, tell = fh.readlines, consumed
-        while True:
-            try:
-                lines = readlines(_CHUNK)
-            except ValueError:
-                return None  # a corrupt compressed stream: scan names the line
-            if not lines:
-                break
-            if lines[-1][-1:] != b"\n":
-                return None  # a last line cut short: scan names it
-            if footer is not None:
-                return None  # data after the footer
-            raw, crc_before, last_len = b"".join(lines), crc, len(lines[-1])
-            crc = crc32(raw, crc)
-            lines[0] = b"[" + lines[0]
-            lines[-1] += b"]"
-            try:
-                objs = loads(b",".join(lines))
-            except orjson.JSONDecodeError:
-                return None  # bad JSON somewhere in the run: scan names the line
-            if len(objs) != len(lines):
-                return None  # a line holding more than one value
-            for obj in objs:
-                try:
-                    group, code = table[obj[EV]]
-                except (KeyError, TypeError, IndexError):
-                    # the footer (not in the table) as the file's last line, or a line for
-                    # ``scan`` to judge (not an object, no or an unknown kind)
-                    if type(obj) is not dict or obj.get("ev") != schema.FOOTER or obj is not objs[-1] \
-                            or schema.type_error(obj, schema.FOOTER_CHECKS, "footer") is not None:
-                        return None
-                    footer = obj
-                    crc = crc32(raw[:len(raw) - last_len], crc_before)  # (the footer line is not in the digest)
-                    break
-                # (subscripts and ``in``, not dict methods: no call per event)
-                try:
-                    if obj[ID] != n:  # an id from the file that is not the position
-                        if type(obj[ID]) is not int:
-                            return None  # scan names it
-                        aligned = False
-                except KeyError:
-                    obj[ID] = n
-                if code == alloc_code and not underived and (
-                        BIDS not in obj or obj[BIDS] is None or (DERIVED in obj and obj[DERIVED])):
-                    underived = True  # a schema v2 sched.alloc for derive_block_lists
-                n += 1
-                group(obj)
-                code_append(code)
-            events.extend(objs if footer is None else objs[:-1])  # (the footer is the run's last line)
-            if progress is not None and tell() >= next_progress:
-                pos = tell()
-                progress(pos, total)
-                next_progress = pos + (1 << 24)
-        if progress is not None:
-            progress(total, total)
-    if footer is None:
-        return None
-    if footer.get("digest") != digest_of(crc) and not _all_valid(events):
+        reader = FastReader(path, fh, total, consumed, progress)
+        try:
+            for seg in reader.segments(1 << 20):
+                events.extend(seg)
+                for k, lst in seg.by_kind.items():  # type: ignore[union-attr]
+                    have = groups.get(k)
+                    if have is None:
+                        groups[k] = lst
+                    else:
+                        have.extend(lst)
+                codes += seg.kind_codes  # type: ignore[operator]
+                aligned = aligned and seg.ids_aligned
+        except NeedsScan:
+            return None
+    if not reader.digest_ok and not _all_valid(events):
         return None  # a wrong-typed field: scan names it
-    events.by_kind = {k: v for k, v in groups.items() if v}
+    events.by_kind = groups
     events.kind_codes = codes
     events.ids_aligned = aligned
-    events.blocks_derived = not underived  # nothing for derive_block_lists to do
+    events.blocks_derived = reader.blocks_derived  # nothing for derive_block_lists to do
     events.loaded_len = len(events)
-    return Trace(path, header, events, footer, [])
+    return Trace(path, header, events, reader.footer, [])
 
 
 def derive_block_lists(events: Iterable[dict[str, Any]]) -> int:
@@ -374,8 +290,11 @@ def derive_block_lists(events: Iterable[dict[str, Any]]) -> int:
     return n
 
 
-def _derive(allocs: list[dict[str, Any]]) -> int:
-    held: dict[tuple, list] = {}
+def _derive(allocs: list[dict[str, Any]], held: dict[tuple, list] | None = None) -> int:
+    """``derive_block_lists`` over ``allocs``; ``held`` (the latest list per request) carries
+    over from earlier segments of the same trace (``pdtrace.detectors.stream``)."""
+    if held is None:
+        held = {}
     n = 0
     for e in allocs:
         key = (e.get("pid"), e.get("inst"), e.get("req"))

@@ -227,13 +227,13 @@ def test_a_run_parse_never_accepts_what_a_line_parse_rejects(good, line, reason)
 def test_runs_that_split_lines_anywhere_give_the_same_events(tmp_path, monkeypatch):
     """Runs of a few bytes (every line completed from the next run) and one run for the
     whole file load the same events, progress included, as the exact line scan."""
-    from pdtrace import trace as T
+    from pdtrace import segments, trace as T
 
     p = tmp_path / "t.jsonl"
     write_trace(str(p), make_header(origin="synthetic", versions={}), _events(40))
     expected = [e for what, _l, e in T.scan(str(p)) if what == "event"]
     for chunk in (1, 7, 100, 1 << 20):
-        monkeypatch.setattr(T, "_CHUNK", chunk)
+        monkeypatch.setattr(segments, "_CHUNK", chunk)
         seen = []
         tr = T._load_fast(str(p), lambda pos, total: seen.append((pos, total)))
         assert tr is not None and list(tr.events) == expected and tr.footer["events"] == 40

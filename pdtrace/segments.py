@@ -1,0 +1,191 @@
+"""A clean trace read in segments of consecutive events (issue 22): ``trace.load`` joins
+them into one list; ``pdtrace.detectors.stream`` hands each to the detectors and lets it
+go, so ``check`` holds one segment at a time, not the trace.
+
+``FastReader(path, progress).segments(size)`` yields ``EventList`` segments of about
+``size`` events, each with the extras the loader records (kind groups, kind codes, whether
+every id is its position in the trace). It is the fast path for a clean file: it raises
+``NeedsScan`` at the first run or line that needs a verdict (bad JSON, not an event
+object, unknown kind, an id that is not an integer, data after the footer, no footer, a
+newer schema), and the caller re-reads the file through ``trace.scan``, which names the
+line. Field types are not checked here: after the last segment ``digest_ok`` says whether
+the footer's ``digest`` (a CRC-32 of the event lines, written only by a writer that
+type-checked every event) matches the lines read; when it does not, the caller
+type-checks (``trace.load``) or re-reads through ``scan`` (the stream, whose detectors have
+already seen the events).
+"""
+
+from __future__ import annotations
+
+from itertools import compress, repeat
+from operator import itemgetter
+from typing import Any, Callable, Iterator
+from zlib import crc32
+
+import orjson
+
+from . import schema
+from .eventlist import _KIND_CODE, EventList
+from .typecheck import digest_of
+
+_KIND_NAME = {code: name for name, code in _KIND_CODE.items()}
+_ALLOC_MASK = bytes(int(i == _KIND_CODE["sched.alloc"]) for i in range(256))  # keeps sched.alloc (1)
+_CHUNK = 1 << 16  # bytes parsed per orjson call
+SEGMENT = 1 << 16  # events per segment handed to a stream's detectors
+
+ProgressFn = Callable[[int, int], None]  # (bytes read, total bytes)
+
+
+class NeedsScan(Exception):
+    """The file has a line that only ``trace.scan`` can judge (and name)."""
+
+
+def _canon() -> tuple[str, str]:
+    """The "ev" and "id" key objects as orjson returns them.
+
+    They are the very ``str`` objects orjson returns for those keys (it caches short keys),
+    so the lookups hit on identity and skip comparing strings; built per read since orjson's
+    cache may have been recycled in between. Any other name objects would do, only slower."""
+    names = ["ev", "id"]
+    parsed = list(orjson.loads(orjson.dumps(dict.fromkeys(names, 0))))
+    return (parsed[0], parsed[1]) if parsed == names else ("ev", "id")
+
+
+class FastReader:
+    """One pass over a clean trace (see the module docstring). ``header`` is read by the
+    caller (``trace._read_header`` on the open file ``fh``); after the last segment,
+    ``footer``, ``digest_ok``, ``n_events`` and ``blocks_derived`` are set."""
+
+    def __init__(self, path: str, fh: Any, total: int, consumed: Callable[[], int],
+                 progress: ProgressFn | None = None):
+        self.path, self.fh, self.total, self.consumed, self.progress = path, fh, total, consumed, progress
+        self.footer: dict[str, Any] | None = None
+        self.digest_ok = False
+        self.n_events = 0
+        self.blocks_derived = True  # no schema v2 sched.alloc without its block list
+
+    def segments(self, size: int = SEGMENT) -> Iterator[EventList]:
+        """The events in segments of about ``size`` (whole runs).
+
+        The file is read in runs of whole lines (``readlines`` of about ``_CHUNK`` bytes);
+        each run is parsed by one ``orjson.loads`` as a JSON array, its lines joined by
+        commas (each keeps its newline: JSON whitespace). A valid JSON line holds no raw
+        newline, so this is the same parse as one call per line, minus a Python call per
+        line; small runs keep the new objects in the CPU cache for the bookkeeping loop that
+        follows. A run must parse into exactly one value per line: a line with a stray
+        top-level comma gives more values than lines, and an empty line or bad JSON fails
+        the parse. Every event gets ``id`` (its position) if it has none. One loop per event
+        checks it and files it under its kind."""
+        fh, loads, progress, total = self.fh, orjson.loads, self.progress, self.total
+        crc = 0  # of the event lines, for the footer's digest
+        EV, ID = _canon()
+        alloc_code = _KIND_CODE["sched.alloc"]
+        BIDS, DERIVED = "block_ids", "block_ids_derived"
+        n = 0
+        footer = None
+        next_progress = 0
+        readlines, tell = fh.readlines, self.consumed
+        code_of = _KIND_CODE.__getitem__
+        get_ev, get_id = itemgetter(EV), itemgetter(ID)
+        alloc_byte = bytes([alloc_code])
+        seg, codes, aligned, whole = EventList(), bytearray(), True, True
+        while True:
+            try:
+                lines = readlines(_CHUNK)
+            except ValueError:
+                raise NeedsScan("a corrupt compressed stream") from None
+            if not lines:
+                break
+            if lines[-1][-1:] != b"\n":
+                raise NeedsScan("a last line cut short")
+            if footer is not None:
+                raise NeedsScan("data after the footer")
+            raw, crc_before, last_len = b"".join(lines), crc, len(lines[-1])
+            crc = crc32(raw, crc)
+            lines[0] = b"[" + lines[0]
+            lines[-1] += b"]"
+            try:
+                objs = loads(b",".join(lines))
+            except orjson.JSONDecodeError:
+                raise NeedsScan("bad JSON in the run") from None
+            if len(objs) != len(lines):
+                raise NeedsScan("a line holding more than one value")
+            m = len(objs)
+            try:  # the common run, at C level: kinds, codes, ids (= positions), block lists
+                cs = bytes(map(code_of, map(get_ev, objs)))
+                ids = list(map(get_id, objs))
+            except (KeyError, TypeError, IndexError):
+                cs = None
+            if cs is not None:
+                if ids != list(range(n, n + m)):
+                    if not all(type(i) is int for i in ids):
+                        raise NeedsScan("a non-integer id")
+                    aligned = False
+                if whole and alloc_byte in cs:
+                    allocs = list(compress(objs, cs.translate(_ALLOC_MASK)))
+                    if None in map(dict.get, allocs, repeat(BIDS)) or any(map(dict.get, allocs, repeat(DERIVED))):
+                        whole = self.blocks_derived = False  # a schema v2 sched.alloc for derive_block_lists
+                codes += cs
+                n += m
+            else:  # the footer, an event without id, or a line for ``scan`` to judge: one by one
+                for obj in objs:
+                    try:
+                        code = code_of(obj[EV])
+                    except (KeyError, TypeError, IndexError):
+                        # the footer as the file's last line, or a line for ``scan`` to judge
+                        if type(obj) is not dict or obj.get("ev") != schema.FOOTER or obj is not objs[-1] \
+                                or schema.type_error(obj, schema.FOOTER_CHECKS, "footer") is not None:
+                            raise NeedsScan("a line scan must judge") from None
+                        footer = obj
+                        crc = crc32(raw[:len(raw) - last_len], crc_before)  # (the footer line is not in the digest)
+                        objs.pop()
+                        break
+                    try:
+                        if obj[ID] != n:  # an id from the file that is not the position
+                            if type(obj[ID]) is not int:
+                                raise NeedsScan("a non-integer id")
+                            aligned = False
+                    except KeyError:
+                        obj[ID] = n
+                    if code == alloc_code and whole and (obj.get(BIDS) is None or obj.get(DERIVED)):
+                        whole = self.blocks_derived = False
+                    n += 1
+                    codes.append(code)
+            seg.extend(objs)
+            self.n_events = n
+            if progress is not None and tell() >= next_progress:
+                pos = tell()
+                progress(pos, total)
+                next_progress = pos + (1 << 24)
+            if len(seg) >= size:
+                yield self._done(seg, codes, aligned, whole)
+                seg, codes, aligned, whole = EventList(), bytearray(), True, True
+        if progress is not None:
+            progress(total, total)
+        if footer is None:
+            raise NeedsScan("no footer")
+        self.footer = footer
+        self.digest_ok = footer.get("digest") == digest_of(crc)
+        if seg or not n:
+            yield self._done(seg, codes, aligned, whole)
+
+    @staticmethod
+    def _done(seg: EventList, codes: bytearray, aligned: bool, whole: bool) -> EventList:
+        """The segment with its extras: kind groups, codes, whether its ids are their
+        positions in the trace, whether each of its sched.alloc has its whole block list. The groups come from one stable sort of the positions by
+        kind code (C level), sliced per kind."""
+        by_kind = {}
+        if seg:
+            order = sorted(range(len(seg)), key=codes.__getitem__)
+            grouped = list(map(seg.__getitem__, order))
+            at = 0
+            for c in sorted(set(codes)):
+                k = codes.count(c)
+                by_kind[_KIND_NAME[c]] = grouped[at:at + k]
+                at += k
+        seg.by_kind = by_kind
+        seg.kind_codes = codes
+        seg.ids_aligned = aligned
+        seg.blocks_derived = whole
+        seg.loaded_len = len(seg)
+        return seg
