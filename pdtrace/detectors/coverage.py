@@ -222,9 +222,7 @@ def _facts(idx: Any, footer: dict | None) -> _Facts:
             skipped.setdefault(h, why)
         for h in e.get("applied") or ():
             skipped.pop(h, None)
-    runners: set[str] = set()
-    for k in RUNNER_KINDS:  # C-level pass: a set of the values, usually {None}
-        runners.update(map(dict.get, idx.kind(k), repeat("runner")))
+    runners = set(idx.runner_values())
     runners.discard(None)
     procs: dict[str, set] = {}
     pids: dict[str, set] = {}
@@ -246,7 +244,7 @@ def _runner_verdicts(spec: ClassSpec, idx: Any, facts: _Facts) -> tuple[dict[str
             na[r] = spec.runners[r]
         elif r in spec.na_when:
             kind, why = spec.na_when[r]
-            seen = {e.get("pid") for e in idx.kind(kind)}
+            seen = idx.pids(kind)
             need = facts.runner_pids.get(r) or set()
             lacking = need - seen
             if seen and not lacking:
@@ -263,18 +261,47 @@ def _matches(hook: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(hook, p) for p in patterns)
 
 
-def _count(idx: Any, kind: str, filt: dict[str, Any]) -> tuple[int, set]:
-    evs = idx.kind(kind)
-    if filt:
-        evs = [e for e in evs if all(e.get(k) == v for k, v in filt.items())]
-    return len(evs), {e.get("pid") for e in evs}
+def matching(evs: list[Event], filt: dict[str, Any]) -> list[Event]:
+    """The events of ``evs`` whose fields have the values ``filt`` names (a feed's filter)."""
+    if not filt:
+        return evs
+    return [e for e in evs if all(e.get(k) == v for k, v in filt.items())]
+
+
+class IndexFacts:
+    """What ``coverage`` reads of a trace, from a loaded trace's ``Index``; a stream gathers
+    the same as it reads (``pdtrace.detectors.stream.Summary``). ``kind`` is asked only for
+    the small kinds of ``WHOLE_KINDS``."""
+
+    def __init__(self, idx: Any):
+        self.idx = idx
+        self.kind = idx.kind
+
+    def runner_values(self) -> set:
+        out: set = set()
+        for k in RUNNER_KINDS:  # C-level pass: a set of the values, usually {None}
+            out.update(map(dict.get, self.idx.kind(k), repeat("runner")))
+        return out
+
+    def pids(self, kind: str) -> set:
+        return set(map(dict.get, self.idx.kind(kind), repeat("pid")))
+
+    def count(self, kind: str, filt: dict[str, Any]) -> tuple[int, set]:
+        evs = matching(self.idx.kind(kind), filt)
+        return len(evs), set(map(dict.get, evs, repeat("pid")))
+
+    def has(self, kind: str) -> bool:
+        return bool(self.idx.kind(kind))
+
+
+WHOLE_KINDS = ("hook.error", "proc.exit", "hooks.status", "runner", "sched.config")
 
 
 def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
     n = 0
     pids: set = set()
     for k, filt in spec.feeds:
-        c, ps = _count(idx, k, filt)
+        c, ps = idx.count(k, filt)
         n += c
         pids |= ps
     errs = {h: c for h, c in facts.errors.items() if c and _matches(h, spec.hooks)}
@@ -287,7 +314,7 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
     if lost:
         why = "; ".join(f"pid {p} dropped {c} event(s) (full queue)" for p, c in sorted(lost.items(), key=str))
         return Coverage(kind, NOT_CHECKED, why + ": some of this class's events may be missing", n)
-    missing = [k for k in spec.needs if not idx.kind(k)]
+    missing = [k for k in spec.needs if not idx.has(k)]
     na, unhooked = _runner_verdicts(spec, idx, facts)
     if n and not missing and not unhooked:
         note = "; ".join(f"does not apply on {RUNNER_NAMES.get(r, r)}: {why}" for r, why in sorted(na.items()))
@@ -322,7 +349,13 @@ def coverage(events: list[Event], header: dict | None = None, footer: dict | Non
     footer), from the loader. Then no class is called checked: the missing part may hold the
     events that would give a finding. A class that "does not apply" keeps that verdict (it rests
     on the scheduler config, recorded at start)."""
-    idx = build(events)
+    return coverage_of(IndexFacts(build(events)), footer, kinds, incomplete)
+
+
+def coverage_of(idx: Any, footer: dict | None = None, kinds: tuple[str, ...] | list[str] = (),
+                incomplete: str | None = None) -> dict[str, Coverage]:
+    """``coverage`` from what was gathered of the trace (an ``IndexFacts`` or a stream's
+    ``Summary``)."""
     facts = _facts(idx, footer)
     out = {k: _one(k, spec, idx, facts) for k, spec in CLASSES.items() if not kinds or k in kinds}
     if incomplete:

@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from .base import LOOKAHEAD_MISALIGNMENT, SEVERITY_ERROR, SEVERITY_INCONCLUSIVE, SEVERITY_WARNING, Finding
-from .index import build
-from .transfers import Transfer, _make, _pairs, blocks_needed, end_trim, join_transfers  # noqa: F401
+from .index import feed_all
+from .transfers import Joiner, Transfer, _make, blocks_needed, end_trim, join_transfers  # noqa: F401
 
 Event = dict[str, Any]
 
@@ -138,74 +138,98 @@ def _flagged(tr: Transfer) -> bool:
     return False
 
 
+class Stream:
+    """The detector over events fed in trace order (``feed`` one ``Index`` of consecutive
+    events at a time, then ``finish``): each transfer is judged when ``transfers.Joiner``
+    completes it."""
+
+    def __init__(self, header: dict | None = None):
+        self.findings: list[Finding] = []
+        self.joiner = Joiner(self._judge)
+
+    def feed(self, idx: Any) -> None:
+        self.joiner.feed(idx)
+
+    def _judge(self, p: Event | None, a: Event | None, ctx: tuple) -> None:
+        f = judge(self.joiner.configs, p, a, ctx)
+        if f is not None:
+            self.findings.append(f)
+
+    def finish(self) -> list[Finding]:
+        self.joiner.finish()
+        return self.findings
+
+
 def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
-    idx = build(events)
-    findings: list[Finding] = []
-    for p, a, ctx in _pairs(idx):
-        if not _flagged(_make(idx, p, a, *ctx, copy=False)):  # most transfers are fine
-            continue
-        tr = _make(idx, p, a, *ctx)
-        groups = [analyze_group(tr, g) for g in range(len(tr.reported))]
-        bad = [gi for gi in groups if gi["mismatches"]]
-        latent = [gi for gi in groups if gi["extra_blocks"]]
-        open_ = [gi for gi in groups if not gi["judged"] and not gi["state_group"] and _trimmed(tr, gi["group"])]
-        if not bad and not latent and not open_:
-            continue
-        data = {
-            "p_req": tr.p_req, "d_req": tr.d_req, "remote_num_tokens": tr.remote_num_tokens,
-            "prompt_len": (tr.p_finished or {}).get("prompt_len"),
-            "mapping_source": tr.mapping_source, "tokens_source": tr.tokens_source, "groups": groups,
-        }
-        if bad:
-            step_ev = (tr.reads[0] if tr.reads else tr.trim or tr.d_alloc) or {}
-            g0 = bad[0]
-            wrong = [p for p in g0["pairs"] if not p["ok"]]
-            w = wrong[0]
-            sh = g0["shift"]
-            shift_txt = (f"shift {sh:+d}" if isinstance(sh, int) else
-                         "shifts " + "/".join(f"{x:+d}" for x in sh) if sh else "not a shift of P's blocks")
-            title = (f"request {tr.req}: D block {w['local']} read P block {w['remote']} instead of "
-                     f"{w['expected']} (group {g0['group']}, {shift_txt})")
-            expl = (
-                f"P reported {len(g0['reported'])} block(s) {g0['reported']} for group {g0['group']} "
-                f"(block size {g0['block_size']}) but remote_num_tokens={tr.remote_num_tokens} needs only "
-                f"{g0['blocks_needed']}; trailing lookahead block(s) {g0['extra_blocks']} hold no prompt KV. "
-                f"D ({tr.mapping_source}) paired its {len(g0['pairs'])} local block(s) by end-trim, so "
-                + "; ".join(
-                    f"local #{p['local_index']} (block {p['local']}, tokens {p['tokens'][0]}-{p['tokens'][1] - 1}) "
-                    f"<- P block {p['remote']} instead of {p['expected']}"
-                    for p in wrong[:4])
-                + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else "")
-                + (f". The mapping is shifted by {sh:+d} block(s)" if isinstance(sh, int) else
-                   f". The mapping is off ({shift_txt})")
-                + f": D attends to KV P never wrote for these tokens. {len(bad)} group(s) affected."
-            )
-            findings.append(Finding(
-                kind=LOOKAHEAD_MISALIGNMENT, severity=SEVERITY_ERROR, req=tr.req,
-                step=step_ev.get("step"), inst=step_ev.get("inst", "D"), event_ids=tr.event_ids(),
-                title=title, explanation=expl, data=data))
-        elif not latent:
-            findings.append(_inconclusive(tr, open_, data))
-        else:
-            g0 = latent[0]
-            p = tr.p_finished or tr.d_alloc or {}
-            checked = ("D's recorded mapping is still correct" if tr.mapping is not None
-                       else "no D side for this request in the trace")
-            title = (f"request {tr.req}: P reported {len(g0['extra_blocks'])} trailing lookahead block(s) "
-                     f"{g0['extra_blocks']} beyond remote_num_tokens={tr.remote_num_tokens} (latent)")
-            expl = (
-                f"P reported {len(g0['reported'])} block(s) {g0['reported']} for group {g0['group']} "
-                f"(block size {g0['block_size']}) while remote_num_tokens={tr.remote_num_tokens} needs "
-                f"{g0['blocks_needed']}; the trailing block(s) {g0['extra_blocks']} are spec-decode lookahead "
-                f"reservations. {checked}, but any D that allocates fewer blocks than P reports end-trims "
-                f"remote[-n:] and shifts the block mapping (the fix clips to the blocks covering the computed "
-                f"tokens per attention group)."
-            )
-            findings.append(Finding(
-                kind=LOOKAHEAD_MISALIGNMENT, severity=SEVERITY_WARNING, req=tr.req,
-                step=p.get("step"), inst=p.get("inst"), event_ids=tr.event_ids(),
-                title=title, explanation=expl, data=data))
-    return findings
+    return feed_all(Stream(header), events)
+
+
+def judge(idx: Any, p: Event | None, a: Event | None, ctx: tuple) -> Finding | None:
+    """The finding on one transfer (P's report ``p``, D's allocation ``a``, ``ctx`` from the
+    ``Joiner``), or None when it is fine."""
+    if not _flagged(_make(idx, p, a, *ctx, copy=False)):  # most transfers are fine
+        return None
+    tr = _make(idx, p, a, *ctx)
+    groups = [analyze_group(tr, g) for g in range(len(tr.reported))]
+    bad = [gi for gi in groups if gi["mismatches"]]
+    latent = [gi for gi in groups if gi["extra_blocks"]]
+    open_ = [gi for gi in groups if not gi["judged"] and not gi["state_group"] and _trimmed(tr, gi["group"])]
+    if not bad and not latent and not open_:
+        return None
+    data = {
+        "p_req": tr.p_req, "d_req": tr.d_req, "remote_num_tokens": tr.remote_num_tokens,
+        "prompt_len": (tr.p_finished or {}).get("prompt_len"),
+        "mapping_source": tr.mapping_source, "tokens_source": tr.tokens_source, "groups": groups,
+    }
+    if bad:
+        step_ev = (tr.reads[0] if tr.reads else tr.trim or tr.d_alloc) or {}
+        g0 = bad[0]
+        wrong = [p for p in g0["pairs"] if not p["ok"]]
+        w = wrong[0]
+        sh = g0["shift"]
+        shift_txt = (f"shift {sh:+d}" if isinstance(sh, int) else
+                     "shifts " + "/".join(f"{x:+d}" for x in sh) if sh else "not a shift of P's blocks")
+        title = (f"request {tr.req}: D block {w['local']} read P block {w['remote']} instead of "
+                 f"{w['expected']} (group {g0['group']}, {shift_txt})")
+        expl = (
+            f"P reported {len(g0['reported'])} block(s) {g0['reported']} for group {g0['group']} "
+            f"(block size {g0['block_size']}) but remote_num_tokens={tr.remote_num_tokens} needs only "
+            f"{g0['blocks_needed']}; trailing lookahead block(s) {g0['extra_blocks']} hold no prompt KV. "
+            f"D ({tr.mapping_source}) paired its {len(g0['pairs'])} local block(s) by end-trim, so "
+            + "; ".join(
+                f"local #{p['local_index']} (block {p['local']}, tokens {p['tokens'][0]}-{p['tokens'][1] - 1}) "
+                f"<- P block {p['remote']} instead of {p['expected']}"
+                for p in wrong[:4])
+            + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else "")
+            + (f". The mapping is shifted by {sh:+d} block(s)" if isinstance(sh, int) else
+               f". The mapping is off ({shift_txt})")
+            + f": D attends to KV P never wrote for these tokens. {len(bad)} group(s) affected."
+        )
+        return Finding(
+            kind=LOOKAHEAD_MISALIGNMENT, severity=SEVERITY_ERROR, req=tr.req,
+            step=step_ev.get("step"), inst=step_ev.get("inst", "D"), event_ids=tr.event_ids(),
+            title=title, explanation=expl, data=data)
+    elif not latent:
+        return _inconclusive(tr, open_, data)
+    else:
+        g0 = latent[0]
+        p = tr.p_finished or tr.d_alloc or {}
+        checked = ("D's recorded mapping is still correct" if tr.mapping is not None
+                   else "no D side for this request in the trace")
+        title = (f"request {tr.req}: P reported {len(g0['extra_blocks'])} trailing lookahead block(s) "
+                 f"{g0['extra_blocks']} beyond remote_num_tokens={tr.remote_num_tokens} (latent)")
+        expl = (
+            f"P reported {len(g0['reported'])} block(s) {g0['reported']} for group {g0['group']} "
+            f"(block size {g0['block_size']}) while remote_num_tokens={tr.remote_num_tokens} needs "
+            f"{g0['blocks_needed']}; the trailing block(s) {g0['extra_blocks']} are spec-decode lookahead "
+            f"reservations. {checked}, but any D that allocates fewer blocks than P reports end-trims "
+            f"remote[-n:] and shifts the block mapping (the fix clips to the blocks covering the computed "
+            f"tokens per attention group)."
+        )
+        return Finding(
+            kind=LOOKAHEAD_MISALIGNMENT, severity=SEVERITY_WARNING, req=tr.req,
+            step=p.get("step"), inst=p.get("inst"), event_ids=tr.event_ids(),
+            title=title, explanation=expl, data=data)
 
 
 def _trimmed(tr: Transfer, g: int) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import METADATA_CLEARED_BEFORE_DRAFTER, SEVERITY_ERROR, SEVERITY_WARNING, Finding
-from .index import build, kind_code
+from .index import feed_all, kind_code
 
 Event = dict[str, Any]
 
@@ -24,13 +24,12 @@ _SAVING_ROLES = ("kv_producer", "kv_both")
 
 
 class _Step:
-    __slots__ = ("bind", "events", "clear_before_drafter", "drafter_begin", "drafter_end",
+    __slots__ = ("bind", "clear_before_drafter", "drafter_begin", "drafter_end",
                  "in_drafter", "has_false", "target_saved", "drafter_saved", "drafter_layers",
                  "step", "cleared")
 
     def __init__(self, bind: Event | None):
         self.bind = bind
-        self.events: list[Event] = [bind] if bind is not None else []
         self.clear_before_drafter: Event | None = None
         self.cleared: Event | None = None
         self.drafter_begin: Event | None = None
@@ -50,47 +49,80 @@ def _saves_kv(idx, inst: str) -> bool:
     return bool(cfg and cfg.get("kv_role") in _SAVING_ROLES and cfg.get("inst") == inst)
 
 
-def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
-    idx = build(events)
-    if not idx.kind("spec.phase"):
-        return []
-    BIND, CLEAR, HAS, SAVE, PHASE = (kind_code(k) for k in _KINDS)
-    by_proc: dict[tuple, list[_Step]] = {}
-    cur: dict[tuple, _Step] = {}
-    for e, k in zip(*idx.ordered_codes(_KINDS)):
-        key = (e["pid"], e.get("rank"))
-        if k == BIND:
-            st = _Step(e)
-            cur[key] = st
-            by_proc.setdefault(key, []).append(st)
-            continue
-        st = cur.get(key)
-        if st is None:
-            st = cur[key] = _Step(None)
-            by_proc.setdefault(key, []).append(st)
-        st.events.append(e)
-        if st.step is None and e.get("step") is not None:
-            st.step = e["step"]
-        if k == CLEAR:
-            if st.drafter_begin is None and st.cleared is None:
-                st.cleared = e
-        elif k == PHASE:
-            if e["phase"] == "drafter":
-                if e["edge"] == "begin":
-                    st.drafter_begin = e
-                    st.in_drafter = True
-                    st.drafter_layers = list(e.get("layers") or [])
-                    if st.cleared is not None:
-                        st.clear_before_drafter = st.cleared
-                else:
-                    st.drafter_end = e
-                    st.in_drafter = False
-        elif k == HAS:
-            if (st.in_drafter or e.get("phase") == "drafter") and e["result"] is False:
-                st.has_false.append(e)
-        elif k == SAVE:
-            (st.drafter_saved if e["phase"] == "drafter" else st.target_saved).append(e["layer"])
+def _suspect(st: _Step) -> bool:
+    """The drafter phase of this step ran without connector metadata."""
+    return st.drafter_begin is not None and (st.clear_before_drafter is not None or bool(st.has_false))
 
+
+class Stream:
+    """The detector over events fed in trace order (``feed`` one ``Index`` of consecutive
+    events at a time, then ``finish``). It keeps the open step of each worker process (and
+    TP rank) and the steps whose drafter phase ran without metadata; whether the instance
+    saves KV is decided at ``finish``, from every scheduler config read."""
+
+    def __init__(self, header: dict | None = None):
+        self.by_proc: dict[tuple, list[_Step]] = {}  # (pid, rank) -> suspect steps, in order
+        self.cur: dict[tuple, _Step] = {}
+        self.configs: Any = None
+
+    def _close(self, key: tuple) -> None:
+        st = self.cur.get(key)
+        if st is not None and _suspect(st):
+            self.by_proc[key].append(st)
+
+    def feed(self, idx: Any) -> None:
+        self.configs = idx.configs
+        if not any(idx.kind(k) for k in _KINDS):
+            return
+        BIND, CLEAR, HAS, SAVE, PHASE = (kind_code(k) for k in _KINDS)
+        by_proc, cur = self.by_proc, self.cur
+        for e, k in zip(*idx.ordered_codes(_KINDS)):
+            key = (e["pid"], e.get("rank"))
+            if k == BIND:
+                if key in cur:
+                    self._close(key)
+                else:
+                    by_proc.setdefault(key, [])
+                cur[key] = _Step(e)
+                continue
+            st = cur.get(key)
+            if st is None:
+                st = cur[key] = _Step(None)
+                by_proc.setdefault(key, [])
+            if st.step is None and e.get("step") is not None:
+                st.step = e["step"]
+            if k == CLEAR:
+                if st.drafter_begin is None and st.cleared is None:
+                    st.cleared = e
+            elif k == PHASE:
+                if e["phase"] == "drafter":
+                    if e["edge"] == "begin":
+                        st.drafter_begin = e
+                        st.in_drafter = True
+                        st.drafter_layers = list(e.get("layers") or [])
+                        if st.cleared is not None:
+                            st.clear_before_drafter = st.cleared
+                    else:
+                        st.drafter_end = e
+                        st.in_drafter = False
+            elif k == HAS:
+                if (st.in_drafter or e.get("phase") == "drafter") and e["result"] is False:
+                    st.has_false.append(e)
+            elif k == SAVE:
+                (st.drafter_saved if e["phase"] == "drafter" else st.target_saved).append(e["layer"])
+
+    def finish(self) -> list[Finding]:
+        for key in list(self.cur):
+            self._close(key)
+        self.cur = {}
+        return _findings(self.by_proc, self.configs)
+
+
+def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
+    return feed_all(Stream(header), events)
+
+
+def _findings(by_proc: dict[tuple, list[_Step]], idx: Any) -> list[Finding]:
     findings: list[Finding] = []
     seen: dict[tuple, Finding] = {}  # (inst, step) -> finding: TP ranks of one step fold into one
     for (pid, rank), steps in by_proc.items():

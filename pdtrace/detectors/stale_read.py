@@ -20,11 +20,13 @@ request's value to is right.
 
 from __future__ import annotations
 
-from operator import itemgetter
+from collections import deque
+from itertools import compress, repeat
+from operator import eq, itemgetter
 from typing import Any
 
 from .base import SEVERITY_ERROR, SEVERITY_WARNING, STALE_ACCEPTED_COUNT_READ, Finding
-from .index import build, kind_code
+from .index import feed_all, kind_code
 
 Event = dict[str, Any]
 
@@ -53,109 +55,180 @@ def _truth_for(truths: list[Event], read: Event) -> Event | None:
     return best
 
 
+# Bounds on the history kept per worker process (a stream keeps these, not the trace): the
+# latest copies a read can name, and the completions / row moves after the oldest of them.
+MAX_ISSUES = 1024
+MAX_DONE = 4096
+MAX_MOVES_NO_ISSUE = 65536
+TRUTHS_KEPT = 65536  # the latest acc.truth events kept, for a stale read found later
+TRUTHS_PER_READ = 4096  # acc.truth events kept per stale read's request
+
+
+class Stream:
+    """The detector over events fed in trace order (``feed`` one ``Index`` of consecutive
+    events at a time, then ``finish``). It keeps, per worker process, the latest
+    ``MAX_ISSUES`` D2H copies, their completions, the row moves since the oldest of them, and
+    the rows' latest ``batch.add``; the latest ``TRUTHS_KEPT`` ``acc.truth`` events; and the
+    stale reads found, each with the truths of its request from those kept on."""
+
+    KINDS = (*_KINDS, "acc.truth")  # (what it reads)
+
+    def __init__(self, header: dict | None = None):
+        self.issues: dict[Any, dict[str, Event]] = {}  # pid -> event id -> d2h.issue
+        self.last_issue: dict[Any, Event] = {}
+        self.done: dict[Any, dict[str, None]] = {}  # pid -> copy events known complete
+        self.done_at: dict[Any, dict[str, int]] = {}  # pid -> copy event -> trace id when known complete
+        self.moves: dict[Any, list[Event]] = {}  # pid -> batch events in order (row history)
+        self.added: dict[Any, dict[int, Event]] = {}  # pid -> row -> its latest batch.add
+        self.stale: list[tuple] = []  # the stale reads, one per dedup key, in trace order
+        self.seen: dict[tuple, list] = {}  # dedup key -> ranks of that read
+        self.recent: deque[Event] = deque(maxlen=TRUTHS_KEPT)  # the latest acc.truth events
+        self.truths: dict[tuple, list[Event]] = {}  # (inst, req) of a stale read -> its truths
+
+    def feed(self, idx: Any) -> None:
+        self._replay(idx)
+        self._truths(idx)
+        self._prune()
+
+    def _replay(self, idx: Any) -> None:
+        if not any(idx.kind(k) for k in _KINDS):
+            return
+        issues, last_issue, done, done_at = self.issues, self.last_issue, self.done, self.done_at
+        moves, added, stale, seen = self.moves, self.added, self.stale, self.seen
+        READ, ISSUE, DONE = kind_code("acc.read"), kind_code("d2h.issue"), kind_code("d2h.done")
+        no_issues: dict[str, Event] = {}
+        seq, codes = idx.ordered_codes(_KINDS)
+        # Reads come in runs between the state changes (issues, completions, row moves): a run
+        # whose reads all agree with the issue they read is cleared at once by C-level passes;
+        # any other run goes through the exact per-read check.
+        not_read = codes.translate(bytes(c != READ for c in range(256)))
+        i, n = 0, len(seq)
+        while i < n:
+            if not_read[i]:
+                e = seq[i]
+                code = codes[i]
+                if code == ISSUE:
+                    issues.setdefault(e["pid"], {})[e["event"]] = e
+                    last_issue[e["pid"]] = e
+                    if e.get("blocking") is True:
+                        done_at.setdefault(e["pid"], {})[e["event"]] = e["id"]
+                elif code == DONE:
+                    done.setdefault(e["pid"], {})[e["event"]] = None
+                    done_at.setdefault(e["pid"], {}).setdefault(e["event"], e["id"])
+                else:  # batch.*
+                    moves.setdefault(e["pid"], []).append(e)
+                    if e["ev"] == "batch.add":
+                        added.setdefault(e["pid"], {})[e["row"]] = e
+                i += 1
+                continue
+            j = not_read.find(1, i)
+            if j < 0:
+                j = n
+            run = seq[i:j]
+            i = j
+            if _run_clean(run, issues, last_issue):
+                continue
+            for e in run:
+                pid = e["pid"]
+                ev_id = e.get("event")
+                issue = issues.get(pid, no_issues).get(ev_id) if ev_id is not None else None
+                if issue is None:
+                    issue = last_issue.get(pid)
+                # the common read: its row held the request at issue time, and the copy was done
+                row = e["row"]
+                req = e.get("req")
+                if issue is not None:
+                    rows = issue["rows"]
+                    moved = (rows[row] if 0 <= row < len(rows) else None) != req
+                else:
+                    moved = False
+                if not moved and (e.get("event_done") is not False or e.get("synced") is True
+                                  or (ev_id is not None and ev_id in done.get(pid, ()))):
+                    continue
+                if issue is not None and not 0 <= row < len(issue["rows"]):
+                    fresh = added.get(pid, {}).get(row)
+                    if fresh is not None and fresh.get("req") == req and fresh["id"] > issue["id"]:
+                        continue  # the copy never wrote this row: it holds what add_request set
+                if moved and issue is not None:
+                    complete = done_at.get(pid, {}).get(issue["event"])
+                    if complete is not None and _followed(moves.get(pid, ()), issue, complete, row, req):
+                        continue  # the copy landed before any row change; the changes carried its values
+                reasons = []
+                row_req_at_issue = None
+                if issue is not None:
+                    rows = issue["rows"]
+                    row_req_at_issue = rows[row] if 0 <= row < len(rows) else None
+                    if row_req_at_issue != req:
+                        reasons.append("row-moved")
+                not_done = e.get("event_done") is False and e.get("synced") is not True
+                if not_done and ev_id is not None and ev_id in done.get(pid, ()):
+                    not_done = False  # observed complete before the read
+                if not_done:
+                    reasons.append("copy-not-complete")
+                if not reasons:
+                    continue
+                dkey = (e.get("inst"), req, e.get("step"), row, e["value"])
+                if dkey in seen:  # another TP rank read the same thing
+                    seen[dkey].append(e.get("rank"))
+                    continue
+                ranks = seen[dkey] = [e.get("rank")]
+                stale.append((e, pid, row, req, ev_id, issue, reasons, row_req_at_issue,
+                              _history(moves.get(pid, ()), issue, row, req), ranks))
+                key = (e.get("inst"), req)
+                if key not in self.truths:  # the truths of it kept so far (those after it follow)
+                    self.truths[key] = self._kept_truths(key)
+
+    def _kept_truths(self, key: tuple) -> list[Event]:
+        """The kept truths of ``key`` (inst, req): picked by request at C level, then by instance."""
+        inst, req = key
+        recent = self.recent
+        mine = compress(recent, map(eq, map(dict.get, recent, repeat("req")), repeat(req)))
+        return [t for t in mine if t.get("inst") == inst]
+
+    def _truths(self, idx: Any) -> None:
+        """Give each stale read the truths of its request in this segment (a worker's
+        truths may follow the scheduler's end of the request: they are collected to the end
+        of the trace, at most ``TRUTHS_PER_READ`` each); then keep the segment's truths among
+        the latest."""
+        truths = idx.kind("acc.truth")
+        wanted = self.truths
+        if wanted and not {k[1] for k in wanted}.isdisjoint(map(dict.get, truths, repeat("req"))):
+            for t in truths:
+                lst = wanted.get((t.get("inst"), t.get("req")))
+                if lst is not None and len(lst) < TRUTHS_PER_READ and (not lst or lst[-1]["id"] < t["id"]):
+                    lst.append(t)
+        self.recent.extend(truths)
+
+    def _prune(self) -> None:
+        for pid, iss in self.issues.items():
+            if len(iss) > MAX_ISSUES:
+                for ev in list(iss)[:len(iss) - MAX_ISSUES]:
+                    del iss[ev]
+            oldest = next(iter(iss.values()))["id"] if iss else None
+            for d in (self.done.get(pid), self.done_at.get(pid)):
+                if d is not None and len(d) > MAX_DONE:
+                    for ev in list(d)[:len(d) - MAX_DONE]:
+                        del d[ev]
+            mv = self.moves.get(pid)
+            if mv and oldest is not None and mv[0]["id"] <= oldest:
+                self.moves[pid] = [m for m in mv if m["id"] > oldest]
+        for pid, mv in self.moves.items():
+            if pid not in self.issues and len(mv) > MAX_MOVES_NO_ISSUE:
+                del mv[:len(mv) - MAX_MOVES_NO_ISSUE]
+
+    def finish(self) -> list[Finding]:
+        truths: dict[tuple, list[Event]] = {}
+        for key, lst in self.truths.items():
+            if lst:
+                truths[key] = sorted(lst, key=_by_id)
+        return [_finding(truths, *r) for r in self.stale]
+
+
+_by_id = itemgetter("id")
+
+
 def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
-    idx = build(events)
-    if not idx.kind("acc.read"):
-        return []
-    issues: dict[Any, dict[str, Event]] = {}  # pid -> event id -> d2h.issue
-    last_issue: dict[Any, Event] = {}
-    done: dict[Any, set[str]] = {}
-    done_at: dict[Any, dict[str, int]] = {}  # pid -> copy event -> trace id when known complete
-    moves: dict[Any, list[Event]] = {}  # pid -> batch events in order (row history)
-    stale: list[tuple] = []  # the stale reads, one per dedup key, in trace order
-    seen: dict[tuple, list] = {}  # dedup key -> ranks of that read
-    READ, ISSUE, DONE = kind_code("acc.read"), kind_code("d2h.issue"), kind_code("d2h.done")
-    no_issues: dict[str, Event] = {}
-    added: dict[Any, dict[int, Event]] = {}  # pid -> row -> its latest batch.add
-    seq, codes = idx.ordered_codes(_KINDS)
-    # Reads come in runs between the state changes (issues, completions, row moves): a run
-    # whose reads all agree with the issue they read is cleared at once by C-level passes;
-    # any other run goes through the exact per-read check.
-    not_read = codes.translate(bytes(c != READ for c in range(256)))
-    i, n = 0, len(seq)
-    while i < n:
-        if not_read[i]:
-            e = seq[i]
-            code = codes[i]
-            if code == ISSUE:
-                issues.setdefault(e["pid"], {})[e["event"]] = e
-                last_issue[e["pid"]] = e
-                if e.get("blocking") is True:
-                    done_at.setdefault(e["pid"], {})[e["event"]] = e["id"]
-            elif code == DONE:
-                done.setdefault(e["pid"], set()).add(e["event"])
-                done_at.setdefault(e["pid"], {}).setdefault(e["event"], e["id"])
-            else:  # batch.*
-                moves.setdefault(e["pid"], []).append(e)
-                if e["ev"] == "batch.add":
-                    added.setdefault(e["pid"], {})[e["row"]] = e
-            i += 1
-            continue
-        j = not_read.find(1, i)
-        if j < 0:
-            j = n
-        run = seq[i:j]
-        i = j
-        if _run_clean(run, issues, last_issue):
-            continue
-        for e in run:
-            pid = e["pid"]
-            ev_id = e.get("event")
-            issue = issues.get(pid, no_issues).get(ev_id) if ev_id is not None else None
-            if issue is None:
-                issue = last_issue.get(pid)
-            # the common read: its row held the request at issue time, and the copy was done
-            row = e["row"]
-            req = e.get("req")
-            if issue is not None:
-                rows = issue["rows"]
-                moved = (rows[row] if 0 <= row < len(rows) else None) != req
-            else:
-                moved = False
-            if not moved and (e.get("event_done") is not False or e.get("synced") is True
-                              or (ev_id is not None and ev_id in done.get(pid, ()))):
-                continue
-            if issue is not None and not 0 <= row < len(issue["rows"]):
-                fresh = added.get(pid, {}).get(row)
-                if fresh is not None and fresh.get("req") == req and fresh["id"] > issue["id"]:
-                    continue  # the copy never wrote this row: it holds what add_request set
-            if moved and issue is not None:
-                complete = done_at.get(pid, {}).get(issue["event"])
-                if complete is not None and _followed(moves.get(pid, ()), issue, complete, row, req):
-                    continue  # the copy landed before any row change; the changes carried its values
-            reasons = []
-            row_req_at_issue = None
-            if issue is not None:
-                rows = issue["rows"]
-                row_req_at_issue = rows[row] if 0 <= row < len(rows) else None
-                if row_req_at_issue != req:
-                    reasons.append("row-moved")
-            not_done = e.get("event_done") is False and e.get("synced") is not True
-            if not_done and ev_id is not None and ev_id in done.get(pid, ()):
-                not_done = False  # observed complete before the read
-            if not_done:
-                reasons.append("copy-not-complete")
-            if not reasons:
-                continue
-            dkey = (e.get("inst"), req, e.get("step"), row, e["value"])
-            if dkey in seen:  # another TP rank read the same thing
-                seen[dkey].append(e.get("rank"))
-                continue
-            ranks = seen[dkey] = [e.get("rank")]
-            stale.append((e, pid, row, req, ev_id, issue, reasons, row_req_at_issue,
-                          _history(moves.get(pid, ()), issue, row, req), ranks))
-    if not stale:
-        return []
-    # acc.truth of the stale reads' requests only, per (inst, req) in trace order
-    wanted = {(r[0].get("inst"), r[3]) for r in stale}
-    wanted_reqs = {req for _inst, req in wanted}
-    truths: dict[tuple, list[Event]] = {}
-    for t in idx.kind("acc.truth"):
-        if t.get("req") in wanted_reqs:
-            key = (t.get("inst"), t.get("req"))
-            if key in wanted:
-                truths.setdefault(key, []).append(t)
-    return [_finding(truths, *r) for r in stale]
+    return feed_all(Stream(header), events)
 
 
 def _run_clean(run: list[Event], issues: dict[Any, dict[str, Event]], last_issue: dict[Any, Event]) -> bool:

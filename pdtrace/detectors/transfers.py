@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .index import Index, build, is_attention_group
+from .index import Index, build, is_attention_group, kind_code
 
 Event = dict[str, Any]
 _INF = float("inf")
@@ -107,9 +107,146 @@ def _pairs_from_reads(reads: list[Event], ngroups: int) -> list[list[tuple[int, 
 
 
 def join_transfers(events: list[Event], idx: Index | None = None) -> list[Transfer]:
-    """Pair P's reports with D's allocations / trims / reads (see the module docstring)."""
+    """Pair P's reports with D's allocations / trims / reads (see the module docstring):
+    P reports in trace order (each with the D allocation that pulled it, or none), then D
+    allocations whose P side is not in the trace."""
     idx = idx or build(events)
-    return [_make(idx, p, a, *ctx) for p, a, ctx in _pairs(idx)]
+    out: list[tuple] = []
+    j = Joiner(lambda p, a, ctx: out.append((p, a, ctx)))
+    j.feed(idx)
+    j.finish()
+    out.sort(key=lambda x: (0, _pos(x[0])) if x[0] is not None else (1, _pos(x[1])))
+    return [_make(idx, p, a, *ctx) for p, a, ctx in out]
+
+
+class _Open:
+    """A D allocation whose window is open: the trims and reads that follow it so far."""
+
+    __slots__ = ("a", "p", "key", "rkey", "trims", "pushed", "reads", "reads_p")
+
+    def __init__(self, a: Event, p: Event | None, key: tuple, rkey: Any):
+        self.a, self.p, self.key, self.rkey = a, p, key, rkey
+        self.trims: list[Event] = []
+        self.pushed: list[Event] = []  # push mode: P's trims naming this D request
+        self.reads: list[Event] = []  # keyed by D's request id
+        self.reads_p: list[Event] = []  # keyed by P's request id only
+
+
+class Joiner:
+    """Transfers paired as the events are fed in trace order (``feed`` one ``Index`` of
+    consecutive events at a time, then ``finish``); ``emit(p, a, ctx)`` is called once per
+    transfer when it is complete, with ``ctx`` = (D's last trim, D's reads, unkeyed trims).
+
+    A D allocation's window (the trims and reads that belong to it) runs until the next
+    allocation of the same instance and request, or until that request ends on that instance
+    (``req.finish`` / ``sched.free``), or the end of the trace. A P report waits until a D
+    allocation pulls it, and is let go when that transfer completes; the reports nobody
+    pulled are emitted P-only at ``finish``. So the state is the open transfers and the
+    reports not yet pulled, not the trace."""
+
+    KINDS = ("nixl.request_finished", "nixl.remote_alloc", "nixl.trim", "nixl.read", "req.finish", "sched.free")
+
+    def __init__(self, emit: Any):
+        self.emit = emit
+        self.p_by_req: dict[Any, list[Event]] = {}  # P's reports not let go, per request id
+        self.taken: set[int] = set()
+        self.pulls: dict[int, int] = {}  # id of a taken report -> open transfers that pulled it
+        self.open: dict[tuple, _Open] = {}  # (inst, D req) -> its open allocation
+        self.by_p_id: dict[tuple, list[_Open]] = {}  # (inst, P req) -> open allocations pulling it
+        self.by_d_req: dict[Any, list[_Open]] = {}  # D req -> open allocations (push-mode trims)
+        self.unkeyed: list[Event] = []  # trims without a request (older traces)
+        self.configs: Any = None  # the scheduler configs read so far (``index.Configs``)
+
+    def feed(self, idx: Any) -> None:
+        self.configs = idx.configs  # (not the Index: the segment is let go after the feed)
+        if not any(idx.kind(k) for k in self.KINDS[:4]) and not self.open:
+            return
+        FIN, ALLOC, TRIM, READ, END, FREE = (kind_code(k) for k in self.KINDS)
+        for e, k in zip(*idx.ordered_codes(self.KINDS)):
+            if k == FIN:
+                if e.get("side", "P") == "P":
+                    self.p_by_req.setdefault(e.get("req"), []).append(e)
+            elif k == ALLOC:
+                self._alloc(e)
+            elif k == TRIM:
+                if e.get("mode") == "push" and e.get("remote_req") is not None:
+                    for op in self.by_d_req.get(e["remote_req"], ()):
+                        op.pushed.append(e)
+                elif e.get("req") is not None:
+                    op = self.open.get((e.get("inst"), e["req"]))
+                    if op is not None:
+                        op.trims.append(e)
+                else:
+                    self.unkeyed.append(e)
+            elif k == READ:
+                rk = e.get("req") or e.get("remote_req")
+                if rk is None:
+                    continue
+                key = (e.get("inst"), rk)
+                op = self.open.get(key)
+                if op is not None:
+                    op.reads.append(e)
+                if e.get("remote_req") == rk:
+                    for op in self.by_p_id.get(key, ()):
+                        op.reads_p.append(e)
+            else:  # the request ended on this instance
+                op = self.open.get((e.get("inst"), e.get("req")))
+                if op is not None:
+                    self._close(op)
+
+    def _alloc(self, a: Event) -> None:
+        key = (a.get("inst"), a.get("req"))
+        old = self.open.get(key)
+        if old is not None:
+            self._close(old)
+        rkey = a.get("remote_req") or a.get("req")
+        p = _match(self.p_by_req.get(rkey), a, self.taken)
+        if p is not None:
+            self.taken.add(id(p))
+            self.pulls[id(p)] = self.pulls.get(id(p), 0) + 1
+        op = self.open[key] = _Open(a, p, key, rkey)
+        if rkey is not None and rkey != key[1]:
+            self.by_p_id.setdefault((key[0], rkey), []).append(op)
+        self.by_d_req.setdefault(key[1], []).append(op)
+
+    def _close(self, op: _Open) -> None:
+        del self.open[op.key]
+        a, key, rkey = op.a, op.key, op.rkey
+        for table, k in ((self.by_p_id, (key[0], rkey)), (self.by_d_req, key[1])):
+            lst = table.get(k)
+            if lst is not None and op in lst:
+                lst.remove(op)
+                if not lst:
+                    del table[k]
+        rd = op.reads or (op.reads_p if rkey is not None and rkey != key[1] else [])
+        want_eng, want_req = a.get("remote_engine"), rkey
+        rd = [r for r in rd if (r.get("remote_engine") in (None, want_eng) or want_eng is None)
+              and (r.get("remote_req") is None or r.get("remote_req") in (want_req, a.get("req")))]
+        tr = op.trims or op.pushed
+        if op.p is not None:  # the report is let go with the last open transfer that pulled it
+            pid = id(op.p)
+            self.pulls[pid] -= 1
+            if not self.pulls[pid]:
+                del self.pulls[pid]
+                self.taken.discard(pid)
+                lst = self.p_by_req.get(rkey, [])
+                for i, x in enumerate(lst):
+                    if x is op.p:
+                        del lst[i]
+                        break
+                if not lst:
+                    self.p_by_req.pop(rkey, None)
+        self.emit(op.p, a, (tr[-1] if tr else None, rd, self.unkeyed))
+
+    def finish(self) -> None:
+        for op in list(self.open.values()):
+            self._close(op)
+        none_ctx: tuple = (None, [], self.unkeyed)
+        left = [p for lst in self.p_by_req.values() for p in lst if id(p) not in self.taken]
+        left.sort(key=_pos)
+        for p in left:
+            self.emit(p, None, none_ctx)
+        self.p_by_req = {}
 
 
 def _pos(e: Event) -> Any:
@@ -146,68 +283,6 @@ def _window(by_key: dict[tuple, list[Event]], key: tuple, lo: Any, hi: Any) -> l
         p = _pos(evs[0])
         return evs if lo < p < hi else []
     return [e for e in evs if lo < _pos(e) < hi]
-
-
-def _pairs(idx: Index) -> list[tuple[Event | None, Event | None, tuple]]:
-    """(P's nixl.request_finished, D's nixl.remote_alloc, (trims, reads, unkeyed trims))
-    per transfer: P reports in trace order (each with the D allocation that pulled it, or
-    None), then D allocations whose P side is not in the trace."""
-    finished = [e for e in idx.kind("nixl.request_finished") if e.get("side", "P") == "P"]
-    allocs = idx.kind("nixl.remote_alloc")
-    if not finished and not allocs:
-        return []
-    p_by_req: dict[Any, list[Event]] = {}
-    for p in finished:
-        p_by_req.setdefault(p.get("req"), []).append(p)
-    a_by_key: dict[tuple, list[Event]] = {}  # (inst, D req) -> allocations in trace order
-    for a in allocs:
-        a_by_key.setdefault((a.get("inst"), a.get("req")), []).append(a)
-    trims: dict[tuple, list[Event]] = {}
-    unkeyed: list[Event] = []
-    pushed: dict[tuple, list[Event]] = {}  # push mode: P's trim, under ("push", D's request)
-    for t in idx.kind("nixl.trim"):
-        if t.get("mode") == "push" and t.get("remote_req") is not None:
-            pushed.setdefault(("push", t["remote_req"]), []).append(t)
-        elif t.get("req") is not None:
-            trims.setdefault((t.get("inst"), t["req"]), []).append(t)
-        else:
-            unkeyed.append(t)
-    reads: dict[tuple, list[Event]] = {}
-    for r in idx.kind("nixl.read"):
-        key = r.get("req") or r.get("remote_req")
-        if key is not None:
-            reads.setdefault((r.get("inst"), key), []).append(r)
-
-    taken: set[int] = set()
-    d_of: dict[int, tuple[Event, tuple]] = {}
-    d_only: list[tuple[Event, tuple]] = []
-    for key, lst in a_by_key.items():
-        for k, a in enumerate(lst):
-            lo = _pos(a)
-            hi = _pos(lst[k + 1]) if k + 1 < len(lst) else _INF
-            rkey = a.get("remote_req") or a.get("req")
-            p = _match(p_by_req.get(rkey), a, taken)
-            rd = _window(reads, key, lo, hi)
-            if not rd and rkey is not None and rkey != key[1]:  # reads keyed by P's id only
-                rd = [r for r in _window(reads, (key[0], rkey), lo, hi) if r.get("remote_req") == rkey]
-            want_eng, want_req = a.get("remote_engine"), rkey
-            rd = [r for r in rd if (r.get("remote_engine") in (None, want_eng) or want_eng is None)
-                  and (r.get("remote_req") is None or r.get("remote_req") in (want_req, a.get("req")))]
-            tr = _window(trims, key, lo, hi) or _window(pushed, ("push", key[1]), lo, hi)
-            ctx = (tr[-1] if tr else None, rd, unkeyed)
-            if p is None:
-                d_only.append((a, ctx))
-            else:
-                taken.add(id(p))
-                d_of[id(p)] = (a, ctx)
-    none_ctx: tuple = (None, [], unkeyed)
-    out: list[tuple[Event | None, Event | None, tuple]] = []
-    for p in finished:
-        a, ctx = d_of.get(id(p), (None, none_ctx))
-        out.append((p, a, ctx))
-    d_only.sort(key=lambda x: _pos(x[0]))
-    out.extend((None, a, ctx) for a, ctx in d_only)
-    return out
 
 
 def _same(groups: Any) -> Any:
