@@ -89,7 +89,8 @@ def check(
 ) -> None:
     """Run the detectors. Exit 0: no findings and every bug class checked, 1: findings, 2: unusable trace,
     3: a pdtrace bug (please report), 4: no findings but some bug class not checked (its events missing or its
-    hooks failed; see the coverage lines) or only inconclusive findings."""
+    hooks failed; see the coverage lines) or only inconclusive findings. The trace is read in segments: memory
+    stays bounded however long the recording (--what-if and flight-recorder traces are loaded whole)."""
     _run("check", trace=trace, format=format, only=only or [], request=request, what_if=what_if,
          output=output, lenient=lenient)
 

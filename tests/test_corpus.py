@@ -195,3 +195,22 @@ def test_2p2d_findings_name_exactly_the_shifted_transfers(corpus):
     assert facts["shifted"] == ["P2->D1", "P2->D2"]
     assert sorted({f.req for f in findings}) == facts["p_requests_shifted"]
     assert corpus["two_p_two_d_fixed"][1] == []
+
+
+def test_streamed_check_gives_the_same_findings_on_every_scenario(corpus, tmp_path):
+    """`check` reads a trace in segments (pdtrace.detectors.stream, issue 22): on every
+    scenario, written as a trace and streamed in segments of 1, 4 and 1000 events, the
+    findings and coverage are those of the whole event list."""
+    from pdtrace.detectors import stream
+    from pdtrace.detectors.coverage import coverage_of
+    from pdtrace.trace import make_header, write_trace
+
+    for name, (sc, findings) in corpus.items():
+        p = tmp_path / f"{name}.jsonl"
+        write_trace(str(p), make_header(origin="synthetic", versions={}), sc.events)
+        want = [f.to_dict() for f in findings]
+        want_cov = {k: c.to_dict() for k, c in coverage(sc.events).items()}
+        for size in (1, 4, 1000):
+            res = stream.run(str(p), size=size)
+            assert [f.to_dict() for f in res.findings] == want, (name, size)
+            assert {k: c.to_dict() for k, c in coverage_of(res.summary).items()} == want_cov, (name, size)

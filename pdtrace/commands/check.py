@@ -1,5 +1,9 @@
 """`pdtrace check`: run the detectors over a trace.
 
+The trace is streamed (``pdtrace.detectors.stream``): read in segments that the detectors
+consume and let go, so memory is their live state, not the trace's length. ``--what-if``
+and flight-recorder traces (``ring_s``) are loaded whole.
+
 Exit codes: 0 no findings and every selected bug class checked, 1 at least one finding
 (error or warning), 2 unusable trace or bad arguments (``PdtraceError``), 4 no findings but
 at least one bug class not checked (its events are missing, a hook feeding it raised, a
@@ -46,7 +50,8 @@ import orjson
 from .. import __version__
 from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
 from ..detectors.base import SEVERITY_INCONCLUSIVE
-from ..detectors.coverage import Coverage, coverage, incomplete_reason, not_checked
+from ..detectors import stream
+from ..detectors.coverage import Coverage, coverage, coverage_of, incomplete_reason, not_checked
 from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, warn_problems
 from ..trace import Trace, load
 from ..progress import load_progress
@@ -70,20 +75,27 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     if what_if is not None and what_if not in _whatif.RULES:
         raise PdtraceError(f"unknown --what-if rule {what_if!r}; valid: {', '.join(_whatif.RULES)}")
 
-    tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
-    warn_problems(tr)
-    if request is not None and not any(e.get("req") == request or e.get("remote_req") == request
-                                       for e in tr.events):
-        known = sorted({e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"})
-        raise PdtraceError(f"{tr.path}: request {request!r} does not appear in the trace"
-                           + (f"; requests seen: {', '.join(known[:10])}" + (" ..." if len(known) > 10 else "")
-                              if known else ""))
-    findings = run_all(tr.events, tr.header, only=only, request=request)
-    wi = _whatif.run(what_if, tr.events, request) if what_if else None
-
     ran = only or list(DETECTORS)
-    cov = coverage(tr.events, tr.header, tr.footer, kinds=ran,
-                   incomplete=incomplete_reason(tr.footer, tr.problems))
+    if what_if is None and not stream.header_of(str(trace)).get("ring_s"):
+        # segment by segment: memory bounded by the detectors' live state, not the trace
+        res = stream.run(str(trace), only=only, request=request, lenient=lenient,
+                         progress=load_progress(str(trace)))
+        tr: Any = res
+        warn_problems(tr)
+        if request is not None and not res.request.seen:  # type: ignore[union-attr]
+            _unknown_request(res.path, request, res.request.known)  # type: ignore[union-attr]
+        findings, wi = res.findings, None
+        cov = coverage_of(res.summary, res.footer, kinds=ran, incomplete=incomplete_reason(res.footer, res.problems))
+    else:  # --what-if, and flight-recorder traces (bounded by their window): the trace loaded whole
+        tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
+        warn_problems(tr)
+        if request is not None and not any(e.get("req") == request or e.get("remote_req") == request
+                                           for e in tr.events):
+            _unknown_request(tr.path, request, [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"])
+        findings = run_all(tr.events, tr.header, only=only, request=request)
+        wi = _whatif.run(what_if, tr.events, request) if what_if else None
+        cov = coverage(tr.events, tr.header, tr.footer, kinds=ran,
+                       incomplete=incomplete_reason(tr.footer, tr.problems))
     if format == "json":
         text = render_json(tr, findings, ran, request, what_if, wi, cov=cov)
     elif format == "markdown":
@@ -103,6 +115,13 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         if format == "text" and sys.stdout.isatty():
             _next_steps(str(trace), findings, cov)
     return exit_code(findings, cov)
+
+
+def _unknown_request(path: str, request: str, reqs: list[str]) -> None:
+    known = sorted(set(reqs))
+    raise PdtraceError(f"{path}: request {request!r} does not appear in the trace"
+                       + (f"; requests seen: {', '.join(known[:10])}" + (" ..." if len(known) > 10 else "")
+                          if known else ""))
 
 
 def _next_steps(trace: str, findings: list[Finding], cov: dict[str, Coverage]) -> None:
@@ -160,7 +179,7 @@ def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str
     doc: dict[str, Any] = {
         "schema": JSON_SCHEMA, "version": JSON_VERSION,
         "trace": {"path": str(tr.path), "origin": h.get("origin", ""), "created": h.get("created", ""),
-                  "host": h.get("host", ""), "versions": _versions(tr), "events": len(tr.events),
+                  "host": h.get("host", ""), "versions": _versions(tr), "events": tr.n_events,
                   "complete": tr.complete,
                   "problems": [{"line": p.line, "reason": p.reason} for p in tr.problems]},
         "detectors": list(ran), "request": request, "summary": _counts(findings, cov),
@@ -187,7 +206,7 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
     cov = _cov(tr, ran, cov)
     v = _versions(tr)
     out = [f"pdtrace check {tr.path}",
-           f"  origin {tr.header.get('origin', '?')}, {len(tr.events)} events, vLLM {v['vllm'] or '?'}, "
+           f"  origin {tr.header.get('origin', '?')}, {tr.n_events} events, vLLM {v['vllm'] or '?'}, "
            f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
            + ("" if tr.complete else "  [INCOMPLETE: " + incomplete_reason(tr.footer, tr.problems) + "]"),
            f"  detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""),
@@ -244,7 +263,7 @@ def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request:
             f"| python | {v['python'] or 'unknown'} |",
             f"| trace origin | {h.get('origin', 'unknown')} |",
             f"| trace created | {h.get('created', '')} |",
-            f"| events | {len(tr.events)}{'' if tr.complete else f' (incomplete: {len(tr.problems)} problem line(s))'} |",
+            f"| events | {tr.n_events}{'' if tr.complete else f' (incomplete: {len(tr.problems)} problem line(s))'} |",
             f"| instances | {', '.join(h.get('instances') or []) or '-'} |",
             f"| detectors | {', '.join(ran)} |"]
     if request:

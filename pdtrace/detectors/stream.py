@@ -1,0 +1,272 @@
+"""`check` in bounded memory (issue 22): the trace is read in segments of consecutive
+events (``pdtrace.segments``), each segment is fed to every detector's ``Stream`` and to a
+``Summary`` for the coverage verdicts, then let go. Memory is the detectors' live state
+(open requests and transfers, each worker's recent copies and row moves, the findings),
+not the trace.
+
+Each detector has one implementation: ``detect(events)`` feeds its ``Stream`` the whole
+list as one segment. What the streams keep is bounded per process or per live request
+(see each module's ``Stream``), so a trace read in segments gives the findings of the same
+trace loaded whole; ``tests/test_stream.py`` checks it on every sample and corpus trace
+with segments of a few events.
+
+A clean file is read by the fast path (``segments.FastReader``). When it meets a line that
+needs a verdict, or the footer's digest does not match the lines read (a field may have a
+wrong type), or a detector fails on a value the fast path did not type-check, the file is
+read again through ``trace.scan``, which checks every line and names the bad ones
+(``lenient``: keeps the good ones). A flight-recorder trace (``ring_s``, bounded by
+construction) is loaded whole: the ring-cut rules look back over all of it.
+"""
+
+from __future__ import annotations
+
+import gc
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, Callable
+
+from .. import schema
+from ..ends import read_ends
+from ..eventlist import EventList
+from ..segments import SEGMENT, FastReader, NeedsScan
+from ..trace import Problem, ProgressFn, _all_valid, _derive, _open, _read_header, scan
+from . import DETECTORS, drafter_window, lookahead, metadata, sort_key, stale_read
+from .base import Finding
+from .coverage import RUNNER_KINDS, WHOLE_KINDS, matching
+from .index import Configs, Index
+
+STREAMS: dict[str, Callable[[dict], Any]] = {
+    lookahead.LOOKAHEAD_MISALIGNMENT: lookahead.Stream,
+    metadata.METADATA_CLEARED_BEFORE_DRAFTER: metadata.Stream,
+    drafter_window.DRAFTER_WINDOW_OUTSIDE_ALLOCATION: drafter_window.Stream,
+    stale_read.STALE_ACCEPTED_COUNT_READ: stale_read.Stream,
+}
+assert tuple(STREAMS) == tuple(DETECTORS)
+
+
+def _feeds() -> list[tuple[str, dict]]:
+    from .coverage import CLASSES
+    return [(k, f) for spec in CLASSES.values() for k, f in spec.feeds]
+
+
+def _na_kinds() -> set[str]:
+    """The kinds whose pids ``coverage`` asks for (``Summary.pids``)."""
+    from .coverage import CLASSES
+    return {kind for spec in CLASSES.values() for kind, _why in spec.na_when.values()}
+
+
+class Summary:
+    """What ``coverage`` reads of a trace (the interface of ``coverage.IndexFacts``),
+    gathered segment by segment: the few events of ``WHOLE_KINDS`` kept whole; per kind the
+    count and the pids; the ``runner`` values of the worker kinds; and each bug class's
+    feed counts."""
+
+    def __init__(self) -> None:
+        self._whole: dict[str, list] = {k: [] for k in WHOLE_KINDS}
+        self._n: dict[str, int] = {}
+        self._pids: dict[str, set] = {}
+        self._runners: set = set()
+        self._feeds = _feeds()
+        self._pid_kinds = _na_kinds()
+        self._fed: dict[tuple, list] = {}  # (kind, filter items) -> [count, pids]
+
+    def add(self, idx: Index) -> None:
+        for k, evs in idx.by_kind.items():
+            if not evs:
+                continue
+            self._n[k] = self._n.get(k, 0) + len(evs)
+            if k in self._pid_kinds:
+                self._pids.setdefault(k, set()).update(map(dict.get, evs, repeat("pid")))
+            if k in self._whole:
+                self._whole[k].extend(evs)
+            if k in RUNNER_KINDS:
+                self._runners.update(map(dict.get, evs, repeat("runner")))
+        for k, filt in self._feeds:
+            evs = matching(idx.by_kind.get(k, []), filt)
+            c = self._fed.setdefault((k, tuple(sorted(filt.items()))), [0, set()])
+            c[0] += len(evs)
+            c[1].update(map(dict.get, evs, repeat("pid")))
+
+    def kind(self, k: str) -> list:
+        return self._whole[k]
+
+    def runner_values(self) -> set:
+        return set(self._runners)
+
+    def pids(self, kind: str) -> set:
+        assert kind in self._pid_kinds, kind
+        return set(self._pids.get(kind, ()))
+
+    def count(self, kind: str, filt: dict[str, Any]) -> tuple[int, set]:
+        n, pids = self._fed.get((kind, tuple(sorted(filt.items()))), (0, set()))
+        return n, set(pids)
+
+    def has(self, kind: str) -> bool:
+        return bool(self._n.get(kind))
+
+
+class RequestSeen:
+    """Whether ``--request`` names a request of the trace, and a few request ids to suggest."""
+
+    def __init__(self, request: str | None):
+        self.request = request
+        self.seen = request is None
+        self.known: list[str] = []
+
+    def add(self, idx: Index) -> None:
+        if self.seen:
+            return
+        r = self.request
+        self.seen = any(e.get("req") == r or e.get("remote_req") == r for e in idx.events)
+        if len(self.known) <= 10:
+            self.known.extend(e["req"] for e in idx.kind("req.add") if e.get("req"))
+            self.known = sorted(set(self.known))
+
+
+class Result:
+    """What a streamed check read: the trace's header, footer, problems and event count,
+    the findings (sorted as ``run_all`` sorts them), and the coverage facts."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.events = ()  # (not kept: see n_events)
+        self.header: dict[str, Any] = {}
+        self.footer: dict[str, Any] | None = None
+        self.problems: list[Problem] = []
+        self.n_events = 0
+        self.findings: list[Finding] = []
+        self.summary = Summary()
+        self.request: RequestSeen | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.footer is not None and not self.problems
+
+
+def header_of(path: str) -> dict[str, Any]:
+    """Line 1 of a trace, checked as ``load`` checks it (``TraceError`` otherwise)."""
+    fh, _total, _consumed = _open(path)
+    with fh:
+        return _read_header(path, fh)[0]
+
+
+class _Retry(Exception):
+    """Read the file again through ``scan`` (the fast path met something it cannot judge)."""
+
+
+def run(path: str, *, only: list[str] | tuple = (), request: str | None = None, lenient: bool = False,
+        progress: ProgressFn | None = None, size: int = SEGMENT) -> Result:
+    """Stream the detectors of ``only`` (all when empty) over the trace at ``path``."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # the live state holds no cycles; a segment's garbage is freed by refcount
+    try:
+        try:
+            return _run(path, only, request, lenient, progress, size, fast=True)
+        except _Retry:
+            return _run(path, only, request, lenient, progress, size, fast=False)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _segments_fast(path: str, res: Result, progress: ProgressFn | None, size: int):
+    fh, total, consumed = _open(path)
+    with fh:
+        res.header, _first = _read_header(path, fh)
+        if res.header["schema_version"] > schema.SCHEMA_VERSION:
+            raise _Retry
+        # without a digest in the footer every segment is type-checked as it is read
+        signed = True
+        if fh.seekable():
+            _h, foot, _size = read_ends(path)
+            signed = bool(foot and foot.get("digest"))
+        reader = FastReader(path, fh, total, consumed, progress)
+        try:
+            for seg in reader.segments(size):
+                if not signed and not _all_valid(seg):
+                    raise _Retry
+                yield seg
+        except NeedsScan:
+            raise _Retry from None
+    if signed and not reader.digest_ok:
+        raise _Retry  # (a segment may hold a wrong-typed field: scan names it)
+    res.footer = reader.footer
+
+
+def _segments_scan(path: str, res: Result, lenient: bool, progress: ProgressFn | None, size: int):
+    seg = EventList()
+    n = 0
+    for what, line, obj in scan(path, lenient=lenient, progress=progress):
+        if what == "event":
+            if "id" not in obj:
+                obj["id"] = n
+            n += 1
+            seg.append(obj)
+            if len(seg) >= size:
+                yield seg
+                seg = EventList()
+        elif what == "header":
+            res.header = obj
+        elif what == "footer":
+            res.footer = obj
+        else:
+            res.problems.append(Problem(line, obj))
+    if seg:
+        yield seg
+
+
+HELD_KEPT = 1 << 15  # block lists kept for schema v2 derivation (requests whose frees were not recorded)
+_held_key = itemgetter("pid", "inst", "req")
+_block_ids = itemgetter("block_ids")
+
+
+def _derive_segment(idx: Index, whole: bool, held: dict[tuple, list]) -> None:
+    """``trace.derive_block_lists`` for a segment: ``held`` (each request's latest list)
+    carries over between segments; a request freed on its instance (``sched.free``) lets
+    its list go. A segment whose allocations all carry their whole list (``whole``) only
+    updates ``held``, at C level."""
+    allocs = idx.kind("sched.alloc")
+    if allocs:
+        try:
+            if not whole or False in map(dict.get, allocs, repeat("ok")):
+                raise KeyError
+            held.update(zip(map(_held_key, allocs), map(_block_ids, allocs)))
+        except KeyError:
+            _derive(allocs, held)
+    for f in idx.kind("sched.free"):
+        held.pop((f.get("pid"), f.get("inst"), f.get("req")), None)
+    if len(held) > HELD_KEPT:  # the longest held go first
+        for key in list(held)[:len(held) - HELD_KEPT]:
+            del held[key]
+
+
+def _run(path: str, only: Any, request: str | None, lenient: bool, progress: ProgressFn | None,
+         size: int, fast: bool) -> Result:
+    res = Result(path)
+    res.request = RequestSeen(request)
+    streams = [cls({}) for kind, cls in STREAMS.items() if not only or kind in only]
+    configs = Configs()
+    held: dict[tuple, list] = {}  # schema v2 block lists, per (pid, inst, request)
+    segs = _segments_fast(path, res, progress, size) if fast else _segments_scan(path, res, lenient, progress, size)
+    for seg in segs:
+        try:
+            idx = Index(seg, configs)
+            configs.add(idx.kind("sched.config"))
+            if res.header.get("schema_version", 1) >= 2:
+                _derive_segment(idx, seg.blocks_derived, held)
+            res.n_events += len(seg)
+            res.summary.add(idx)
+            res.request.add(idx)
+            for st in streams:
+                st.feed(idx)
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError):
+            if fast:  # a value the fast path did not type-check: scan decides
+                raise _Retry from None
+            raise
+    for st in streams:
+        res.findings.extend(st.finish())
+    if request is not None:
+        from . import _about
+        res.findings = [f for f in res.findings if _about(f, request)]
+    res.findings.sort(key=sort_key)
+    return res
