@@ -102,7 +102,7 @@ def _observe_done(rec: Any, st: _AccState, event: Any) -> bool | None:
     done = _query(event)
     if done and not st.done and st.event_id:
         st.done = True
-        rec.emit("d2h.done", event=st.event_id)
+        rec.put("d2h.done", None, None, {"event": st.event_id})
     return done
 
 
@@ -148,7 +148,8 @@ def _issue_after(rec: Any, _s: Any, result: Any, self: Any, output_token_ids: An
     # non_blocking or not; reading the device type does not synchronize anything.
     src = getattr(getattr(self, "num_accepted_tokens", None), "gpu", None)
     blocking = getattr(getattr(src, "device", None), "type", None) == "cpu"
-    rec.emit("d2h.issue", buf=BUF, rows=[r or "" for r in ids], event=st.event_id, blocking=blocking)
+    rec.put("d2h.issue", None, None,
+            {"buf": BUF, "rows": [r or "" for r in ids], "event": st.event_id, "blocking": blocking})
 
 
 # -- acc.read ---------------------------------------------------------------------------
@@ -196,8 +197,8 @@ def _read_after(rec: Any, state: Any, result: Any, self: Any, *a: Any, **kw: Any
             if p < 0:
                 continue
             read_row = int(p)
-        rec.emit("acc.read", req=req, row=read_row, value=int(vals[row]), event=event_id,
-                 event_done=done, synced=spy.synced)
+        rec.put("acc.read", req, None, {"row": read_row, "value": int(vals[row]), "event": event_id,
+                                        "event_done": done, "synced": spy.synced})
     if spy.synced:
         _observe_done(rec, _state(self), ev)
 
@@ -213,7 +214,7 @@ def _rec_truth(rec: Any, _s: Any, result: Any, self: Any, *a: Any, **kw: Any) ->
     for row, count in enumerate(result):
         req = by_row.get(row)
         if req is not None:
-            rec.emit("acc.truth", req=req, value=int(count), for_step=int(base) - 1)
+            rec.put("acc.truth", req, None, {"value": int(count), "for_step": int(base) - 1})
 
 
 def _none_before(rec: Any, *a: Any, **kw: Any) -> None:
@@ -247,7 +248,7 @@ def _window_before(rec: Any, self: Any, scheduler_output: Any, *a: Any, **kw: An
         if req is None or (discard is not None and bool(discard[row])):
             continue  # partial prefill: nothing sampled, no draft for it this step
         start = int(seq[row])
-        rec.emit("spec.window", req=req, start=start, end=start + n, method=method)
+        rec.put("spec.window", req, None, {"start": start, "end": start + n, "method": method})
 
 
 def _settle_before(rec: Any, self: Any, *a: Any, **kw: Any) -> None:

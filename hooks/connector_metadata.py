@@ -101,24 +101,25 @@ def _rec_bind(rec: Any, result: Any, self: Any, md: Any, *a: Any, **kw: Any) -> 
         v = getattr(md, attr, None)
         if isinstance(v, dict):
             reqs.update(str(k) for k in v)
-    rec.emit("kvmeta.bind", connector=type(self).__name__, n_recv=_count(md, "reqs_to_recv"),
-             n_save=_count(md, "reqs_to_save"), n_send=_count(md, "reqs_to_send"), reqs=sorted(reqs))
+    rec.put("kvmeta.bind", None, None, {
+        "connector": type(self).__name__, "n_recv": _count(md, "reqs_to_recv"), "n_save": _count(md, "reqs_to_save"),
+        "n_send": _count(md, "reqs_to_send"), "reqs": sorted(reqs)})
 
 
 def _rec_clear(rec: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
-    rec.emit("kvmeta.clear", phase=rec.phase)
+    rec.put("kvmeta.clear", None, None, {"phase": rec.phase})
 
 
 def _rec_has(rec: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
-    rec.emit("kvmeta.has", result=bool(result), phase=rec.phase)
+    rec.put("kvmeta.has", None, None, {"result": bool(result), "phase": rec.phase})
 
 
 def _rec_save(rec: Any, result: Any, self: Any, layer_name: Any = "", *a: Any, **kw: Any) -> None:
-    rec.emit("kvmeta.save_layer", layer=str(kw.get("layer_name", layer_name)), phase=rec.phase)
+    rec.put("kvmeta.save_layer", None, None, {"layer": str(kw.get("layer_name", layer_name)), "phase": rec.phase})
 
 
 def _rec_wait(rec: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
-    rec.emit("kvmeta.wait_for_save", phase=rec.phase)
+    rec.put("kvmeta.wait_for_save", None, None, {"phase": rec.phase})
 
 
 # method -> (short hook name, expected params, record fn)
@@ -212,7 +213,7 @@ def _phase_begin(phase: str, method: str = "", layers: list[str] | None = None) 
             fields["method"] = method
         if layers:
             fields["layers"] = layers
-        rec.emit("spec.phase", phase=phase, edge="begin", **fields)
+        rec.put("spec.phase", None, None, {"phase": phase, "edge": "begin", **fields})
         return prev
 
     return before
@@ -227,7 +228,7 @@ def _target_before(rec: Any, self: Any, *a: Any, **kw: Any) -> str:
 
 def _phase_end(phase: str) -> Callable[..., None]:
     def after_fn(rec: Any, prev: Any, result: Any, *a: Any, **kw: Any) -> None:
-        rec.emit("spec.phase", phase=phase, edge="end")
+        rec.put("spec.phase", None, None, {"phase": phase, "edge": "end"})
         rec.phase = prev if isinstance(prev, str) else ""
 
     return after_fn

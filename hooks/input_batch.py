@@ -25,11 +25,11 @@ MODULE = "vllm.v1.worker.gpu_input_batch"
 def _rec_add(rec: Any, result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
     req_id = request.req_id
     row = result if isinstance(result, int) else self.req_id_to_index.get(req_id, -1)
-    rec.emit("batch.add", req=req_id, row=int(row))
+    rec.put("batch.add", req_id, None, {"row": int(row)})
 
 
 def _rec_remove(rec: Any, result: Any, self: Any, req_id: str, *a: Any, **kw: Any) -> None:
-    rec.emit("batch.remove", req=req_id, row=-1 if result is None else int(result))
+    rec.put("batch.remove", req_id, None, {"row": -1 if result is None else int(result)})
 
 
 def _swap_before(rec: Any, self: Any, i1: int, i2: int, *a: Any, **kw: Any) -> tuple[str, str]:
@@ -40,7 +40,7 @@ def _swap_before(rec: Any, self: Any, i1: int, i2: int, *a: Any, **kw: Any) -> t
 def _swap_after(rec: Any, state: Any, result: Any, self: Any, i1: int, i2: int, *a: Any, **kw: Any) -> None:
     if state is None:
         return
-    rec.emit("batch.swap", i1=int(i1), i2=int(i2), req1=state[0], req2=state[1])
+    rec.put("batch.swap", None, None, {"i1": int(i1), "i2": int(i2), "req1": state[0], "req2": state[1]})
 
 
 def _condense_before(rec: Any, self: Any, *a: Any, **kw: Any) -> list | None:
@@ -62,7 +62,7 @@ def _condense_after(rec: Any, state: Any, result: Any, self: Any, *a: Any, **kw:
         if old is not None and old != new_row:
             moves.append([req, old, new_row])
     if moves:
-        rec.emit("batch.condense", moves=moves)
+        rec.put("batch.condense", None, None, {"moves": moves})
 
 
 ADD = register("input_batch.add", MODULE, "InputBatch.add_request", ("request",),

@@ -83,7 +83,7 @@ def _target_before(rec: Any, self: Any, scheduler_output: Any, intermediate_tens
         return None  # a dummy run, or a step with nothing scheduled: execute_model runs no forward
     prev = rec.phase
     rec.phase = schema.PHASE_TARGET
-    rec.emit("spec.phase", phase=schema.PHASE_TARGET, edge="begin", runner="v2")
+    rec.put("spec.phase", None, None, {"phase": schema.PHASE_TARGET, "edge": "begin", "runner": "v2"})
     return (prev,)
 
 
@@ -91,7 +91,7 @@ def _phase_after(phase: str) -> Callable[..., None]:
     def after_fn(rec: Any, state: Any, result: Any, *a: Any, **kw: Any) -> None:
         if not isinstance(state, tuple):
             return  # skipped call (dummy run) or a before that failed: nothing was opened
-        rec.emit("spec.phase", phase=phase, edge="end", runner="v2")
+        rec.put("spec.phase", None, None, {"phase": phase, "edge": "end", "runner": "v2"})
         rec.phase = state[0] if isinstance(state[0], str) else ""
 
     return after_fn
@@ -159,14 +159,14 @@ def _drafter_before(rec: Any, self: Any, input_batch: Any, attn_metadata: Any = 
     n = _write_len(self, method, int(k or 0))
     if n is not None:
         for req, start in window_rows(input_batch):
-            rec.emit("spec.window", req=req, start=start, end=start + n, method=method)
+            rec.put("spec.window", req, None, {"start": start, "end": start + n, "method": method})
     prev = rec.phase
     rec.phase = schema.PHASE_DRAFTER
     fields: dict[str, Any] = {"method": method, "runner": "v2"}
     layers = _layers(self)
     if layers:
         fields["layers"] = layers
-    rec.emit("spec.phase", phase=schema.PHASE_DRAFTER, edge="begin", **fields)
+    rec.put("spec.phase", None, None, {"phase": schema.PHASE_DRAFTER, "edge": "begin", **fields})
     return (prev,)
 
 

@@ -51,13 +51,13 @@ ACC_ATTR = "num_accepted_tokens_gpu"
 
 
 def _rec_add(rec: Any, _result: Any, self: Any, req_id: str, *a: Any, **kw: Any) -> None:
-    rec.emit("batch.add", req=req_id, row=int(self.req_id_to_index.get(req_id, -1)), runner="v2")
+    rec.put("batch.add", req_id, None, {"row": int(self.req_id_to_index.get(req_id, -1)), "runner": "v2"})
 
 
 def _rec_remove(rec: Any, result: Any, self: Any, req_id: str, *a: Any, **kw: Any) -> None:
     if result is None:  # nothing was there (add_requests' streaming re-add guard)
         return
-    rec.emit("batch.remove", req=req_id, row=int(result), runner="v2")
+    rec.put("batch.remove", req_id, None, {"row": int(result), "runner": "v2"})
 
 
 def _host_copies(obj: Any) -> list[str]:
@@ -84,7 +84,7 @@ def _rec_acc_device(rec: Any, _result: Any, self: Any, *a: Any, **kw: Any) -> No
                               "cpu_copy": bool(copies), "runner": "v2"}
     if copies:
         fields["copies"] = copies
-    rec.emit("acc.device", **fields)
+    rec.put("acc.device", None, None, dict(fields))
 
 
 ADD = register("states_v2.add", STATES_MODULE, "RequestState.add_request", ("req_id", "prompt_len"),

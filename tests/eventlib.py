@@ -283,6 +283,11 @@ class RaisingRecorder(Recorder):
             raise RuntimeError("boom in recording")
         super().emit(kind, req=req, step=step, **fields)
 
+    def put(self, kind, req, step, fields):
+        if kind == self.bad_kind:
+            raise RuntimeError("boom in recording")
+        super().put(kind, req, step, fields)
+
 
 @pytest.fixture
 def rec():

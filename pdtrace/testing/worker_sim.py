@@ -105,6 +105,10 @@ class _SimRecorder:
         fields["sim"] = True
         self._rec.emit(kind, req=req, step=step, **fields)
 
+    def put(self, kind: str, req: str | None, step: int | None, fields: dict[str, Any]) -> None:
+        fields["sim"] = True
+        self._rec.put(kind, req, step, fields)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._rec, name)
 
