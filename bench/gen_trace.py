@@ -5,7 +5,8 @@ spec decode: per engine step on each instance the scheduler events (sched.step,
 sched.alloc), the worker's connector-metadata lifecycle (bind, per-layer has/save for the
 target and drafter, clear), drafter windows, async accepted-count copies and reads, batch
 row changes, and per finished request the NIXL transfer (request_finished on P,
-remote_alloc / trim / read on D). With ``inject_bugs`` a few of each bug class are mixed
+remote_alloc / trim / read on D; P frees the request's blocks once sent, D finishes and frees
+it when it leaves the batch, as the live traces record). With ``inject_bugs`` a few of each bug class are mixed
 in (lookahead-aligned prompts reported unclipped, early metadata clears, a DFlash window
 past the allocation, reads after a row swap). Returns a summary dict.
 """
@@ -83,6 +84,7 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
     live_d: list[str] = []  # D requests decoding, in row order
     d_blocks: dict[str, list[int]] = {}
     d_len: dict[str, int] = {}
+    d_start: dict[str, int] = {}  # D request -> its first decode step
     while n < n_events:
         step += 1
         # ---- P: prefill a few new requests, report them to D
@@ -126,7 +128,10 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
             emit("nixl.send_done", "P", "engine-core", PE, req=r, step=step)
             emit("req.finish", "P", "engine-core", PE, req=r, step=step, status="FINISHED_LENGTH_CAPPED",
                  num_computed_tokens=plen, num_output_tokens=1)
+            # P frees the blocks once they are sent (NIXL's delay_free), as the live traces record
+            emit("sched.free", "P", "engine-core", PE, req=r, step=step, block_ids=[blocks])
             d_blocks[r] = local
+            d_start[r] = step
             d_len[r] = plen
             live_d.append(r)
             emit("batch.add", "D", "worker", DW, req=r, step=step, row=len(live_d) - 1)
@@ -157,6 +162,8 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
         while len(live_d) > 48:  # finish the oldest
             r = live_d.pop(0)
             emit("batch.remove", "D", "worker", DW, req=r, step=step, row=0)
+            emit("req.finish", "D", "engine-core", DE, req=r, step=step, status="FINISHED_LENGTH_CAPPED",
+                 num_computed_tokens=d_len[r], num_output_tokens=4 * (step - d_start.pop(r)))
             emit("sched.free", "D", "engine-core", DE, req=r, step=step, block_ids=[d_blocks.pop(r)])
             if live_d:
                 emit("batch.condense", "D", "worker", DW, step=step,

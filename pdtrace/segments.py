@@ -36,6 +36,9 @@ SEGMENT = 1 << 16  # events per segment handed to a stream's detectors
 ProgressFn = Callable[[int, int], None]  # (bytes read, total bytes)
 
 
+NO_FOOTER = "no footer"  # the NeedsScan of a file whose lines were all fine
+
+
 class NeedsScan(Exception):
     """The file has a line that only ``trace.scan`` can judge (and name)."""
 
@@ -162,8 +165,10 @@ class FastReader:
                 seg, codes, aligned, whole = EventList(), bytearray(), True, True
         if progress is not None:
             progress(total, total)
-        if footer is None:
-            raise NeedsScan("no footer")
+        if footer is None:  # (the events read are handed out first: a stream may keep them)
+            if seg:
+                yield self._done(seg, codes, aligned, whole)
+            raise NeedsScan(NO_FOOTER)
         self.footer = footer
         self.digest_ok = footer.get("digest") == digest_of(crc)
         if seg or not n:

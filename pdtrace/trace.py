@@ -27,6 +27,7 @@ from .typecheck import EventChecker
 from .eventlist import EventList, kind_code, kind_groups, select_kinds  # noqa: F401 - API
 from .writer import make_header, write_trace  # noqa: F401 - part of this module's API
 
+FOOTER_MISSING = "no footer: the trace ends early (recording killed, or file cut)"
 _KIND_REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schema.KINDS.items()}
 
 
@@ -191,7 +192,7 @@ def scan(
         if progress is not None:
             progress(total, total)
         if not footer_seen:
-            reason = "no footer: the trace ends early (recording killed, or file cut)"
+            reason = FOOTER_MISSING
             if not lenient:
                 raise TraceError(path, line_no + 1, reason)
             yield "problem", line_no + 1, reason

@@ -116,7 +116,7 @@ class _Lazy:
 ALLOCS_KEPT = 2  # (``live`` / ``freed`` entries: [first allocation id, previous, latest])
 LIVE_KEPT = 16384  # live requests per instance (a trace whose frees were not recorded)
 FREED_KEPT = 4096
-ROW_EVENTS_KEPT = 65536
+ROW_EVENTS_KEPT = 8192
 
 
 class Stream:

@@ -60,7 +60,7 @@ def _truth_for(truths: list[Event], read: Event) -> Event | None:
 MAX_ISSUES = 1024
 MAX_DONE = 4096
 MAX_MOVES_NO_ISSUE = 65536
-TRUTHS_KEPT = 65536  # the latest acc.truth events kept, for a stale read found later
+TRUTHS_KEPT = 16384  # the latest acc.truth events kept, for a stale read found later
 TRUTHS_PER_READ = 4096  # acc.truth events kept per stale read's request
 
 
@@ -200,20 +200,27 @@ class Stream:
         self.recent.extend(truths)
 
     def _prune(self) -> None:
+        """Trim a process's copies back to ``MAX_ISSUES`` once they pass a quarter more (so
+        the work is spread over many segments), with the row moves before the oldest kept
+        copy; the completions likewise to ``MAX_DONE``."""
         for pid, iss in self.issues.items():
-            if len(iss) > MAX_ISSUES:
-                for ev in list(iss)[:len(iss) - MAX_ISSUES]:
-                    del iss[ev]
-            oldest = next(iter(iss.values()))["id"] if iss else None
-            for d in (self.done.get(pid), self.done_at.get(pid)):
-                if d is not None and len(d) > MAX_DONE:
+            if len(iss) <= MAX_ISSUES + MAX_ISSUES // 4:
+                continue
+            for ev in list(iss)[:len(iss) - MAX_ISSUES]:
+                del iss[ev]
+            self.issues[pid] = iss = dict(iss)  # (a fresh table: no deleted slots before the oldest)
+            oldest = next(iter(iss.values()))["id"]
+            mv = self.moves.get(pid)
+            if mv and mv[0]["id"] <= oldest:
+                self.moves[pid] = [m for m in mv if m["id"] > oldest]
+        for table in (self.done, self.done_at):
+            for pid, d in table.items():
+                if len(d) > MAX_DONE + MAX_DONE // 4:
                     for ev in list(d)[:len(d) - MAX_DONE]:
                         del d[ev]
-            mv = self.moves.get(pid)
-            if mv and oldest is not None and mv[0]["id"] <= oldest:
-                self.moves[pid] = [m for m in mv if m["id"] > oldest]
+                    table[pid] = dict(d)
         for pid, mv in self.moves.items():
-            if pid not in self.issues and len(mv) > MAX_MOVES_NO_ISSUE:
+            if pid not in self.issues and len(mv) > MAX_MOVES_NO_ISSUE + MAX_MOVES_NO_ISSUE // 4:
                 del mv[:len(mv) - MAX_MOVES_NO_ISSUE]
 
     def finish(self) -> list[Finding]:

@@ -28,8 +28,9 @@ from typing import Any, Callable
 from .. import schema
 from ..ends import read_ends
 from ..eventlist import EventList
-from ..segments import SEGMENT, FastReader, NeedsScan
-from ..trace import Problem, ProgressFn, _all_valid, _derive, _open, _read_header, scan
+from ..errors import TraceError
+from ..segments import NO_FOOTER, SEGMENT, FastReader, NeedsScan
+from ..trace import FOOTER_MISSING, Problem, ProgressFn, _all_valid, _derive, _open, _read_header, scan
 from . import DETECTORS, drafter_window, lookahead, metadata, sort_key, stale_read
 from .base import Finding
 from .coverage import RUNNER_KINDS, WHOLE_KINDS, matching
@@ -169,13 +170,14 @@ def run(path: str, *, only: list[str] | tuple = (), request: str | None = None, 
             gc.enable()
 
 
-def _segments_fast(path: str, res: Result, progress: ProgressFn | None, size: int):
+def _segments_fast(path: str, res: Result, lenient: bool, progress: ProgressFn | None, size: int):
     fh, total, consumed = _open(path)
     with fh:
         res.header, _first = _read_header(path, fh)
         if res.header["schema_version"] > schema.SCHEMA_VERSION:
             raise _Retry
-        # without a digest in the footer every segment is type-checked as it is read
+        # without a digest in the footer (or without a footer) every segment is type-checked
+        # as it is read
         signed = True
         if fh.seekable():
             _h, foot, _size = read_ends(path)
@@ -186,8 +188,16 @@ def _segments_fast(path: str, res: Result, progress: ProgressFn | None, size: in
                 if not signed and not _all_valid(seg):
                     raise _Retry
                 yield seg
-        except NeedsScan:
-            raise _Retry from None
+        except NeedsScan as exc:
+            if str(exc) != NO_FOOTER or signed:
+                raise _Retry from None
+            # every line was whole, valid and type-checked: only the footer is missing (a
+            # recording killed, a file cut at a line end); scan would say just that, at the end
+            line = reader.n_events + 2
+            if not lenient:
+                raise TraceError(path, line, FOOTER_MISSING) from None
+            res.problems.append(Problem(line, FOOTER_MISSING))
+            return
     if signed and not reader.digest_ok:
         raise _Retry  # (a segment may hold a wrong-typed field: scan names it)
     res.footer = reader.footer
@@ -247,7 +257,7 @@ def _run(path: str, only: Any, request: str | None, lenient: bool, progress: Pro
     streams = [cls({}) for kind, cls in STREAMS.items() if not only or kind in only]
     configs = Configs()
     held: dict[tuple, list] = {}  # schema v2 block lists, per (pid, inst, request)
-    segs = _segments_fast(path, res, progress, size) if fast else _segments_scan(path, res, lenient, progress, size)
+    segs = _segments_fast(path, res, lenient, progress, size) if fast else _segments_scan(path, res, lenient, progress, size)
     for seg in segs:
         try:
             idx = Index(seg, configs)
