@@ -92,6 +92,7 @@ class FastReader:
         get_ev, get_id = itemgetter(EV), itemgetter(ID)
         alloc_byte = bytes([alloc_code])
         seg, codes, aligned, whole = EventList(), bytearray(), True, True
+        groups, appends = self._groups()
         while True:
             try:
                 lines = readlines(_CHUNK)
@@ -128,6 +129,8 @@ class FastReader:
                     allocs = list(compress(objs, cs.translate(_ALLOC_MASK)))
                     if None in map(dict.get, allocs, repeat(BIDS)) or any(map(dict.get, allocs, repeat(DERIVED))):
                         whole = self.blocks_derived = False  # a schema v2 sched.alloc for derive_block_lists
+                for obj, c in zip(objs, cs):  # filed under its kind (the one Python step per event)
+                    appends[c](obj)
                 codes += cs
                 n += m
             else:  # the footer, an event without id, or a line for ``scan`` to judge: one by one
@@ -154,6 +157,7 @@ class FastReader:
                         whole = self.blocks_derived = False
                     n += 1
                     codes.append(code)
+                    appends[code](obj)
             seg.extend(objs)
             self.n_events = n
             if progress is not None and tell() >= next_progress:
@@ -161,34 +165,34 @@ class FastReader:
                 progress(pos, total)
                 next_progress = pos + (1 << 24)
             if len(seg) >= size:
-                yield self._done(seg, codes, aligned, whole)
+                yield self._done(seg, groups, codes, aligned, whole)
                 seg, codes, aligned, whole = EventList(), bytearray(), True, True
+                groups, appends = self._groups()
         if progress is not None:
             progress(total, total)
         if footer is None:  # (the events read are handed out first: a stream may keep them)
             if seg:
-                yield self._done(seg, codes, aligned, whole)
+                yield self._done(seg, groups, codes, aligned, whole)
             raise NeedsScan(NO_FOOTER)
         self.footer = footer
         self.digest_ok = footer.get("digest") == digest_of(crc)
         if seg or not n:
-            yield self._done(seg, codes, aligned, whole)
+            yield self._done(seg, groups, codes, aligned, whole)
 
     @staticmethod
-    def _done(seg: EventList, codes: bytearray, aligned: bool, whole: bool) -> EventList:
+    def _groups() -> tuple[dict[int, list], list]:
+        """Empty kind groups for a segment: {code: list}, and per code the list's append."""
+        groups = {c: [] for c in _KIND_NAME}
+        appends: list = [None] * (max(_KIND_NAME) + 1)
+        for c, lst in groups.items():
+            appends[c] = lst.append
+        return groups, appends
+
+    @staticmethod
+    def _done(seg: EventList, groups: dict[int, list], codes: bytearray, aligned: bool, whole: bool) -> EventList:
         """The segment with its extras: kind groups, codes, whether its ids are their
-        positions in the trace, whether each of its sched.alloc has its whole block list. The groups come from one stable sort of the positions by
-        kind code (C level), sliced per kind."""
-        by_kind = {}
-        if seg:
-            order = sorted(range(len(seg)), key=codes.__getitem__)
-            grouped = list(map(seg.__getitem__, order))
-            at = 0
-            for c in sorted(set(codes)):
-                k = codes.count(c)
-                by_kind[_KIND_NAME[c]] = grouped[at:at + k]
-                at += k
-        seg.by_kind = by_kind
+        positions in the trace, whether each of its sched.alloc has its whole block list."""
+        seg.by_kind = {_KIND_NAME[c]: lst for c, lst in groups.items() if lst}
         seg.kind_codes = codes
         seg.ids_aligned = aligned
         seg.blocks_derived = whole

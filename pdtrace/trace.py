@@ -238,7 +238,7 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
             return None
         reader = FastReader(path, fh, total, consumed, progress)
         try:
-            for seg in reader.segments(1 << 20):
+            for seg in reader.segments(1 << 62):  # (one segment: the whole file)
                 events.extend(seg)
                 for k, lst in seg.by_kind.items():  # type: ignore[union-attr]
                     have = groups.get(k)

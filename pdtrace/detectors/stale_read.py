@@ -192,8 +192,9 @@ class Stream:
         the latest."""
         truths = idx.kind("acc.truth")
         wanted = self.truths
-        if wanted and not {k[1] for k in wanted}.isdisjoint(map(dict.get, truths, repeat("req"))):
-            for t in truths:
+        if wanted:
+            reqs = {k[1] for k in wanted}
+            for t in compress(truths, map(reqs.__contains__, map(dict.get, truths, repeat("req")))):
                 lst = wanted.get((t.get("inst"), t.get("req")))
                 if lst is not None and len(lst) < TRUTHS_PER_READ and (not lst or lst[-1]["id"] < t["id"]):
                     lst.append(t)
