@@ -110,7 +110,8 @@ def report(
     output: Path = typer.Option(Path("report.html"), "-o", "--output", metavar="FILE", help="HTML file to write (self-contained, works offline)."),
     lenient: bool = LENIENT,
 ) -> None:
-    """Write a self-contained Plotly HTML report: findings, timeline, block maps, accepted counts."""
+    """Write a self-contained Plotly HTML report: findings, timeline, block maps, accepted counts. It loads the
+    whole trace (about 1.5 GB of memory per million events); for a long recording, `check` streams."""
     _run("report", trace=trace, output=output, lenient=lenient)
 
 

@@ -25,6 +25,19 @@ EXIT_INTERNAL = 3  # a bug in pdtrace itself ("please report")
 EXIT_NOT_CHECKED = 4  # `check`: no findings, but at least one bug class could not be decided
 
 
+def write_stdout(text: str) -> None:
+    """Write a command's report to stdout. A reader that closed the pipe early (``| head``,
+    ``| grep -q``) had what it wanted: the rest goes to /dev/null and the command keeps its
+    own exit code (for ``check``, the verdict), instead of click's exit 1 on EPIPE."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (the interpreter's last flush lands there too)
+        os.close(devnull)
+
+
 class PdtraceError(Exception):
     """An error meant for the user: printed without a traceback, exits with ``exit_code``."""
 

@@ -37,6 +37,7 @@ ProgressFn = Callable[[int, int], None]  # (bytes read, total bytes)
 
 
 NO_FOOTER = "no footer"  # the NeedsScan of a file whose lines were all fine
+CUT_LINE = "no footer after a last line cut short"  # ... all fine but the last, cut (``cut_line``)
 
 
 class NeedsScan(Exception):
@@ -66,6 +67,7 @@ class FastReader:
         self.digest_ok = False
         self.n_events = 0
         self.blocks_derived = True  # no schema v2 sched.alloc without its block list
+        self.cut_line: int | None = None  # the line number of a last line cut short
 
     def segments(self, size: int = SEGMENT) -> Iterator[EventList]:
         """The events in segments of about ``size`` (whole runs).
@@ -100,10 +102,18 @@ class FastReader:
                 raise NeedsScan("a corrupt compressed stream") from None
             if not lines:
                 break
-            if lines[-1][-1:] != b"\n":
-                raise NeedsScan("a last line cut short")
             if footer is not None:
                 raise NeedsScan("data after the footer")
+            if lines[-1][-1:] != b"\n":  # the file's last line, cut short (a killed writer)
+                try:
+                    loads(lines[-1])
+                    raise NeedsScan("a last line without its newline")  # (whole: scan reads it)
+                except orjson.JSONDecodeError:
+                    pass
+                lines.pop()
+                self.cut_line = n + len(lines) + 2  # (line 1 is the header)
+                if not lines:
+                    break
             raw, crc_before, last_len = b"".join(lines), crc, len(lines[-1])
             crc = crc32(raw, crc)
             lines[0] = b"[" + lines[0]
@@ -173,7 +183,7 @@ class FastReader:
         if footer is None:  # (the events read are handed out first: a stream may keep them)
             if seg:
                 yield self._done(seg, groups, codes, aligned, whole)
-            raise NeedsScan(NO_FOOTER)
+            raise NeedsScan(NO_FOOTER if self.cut_line is None else CUT_LINE)
         self.footer = footer
         self.digest_ok = footer.get("digest") == digest_of(crc)
         if seg or not n:

@@ -28,6 +28,7 @@ from .eventlist import EventList, kind_code, kind_groups, select_kinds  # noqa: 
 from .writer import make_header, write_trace  # noqa: F401 - part of this module's API
 
 FOOTER_MISSING = "no footer: the trace ends early (recording killed, or file cut)"
+LINE_CUT = "truncated line (no newline at end of file: the writer stopped mid-line)"
 _KIND_REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schema.KINDS.items()}
 
 
@@ -154,7 +155,7 @@ def scan(
                 obj = loads(raw)
             except orjson.JSONDecodeError:
                 if not raw.endswith(b"\n"):
-                    problem = "truncated line (no newline at end of file: the writer stopped mid-line)"
+                    problem = LINE_CUT
                 elif not raw.strip():
                     problem = "blank line"
                 else:

@@ -248,3 +248,22 @@ def test_a_trace_cut_at_a_line_end_is_read_once(tmp_path, monkeypatch):
     got, got_cov, res = _streamed(str(dst), 7, lenient=True)
     assert (got, got_cov) == _whole(str(dst), lenient=True)
     assert res.n_events == len(lines) - 31 and [p.line for p in res.problems] == [len(lines) - 29]
+
+
+def test_a_trace_cut_mid_line_is_read_once(tmp_path, monkeypatch):
+    """A recording killed mid-write (its last line cut short, no footer): the error and the
+    lenient result (events, findings, both problem lines) of ``load``, from one pass."""
+    dst = tmp_path / "cut.jsonl"
+    lines = _copy_lines(SAMPLE, dst)
+    dst.write_text("\n".join(lines[:-30]) + "\n" + lines[-30][:25])
+    with pytest.raises(TraceError) as whole:
+        load(str(dst))
+    with pytest.raises(TraceError) as streamed:
+        stream.run(str(dst), size=7)
+    assert str(streamed.value) == str(whole.value) and "truncated line" in str(streamed.value)
+    tr = load(str(dst), lenient=True)
+    monkeypatch.setattr(stream, "scan", None)  # (a second pass would fail here)
+    got, got_cov, res = _streamed(str(dst), 7, lenient=True)
+    assert (got, got_cov) == _whole(str(dst), lenient=True)
+    assert [(p.line, p.reason) for p in res.problems] == [(p.line, p.reason) for p in tr.problems]
+    assert len(res.problems) == 2 and res.n_events == len(tr.events)

@@ -40,6 +40,7 @@ checked and why (``pdtrace.detectors.coverage``). Formats:
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -52,7 +53,7 @@ from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
 from ..detectors.base import SEVERITY_INCONCLUSIVE
 from ..detectors import stream
 from ..detectors.coverage import Coverage, coverage, coverage_of, incomplete_reason, not_checked
-from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, warn_problems
+from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, warn_problems, write_stdout
 from ..trace import Trace, load
 from ..progress import load_progress
 
@@ -75,6 +76,8 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     if what_if is not None and what_if not in _whatif.RULES:
         raise PdtraceError(f"unknown --what-if rule {what_if!r}; valid: {', '.join(_whatif.RULES)}")
 
+    if output is not None:
+        _writable(Path(output))
     ran = only or list(DETECTORS)
     if what_if is None and not stream.header_of(str(trace)).get("ring_s"):
         # segment by segment: memory bounded by the detectors' live state, not the trace
@@ -110,11 +113,20 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         Path(output).write_text(text, encoding="utf-8")
         print(f"pdtrace: wrote {output}", file=sys.stderr)
     else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_stdout(text)
         if format == "text" and sys.stdout.isatty():
             _next_steps(str(trace), findings, cov)
     return exit_code(findings, cov)
+
+
+def _writable(out: Path) -> None:
+    """Fail before reading the trace when the report could not be written."""
+    parent = out.parent if str(out.parent) else Path(".")
+    why = ("is a directory" if out.is_dir() else "no such directory" if not parent.is_dir()
+           else "no write permission" if not os.access(parent, os.W_OK)
+           or (out.exists() and not os.access(out, os.W_OK)) else None)
+    if why:
+        raise PdtraceError(f"cannot write the output {out}: {why}")
 
 
 def _unknown_request(path: str, request: str, reqs: list[str]) -> None:

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from .. import schema
-from ..errors import EXIT_OK, warn_problems
+from ..errors import EXIT_OK, warn_problems, write_stdout
 from ..trace import load, make_footer
 from ..ends import read_ends
 from ..progress import load_progress
@@ -68,7 +68,7 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
         out.append("  applied: " + ", ".join(applied))
     for k, why in sorted(skipped.items()):
         out.append(f"  skipped {k}: {why}")
-    print("\n".join(out))
+    write_stdout("\n".join(out) + "\n")
     return EXIT_OK
 
 

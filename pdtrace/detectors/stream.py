@@ -29,8 +29,8 @@ from .. import schema
 from ..ends import read_ends
 from ..eventlist import EventList
 from ..errors import TraceError
-from ..segments import NO_FOOTER, SEGMENT, FastReader, NeedsScan
-from ..trace import FOOTER_MISSING, Problem, ProgressFn, _all_valid, _derive, _open, _read_header, scan
+from ..segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, NeedsScan
+from ..trace import FOOTER_MISSING, LINE_CUT, Problem, ProgressFn, _all_valid, _derive, _open, _read_header, scan
 from . import DETECTORS, drafter_window, lookahead, metadata, sort_key, stale_read
 from .base import Finding
 from .coverage import RUNNER_KINDS, WHOLE_KINDS, matching
@@ -189,14 +189,16 @@ def _segments_fast(path: str, res: Result, lenient: bool, progress: ProgressFn |
                     raise _Retry
                 yield seg
         except NeedsScan as exc:
-            if str(exc) != NO_FOOTER or signed:
+            if str(exc) not in (NO_FOOTER, CUT_LINE) or signed:
                 raise _Retry from None
-            # every line was whole, valid and type-checked: only the footer is missing (a
-            # recording killed, a file cut at a line end); scan would say just that, at the end
-            line = reader.n_events + 2
+            # every line before was whole, valid and type-checked: only the footer is missing,
+            # maybe after a last line cut short (a recording killed); scan would say just that
+            problems = [(reader.n_events + 2, FOOTER_MISSING)]
+            if reader.cut_line is not None:
+                problems = [(reader.cut_line, LINE_CUT), (reader.cut_line + 1, FOOTER_MISSING)]
             if not lenient:
-                raise TraceError(path, line, FOOTER_MISSING) from None
-            res.problems.append(Problem(line, FOOTER_MISSING))
+                raise TraceError(path, *problems[0]) from None
+            res.problems.extend(Problem(line, why) for line, why in problems)
             return
     if signed and not reader.digest_ok:
         raise _Retry  # (a segment may hold a wrong-typed field: scan names it)
