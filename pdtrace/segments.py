@@ -6,9 +6,10 @@ go, so ``check`` holds one segment at a time, not the trace.
 ``size`` events, each with the extras the loader records (kind groups, kind codes, whether
 every id is its position in the trace). It is the fast path for a clean file: it raises
 ``NeedsScan`` at the first run or line that needs a verdict (bad JSON, not an event
-object, unknown kind, an id that is not an integer, data after the footer, no footer, a
-newer schema), and the caller re-reads the file through ``trace.scan``, which names the
-line. Field types are not checked here: after the last segment ``digest_ok`` says whether
+object, unknown kind, an id that is not an integer, data after the footer, a newer schema),
+and the caller re-reads the file through ``trace.scan``, which names the line. A file whose
+only faults are a missing footer (``NO_FOOTER``), maybe after a last line cut short
+(``CUT_LINE``, ``cut_line``), is read to its end before ``NeedsScan`` says so. Field types are not checked here: after the last segment ``digest_ok`` says whether
 the footer's ``digest`` (a CRC-32 of the event lines, written only by a writer that
 type-checked every event) matches the lines read; when it does not, the caller
 type-checks (``trace.load``) or re-reads through ``scan`` (the stream, whose detectors have

@@ -357,24 +357,38 @@ def _promote(gc: Any) -> None:
 
 
 def _load_scan(path: str, *, lenient: bool = False, progress: ProgressFn | None = None) -> Trace:
-    header: dict[str, Any] = {}
-    footer = None
-    events = EventList()
-    problems: list[Problem] = []
-    append = events.append
+    tr = Trace(path, {}, EventList(), None, [])
+    for seg in scan_segments(path, tr, lenient=lenient, progress=progress):
+        tr.events.extend(seg)
+    tr.events.loaded_len = len(tr.events)  # type: ignore[attr-defined]
+    return tr
+
+
+def scan_segments(path: str, into: Any, *, lenient: bool = False, progress: ProgressFn | None = None,
+                  size: int = 1 << 62) -> Iterator[EventList]:
+    """``scan``'s events in lists of ``size`` (an event without ``id`` gets its position);
+    the header, the footer and each problem line go into ``into`` (its ``header``,
+    ``footer`` and ``problems``): ``load`` of a file that needs verdicts, and the streamed
+    check's second pass (``pdtrace.detectors.stream``)."""
+    seg = EventList()
+    n = 0
     for what, line, obj in scan(path, lenient=lenient, progress=progress):
         if what == "event":
             if "id" not in obj:
-                obj["id"] = len(events)
-            append(obj)
+                obj["id"] = n
+            n += 1
+            seg.append(obj)
+            if len(seg) >= size:
+                yield seg
+                seg = EventList()
         elif what == "header":
-            header = obj
+            into.header = obj
         elif what == "footer":
-            footer = obj
+            into.footer = obj
         else:
-            problems.append(Problem(line, obj))
-    events.loaded_len = len(events)
-    return Trace(path, header, events, footer, problems)
+            into.problems.append(Problem(line, obj))
+    if seg:
+        yield seg
 
 
 def iter_events(path: str, *, lenient: bool = False) -> Iterator[dict[str, Any]]:

@@ -244,7 +244,7 @@ def test_a_trace_cut_at_a_line_end_is_read_once(tmp_path, monkeypatch):
     with pytest.raises(TraceError) as streamed:
         stream.run(str(dst), size=7)
     assert str(streamed.value) == str(whole.value)
-    monkeypatch.setattr(stream, "scan", None)  # (a second pass would fail here)
+    monkeypatch.setattr(stream, "scan_segments", None)  # (a second pass would fail here)
     got, got_cov, res = _streamed(str(dst), 7, lenient=True)
     assert (got, got_cov) == _whole(str(dst), lenient=True)
     assert res.n_events == len(lines) - 31 and [p.line for p in res.problems] == [len(lines) - 29]
@@ -262,7 +262,7 @@ def test_a_trace_cut_mid_line_is_read_once(tmp_path, monkeypatch):
         stream.run(str(dst), size=7)
     assert str(streamed.value) == str(whole.value) and "truncated line" in str(streamed.value)
     tr = load(str(dst), lenient=True)
-    monkeypatch.setattr(stream, "scan", None)  # (a second pass would fail here)
+    monkeypatch.setattr(stream, "scan_segments", None)  # (a second pass would fail here)
     got, got_cov, res = _streamed(str(dst), 7, lenient=True)
     assert (got, got_cov) == _whole(str(dst), lenient=True)
     assert [(p.line, p.reason) for p in res.problems] == [(p.line, p.reason) for p in tr.problems]

@@ -27,13 +27,12 @@ from typing import Any, Callable
 
 from .. import schema
 from ..ends import read_ends
-from ..eventlist import EventList
 from ..errors import TraceError
 from ..segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, NeedsScan
-from ..trace import FOOTER_MISSING, LINE_CUT, Problem, ProgressFn, _all_valid, _derive, _open, _read_header, scan
+from ..trace import FOOTER_MISSING, LINE_CUT, Problem, ProgressFn, _all_valid, _derive, _open, _read_header, scan_segments
 from . import DETECTORS, drafter_window, lookahead, metadata, sort_key, stale_read
 from .base import Finding
-from .coverage import RUNNER_KINDS, WHOLE_KINDS, matching
+from .coverage import CLASSES, RUNNER_KINDS, WHOLE_KINDS, matching
 from .index import Configs, Index
 
 STREAMS: dict[str, Callable[[dict], Any]] = {
@@ -46,13 +45,11 @@ assert tuple(STREAMS) == tuple(DETECTORS)
 
 
 def _feeds() -> list[tuple[str, dict]]:
-    from .coverage import CLASSES
     return [(k, f) for spec in CLASSES.values() for k, f in spec.feeds]
 
 
 def _na_kinds() -> set[str]:
     """The kinds whose pids ``coverage`` asks for (``Summary.pids``)."""
-    from .coverage import CLASSES
     return {kind for spec in CLASSES.values() for kind, _why in spec.na_when.values()}
 
 
@@ -130,7 +127,6 @@ class Result:
 
     def __init__(self, path: str):
         self.path = path
-        self.events = ()  # (not kept: see n_events)
         self.header: dict[str, Any] = {}
         self.footer: dict[str, Any] | None = None
         self.problems: list[Problem] = []
@@ -205,28 +201,6 @@ def _segments_fast(path: str, res: Result, lenient: bool, progress: ProgressFn |
     res.footer = reader.footer
 
 
-def _segments_scan(path: str, res: Result, lenient: bool, progress: ProgressFn | None, size: int):
-    seg = EventList()
-    n = 0
-    for what, line, obj in scan(path, lenient=lenient, progress=progress):
-        if what == "event":
-            if "id" not in obj:
-                obj["id"] = n
-            n += 1
-            seg.append(obj)
-            if len(seg) >= size:
-                yield seg
-                seg = EventList()
-        elif what == "header":
-            res.header = obj
-        elif what == "footer":
-            res.footer = obj
-        else:
-            res.problems.append(Problem(line, obj))
-    if seg:
-        yield seg
-
-
 HELD_KEPT = 1 << 15  # block lists kept for schema v2 derivation (requests whose frees were not recorded)
 _held_key = itemgetter("pid", "inst", "req")
 _block_ids = itemgetter("block_ids")
@@ -239,11 +213,9 @@ def _derive_segment(idx: Index, whole: bool, held: dict[tuple, list]) -> None:
     updates ``held``, at C level."""
     allocs = idx.kind("sched.alloc")
     if allocs:
-        try:
-            if not whole or False in map(dict.get, allocs, repeat("ok")):
-                raise KeyError
+        if whole and False not in map(dict.get, allocs, repeat("ok")):
             held.update(zip(map(_held_key, allocs), map(_block_ids, allocs)))
-        except KeyError:
+        else:
             _derive(allocs, held)
     for f in idx.kind("sched.free"):
         held.pop((f.get("pid"), f.get("inst"), f.get("req")), None)
@@ -259,7 +231,8 @@ def _run(path: str, only: Any, request: str | None, lenient: bool, progress: Pro
     streams = [cls({}) for kind, cls in STREAMS.items() if not only or kind in only]
     configs = Configs()
     held: dict[tuple, list] = {}  # schema v2 block lists, per (pid, inst, request)
-    segs = _segments_fast(path, res, lenient, progress, size) if fast else _segments_scan(path, res, lenient, progress, size)
+    segs = (_segments_fast(path, res, lenient, progress, size) if fast
+            else scan_segments(path, res, lenient=lenient, progress=progress, size=size))
     for seg in segs:
         try:
             idx = Index(seg, configs)
