@@ -369,10 +369,12 @@ HEADER_FIELDS: tuple[Field, ...] = (
     F("instances", "list[str]", "instances present (P, D, ...)", required=False),
     F("clock", "dict", "merge only: per-instance offset_ns applied and residual skew", required=False),
     F("merged_from", "list[dict]", "merge only: each input trace's file name, origin, host and recorded "
-      "command (cmd above is the first input's)", required=False),
+      "command (cmd above is the first input's), and its ring_s / snapshot when it has them", required=False),
     F("source_origins", "list[str]", "merge only: the inputs' origins", required=False),
     F("ring_s", "float", "record --ring only: the flight recorder's window in seconds; events older than the "
-      "window were discarded (footer ring_discarded), process-level events are all kept", required=False),
+      "window were discarded (footer ring_discarded), process-level events are all kept. A merge of "
+      "flight-recorder traces keeps the widest of their windows (each input's is in merged_from)",
+      required=False),
     F("snapshot", "str", "record --ring only: why this trace was written while the command ran "
       "('SIGUSR1', or 'online check: RULE in pid N at step S: REASON' when a worker's online check "
       "asked for it, pdtrace.online); absent for the trace written at exit", required=False),

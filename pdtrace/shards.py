@@ -274,13 +274,18 @@ def merge_traces(paths: Iterable[str], output: str, *, lenient: bool = False) ->
         e.pop("id", None)
     insts = sorted({e.get("inst", schema.INST_NONE) for e in merged} - {schema.INST_NONE})
     origins = sorted({h.get("origin", "") for _p, h, _e, _pr in loaded})
+    # A flight-recorder input keeps the merged trace a flight-recorder trace: check's ring-cut rule
+    # (detectors.ringcut) needs the header's ring_s, and the widest window covers every input's.
+    rings = [float(h["ring_s"]) for _p, h, _e, _pr in loaded if h.get("ring_s")]
+    extra: dict[str, Any] = {"ring_s": max(rings)} if rings else {}
     header = make_header(origin="merge", cmd=list(base_header.get("cmd") or []),
                          redacted=all(h.get("redacted", True) for _p, h, _e, _pr in loaded),
                          versions=base_header.get("versions"), instances=insts, clock=clock,
                          merged_from=[{"trace": os.path.basename(str(p)), "origin": h.get("origin", ""),
-                                       "host": h.get("host", ""), "cmd": list(h.get("cmd") or [])}
+                                       "host": h.get("host", ""), "cmd": list(h.get("cmd") or []),
+                                       **{k: h[k] for k in ("ring_s", "snapshot") if h.get(k)}}
                                       for p, h, _e, _pr in loaded],
-                         source_origins=origins)
+                         source_origins=origins, **extra)
     footer = make_footer(merged)
     if problems:
         footer["input_problems"] = [str(p) for p in problems]

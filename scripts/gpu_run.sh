@@ -3,7 +3,9 @@
 # PDTRACE_LIVE_DEVICE=cuda) on a GPU host with no package index, twice: model runner V2 (vLLM's
 # default on GPUs) and V1 (VLLM_USE_V2_MODEL_RUNNER=0). Needs .gpu/ from scripts/gpu_bundle.sh.
 #
-#   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [hybrid-v2] [hybrid-v1]   # default: v2 v1
+#   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [v2-ring] [v1-ring] [hybrid-v2] [hybrid-v1]   # default: v2 v1
+# (*-ring: the same P/D run with every server under `pdtrace record --ring ${RING_S:-20}`)
+# UNPACK_ONLY=1: unpack .gpu/ (and .gpuc/, vLLM's kernel library, when carried) into $SITE and stop.
 # (hybrid-*: scripts/live_cpu_hybrid.py, one tiny Mamba-2 + attention server with ngram spec decode,
 # the model for which vLLM copies accepted counts to the CPU on V1 and keeps them on the GPU on V2)
 #
@@ -26,6 +28,12 @@ if [ ! -e "$SITE/vllm/__init__.py" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl || exit 3
   tar xJf .gpu/vllm.tar.xz -C "$SITE" && tar xJf .gpu/nixl.tar.xz -C "$SITE" || exit 3
 fi
+# vLLM's kernel library, xz-compressed in .gpuc/ (a second call's carry: it does not fit beside .gpu/)
+if [ -e .gpuc/cstable.xz ] && [ ! -e "$SITE/vllm/_C_stable_libtorch.abi3.so" ]; then
+  say "unpacking .gpuc/cstable.xz"; rm -f "$SITE/vllm/_C_stable_libtorch.py"
+  xz -dc .gpuc/cstable.xz > "$SITE/vllm/_C_stable_libtorch.abi3.so" || exit 3
+fi
+[ "${UNPACK_ONLY:-0}" = 1 ] && { say "unpacked only"; exit 0; }
 # pdtrace itself, every time (a warm machine keeps $SITE from an earlier call)
 python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . || exit 3
 if [ ! -e "$SITE/vllm/_C_stable_libtorch.py" ]; then
@@ -68,7 +76,10 @@ for mode in "${MODES[@]}"; do
   wd=/tmp/pdtrace-live-$mode
   rm -rf "$wd"
   say "live P/D + EAGLE, model runner $mode"
-  case "$mode" in *v1) export VLLM_USE_V2_MODEL_RUNNER=0 ;; *) unset VLLM_USE_V2_MODEL_RUNNER ;; esac
+  case "$mode" in *v1|*v1-ring) export VLLM_USE_V2_MODEL_RUNNER=0 ;; *) unset VLLM_USE_V2_MODEL_RUNNER ;; esac
+  # *-ring: every server recorded as a flight recorder (pdtrace record --ring $RING_S)
+  case "$mode" in *-ring) export PDTRACE_LIVE_RECORD_ARGS="[\"--ring\",\"${RING_S:-20}\"]" ;;
+    *) unset PDTRACE_LIVE_RECORD_ARGS ;; esac
   export PDTRACE_LIVE_DEVICE=cuda PDTRACE_LIVE_EXTRA_ARGS=$EXTRA PDTRACE_LIVE_KV_BUFFER=${KV_BUFFER:-cuda} \
     PDTRACE_LIVE_SPEC_EXTRA='{"attention_backend":"TRITON_ATTN"}'
   if [ "${mode#hybrid-}" != "$mode" ]; then  # one hybrid (Mamba-2 + attention) server, ngram spec decode

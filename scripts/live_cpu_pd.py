@@ -89,6 +89,8 @@ DEVICE = os.environ.get("PDTRACE_LIVE_DEVICE", "cpu")
 # torch-native custom ops, for a vLLM without its compiled kernels), and the NIXL buffer device.
 EXTRA_ARGS: list[str] = json.loads(os.environ.get("PDTRACE_LIVE_EXTRA_ARGS") or "[]")
 KV_BUFFER = os.environ.get("PDTRACE_LIVE_KV_BUFFER", DEVICE)
+# Extra `pdtrace record` options for every server, a JSON list (e.g. '["--ring", "20"]': flight recorder).
+RECORD_ARGS: list[str] = json.loads(os.environ.get("PDTRACE_LIVE_RECORD_ARGS") or "[]")
 
 
 def free_port() -> int:
@@ -244,7 +246,8 @@ class Server:
     def __init__(self, name: str, cmd: list[str], env: dict, log: Path, trace: Path | None):
         self.name, self.log_path, self.trace = name, log, trace
         if trace is not None:
-            cmd = [sys.executable, "-m", "pdtrace", "record", "-o", str(trace), "--instance", name, "--"] + cmd
+            cmd = ([sys.executable, "-m", "pdtrace", "record", "-o", str(trace), "--instance", name]
+                   + RECORD_ARGS + ["--"] + cmd)
         self.cmd = cmd
         self.log = open(log, "wb")
         self.t0 = time.monotonic()

@@ -116,3 +116,23 @@ def test_segments_rotate_on_a_fake_clock(tmp_path):
     assert 4 <= len(segs) <= 6  # 4 s window, 1 s segments: the window plus the one being written
     assert ring.discarded == 10 * (40 - sum(os.path.getsize(tmp_path / f) // len(frame) for f in segs))
     ring.close()
+
+
+def test_a_merge_of_flight_recorder_traces_is_one_too(tmp_path):
+    """Seen on the GPU run of 2026-11-25 (docs/live-gpu.md): live_cpu_pd.py merged P's and D's
+    `record --ring 20` traces and the merged header had lost ring_s, so check would have given
+    cut findings as verdicts. A ring trace merged with a plain one keeps the window."""
+    proc, ring = _record(tmp_path, "1")
+    assert proc.returncode == 0, proc.stderr
+    plain = tmp_path / "plain.jsonl"
+    p = subprocess.run([sys.executable, "-m", "pdtrace", "record", "-o", str(plain), "--", sys.executable, APP, "1"],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, PDTRACE_HOOKS="0"))
+    assert p.returncode == 0, p.stderr
+    merged = tmp_path / "merged.jsonl"
+    m = subprocess.run([sys.executable, "-m", "pdtrace", "merge", str(plain), str(ring), "-o", str(merged)],
+                       capture_output=True, text=True, timeout=120)
+    assert m.returncode == 0, m.stderr
+    h = load(str(merged)).header
+    assert h["origin"] == "merge" and h["ring_s"] == 0.6
+    assert [x.get("ring_s") for x in h["merged_from"]] == [None, 0.6]
+    assert "ring_s" not in load(str(plain)).header
