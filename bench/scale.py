@@ -1,6 +1,6 @@
-"""Scale benchmark (issue 22): what `check`, `info` and `report` cost on big traces.
+"""Scale benchmark (issue 22): what `check`, `info`, `merge` and `report` cost on big traces.
 
-    python bench/scale.py [--events 1000000 [10000000 ...]] [--keep DIR] [--report]
+    python bench/scale.py [--events 1000000 [10000000 ...]] [--keep DIR] [--report] [--merge]
 
 For each size: generates a schema-valid synthetic trace (bench/gen_trace.py, signed like
 pdtrace's own writer), then runs each of these in its own process and prints its wall time,
@@ -10,7 +10,9 @@ CPU time (user + system) and peak RSS (the child's ru_maxrss):
 - the same loop letting each event go (a lower bound no analysis reaches: parse only);
 - ``pdtrace check TRACE -f json`` (streamed: the detectors' live state, not the trace);
 - ``pdtrace info TRACE`` (header + footer only: goal < 1 s at any size);
-- with ``--report``, ``pdtrace report`` (goal < 5 MB output).
+- with ``--report``, ``pdtrace report`` (goal < 5 MB output, peak RSS < 1 GB);
+- with ``--merge``, ``pdtrace merge P D`` of the trace split back into its P and D halves
+  (written once beside it, ``-P.jsonl`` / ``-D.jsonl``; goal: peak RSS < 1 GB).
 Prints ratios to the bare parse (wall and CPU: this host's wall times swing with its
 neighbours; the CPU time is the steadier). Goals (issue 22): check on 10M events peak RSS
 < 1 GB and time <= 1.5x the bare parse; info < 1 s. A 10M-event trace is ~2.9 GB on disk;
@@ -47,11 +49,36 @@ def measure(argv: list[str]) -> tuple[float, float, int, float]:
     return wall, ru.ru_maxrss / 1024, proc.returncode, ru.ru_utime + ru.ru_stime
 
 
+def split(path: str) -> list[str]:
+    """The trace's P and D events as two traces (what `record` writes on each host)."""
+    import orjson
+
+    from pdtrace.trace import write_trace
+    out = []
+    for inst in ("P", "D"):
+        dst = path.replace(".jsonl", f"-{inst}.jsonl")
+        out.append(dst)
+        if os.path.exists(dst):
+            continue
+        with open(path, "rb") as fh:
+            header = {**orjson.loads(fh.readline()), "origin": "record", "instances": [inst]}
+
+            def events():
+                for line in fh:
+                    e = orjson.loads(line)
+                    if e.get("inst") == inst:
+                        e.pop("id", None)
+                        yield e
+            write_trace(dst, header, events())
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, nargs="+", default=[1_000_000], help="trace sizes (default 1000000)")
     ap.add_argument("--keep", default=None, help="directory to keep the generated traces in")
     ap.add_argument("--report", action="store_true", help="also time `pdtrace report` and print its size")
+    ap.add_argument("--merge", action="store_true", help="also time `pdtrace merge` of the trace's P and D halves")
     ap.add_argument("--no-keep", action="store_true", help="skip the keeping bare parse (it holds the whole trace)")
     a = ap.parse_args()
     py = sys.executable
@@ -75,6 +102,11 @@ def main() -> int:
                 ("info", [py, "-m", "pdtrace", "info", path])]
         if a.report:
             rows.append(("report", [py, "-m", "pdtrace", "report", path, "-o", path + ".html"]))
+        if a.merge:
+            t0 = time.perf_counter()
+            halves = split(path)
+            print(f"split into P / D in {time.perf_counter() - t0:.0f} s (once)")
+            rows.append(("merge", [py, "-m", "pdtrace", "merge", *halves, "-o", path + ".merged.jsonl"]))
         for name, argv in rows:
             wall, rss, rc, cpu = measure(argv)
             extra = ""
@@ -87,7 +119,13 @@ def main() -> int:
             elif name == "info":
                 extra = f"  ({'OK' if wall < 1 else 'OVER'} goal < 1 s)"
             elif name == "report" and os.path.exists(path + ".html"):
-                extra = f"  {os.path.getsize(path + '.html') / 1e6:.1f} MB (goal < 5 MB)"
+                extra = (f"  {os.path.getsize(path + '.html') / 1e6:.1f} MB (goal < 5 MB);"
+                         f"  RSS {'OK' if rss < 1000 else 'OVER'} (goal < 1 GB)")
+            elif name == "merge":
+                extra = (f"  ratio to the let-go parse: cpu {cpu / drop[3]:.2f};"
+                         f"  RSS {'OK' if rss < 1000 else 'OVER'} (goal < 1 GB)")
+                if os.path.exists(path + ".merged.jsonl"):
+                    os.unlink(path + ".merged.jsonl")
             print(f"{name:<18}: {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:8,.0f} MB  exit {rc}{extra}")
     return 0
 

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from pdtrace.shards import fit_clock, merge_traces
+from pdtrace.join import fit_clock, merge_traces
 from pdtrace.trace import load, make_header, write_trace
 
 B = 1_000_000  # 1 ms in ns

@@ -18,7 +18,7 @@ import orjson
 
 from pdtrace.frames import SHARD_SUFFIX, frame_head
 from pdtrace.recorder import Recorder
-from pdtrace.shards import _in_time_order, finalize_session, merge_shard_dir
+from pdtrace.shards import finalize_session, in_time_order, merge_shard_dir
 
 VOLATILE = ("id",)
 
@@ -92,7 +92,7 @@ def test_time_order_buffer_releases_what_no_later_event_can_precede():
             yield e
 
     released = []  # (t, how many events the source had handed over when it was released)
-    for e in _in_time_order(source(), lateness=15):
+    for e in in_time_order(source(), lateness=15):
         released.append((e["t"], seen))
     assert [t for t, _ in released] == sorted(e["t"] for e in evs)
     # 10 goes once 30 (> 10 + 15) has arrived, not at the end: the buffer does not hold everything

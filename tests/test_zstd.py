@@ -17,7 +17,7 @@ from pdtrace import cli
 from pdtrace.commands.view import open_source
 from pdtrace.compress import ZSTD_MAGIC, is_zstd
 from pdtrace.ends import read_ends
-from pdtrace.shards import merge_traces
+from pdtrace.join import merge_traces
 from pdtrace.trace import load, write_trace
 
 ROOT = Path(__file__).resolve().parent.parent

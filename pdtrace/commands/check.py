@@ -82,7 +82,7 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     if what_if is None and not stream.header_of(str(trace)).get("ring_s"):
         # segment by segment: memory bounded by the detectors' live state, not the trace
         res = stream.run(str(trace), only=only, request=request, lenient=lenient,
-                         progress=load_progress(str(trace)))
+                         progress=load_progress(str(trace), verb="checking"))
         tr: Any = res
         warn_problems(tr)
         if request is not None and not res.request.seen:  # type: ignore[union-attr]

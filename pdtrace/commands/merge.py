@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from ..errors import PdtraceError
-from ..shards import merge_traces
+from ..join import merge_traces
+from ..progress import load_progress
 
 
 def _fmt_ns(ns: int | None) -> str:
@@ -27,7 +28,9 @@ def run(inputs: list[Path], output: Path, lenient: bool = False) -> int:
         if real in seen:
             raise PdtraceError(f"{p}: given twice (also as {seen[real]}): every event would be merged twice")
         seen[real] = Path(p)
-    res = merge_traces([str(p) for p in inputs], str(output), lenient=lenient)
+    # two passes over each input (pdtrace.join): a progress line for each on a terminal
+    res = merge_traces([str(p) for p in inputs], str(output), lenient=lenient,
+                       progress=lambda verb, path: load_progress(path, verb=f"{verb} (pass {1 if verb == 'reading' else 2} of 2)"))
     print(f"pdtrace: wrote {output} ({res['events']} events)", file=sys.stderr)
     for t in res["clock"]["traces"]:
         print(f"pdtrace: clock of {t['trace']} vs {res['clock']['reference']}: offset {_fmt_ns(t['offset_ns'])}, "

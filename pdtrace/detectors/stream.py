@@ -25,11 +25,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, Callable
 
-from .. import schema
-from ..ends import read_ends
-from ..errors import TraceError
-from ..segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, NeedsScan
-from ..trace import FOOTER_MISSING, LINE_CUT, Problem, ProgressFn, _all_valid, _derive, _open, _read_header, scan_segments
+from ..reading import SEGMENT, Rescan, fast_segments, scan_segments
+from ..trace import Problem, ProgressFn, _derive, _open, _read_header
 from . import DETECTORS, drafter_window, lookahead, metadata, sort_key, stale_read
 from .base import Finding
 from .coverage import CLASSES, RUNNER_KINDS, WHOLE_KINDS, matching
@@ -116,9 +113,8 @@ class RequestSeen:
             return
         r = self.request
         self.seen = any(e.get("req") == r or e.get("remote_req") == r for e in idx.events)
-        if len(self.known) <= 10:
-            self.known.extend(e["req"] for e in idx.kind("req.add") if e.get("req"))
-            self.known = sorted(set(self.known))
+        # the smallest request ids of the trace: ten to suggest, an eleventh says there are more
+        self.known = sorted({*self.known, *(e["req"] for e in idx.kind("req.add") if e.get("req"))})[:11]
 
 
 class Result:
@@ -147,8 +143,7 @@ def header_of(path: str) -> dict[str, Any]:
         return _read_header(path, fh)[0]
 
 
-class _Retry(Exception):
-    """Read the file again through ``scan`` (the fast path met something it cannot judge)."""
+_Retry = Rescan  # read the file again through scan
 
 
 def run(path: str, *, only: list[str] | tuple = (), request: str | None = None, lenient: bool = False,
@@ -164,41 +159,6 @@ def run(path: str, *, only: list[str] | tuple = (), request: str | None = None, 
     finally:
         if was_enabled:
             gc.enable()
-
-
-def _segments_fast(path: str, res: Result, lenient: bool, progress: ProgressFn | None, size: int):
-    fh, total, consumed = _open(path)
-    with fh:
-        res.header, _first = _read_header(path, fh)
-        if res.header["schema_version"] > schema.SCHEMA_VERSION:
-            raise _Retry
-        # without a digest in the footer (or without a footer) every segment is type-checked
-        # as it is read
-        signed = True
-        if fh.seekable():
-            _h, foot, _size = read_ends(path)
-            signed = bool(foot and foot.get("digest"))
-        reader = FastReader(path, fh, total, consumed, progress)
-        try:
-            for seg in reader.segments(size):
-                if not signed and not _all_valid(seg):
-                    raise _Retry
-                yield seg
-        except NeedsScan as exc:
-            if str(exc) not in (NO_FOOTER, CUT_LINE) or signed:
-                raise _Retry from None
-            # every line before was whole, valid and type-checked: only the footer is missing,
-            # maybe after a last line cut short (a recording killed); scan would say just that
-            problems = [(reader.n_events + 2, FOOTER_MISSING)]
-            if reader.cut_line is not None:
-                problems = [(reader.cut_line, LINE_CUT), (reader.cut_line + 1, FOOTER_MISSING)]
-            if not lenient:
-                raise TraceError(path, *problems[0]) from None
-            res.problems.extend(Problem(line, why) for line, why in problems)
-            return
-    if signed and not reader.digest_ok:
-        raise _Retry  # (a segment may hold a wrong-typed field: scan names it)
-    res.footer = reader.footer
 
 
 HELD_KEPT = 1 << 15  # block lists kept for schema v2 derivation (requests whose frees were not recorded)
@@ -231,7 +191,7 @@ def _run(path: str, only: Any, request: str | None, lenient: bool, progress: Pro
     streams = [cls({}) for kind, cls in STREAMS.items() if not only or kind in only]
     configs = Configs()
     held: dict[tuple, list] = {}  # schema v2 block lists, per (pid, inst, request)
-    segs = (_segments_fast(path, res, lenient, progress, size) if fast
+    segs = (fast_segments(path, res, lenient, progress, size) if fast
             else scan_segments(path, res, lenient=lenient, progress=progress, size=size))
     for seg in segs:
         try:

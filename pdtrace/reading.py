@@ -1,0 +1,65 @@
+"""A trace file read in segments of consecutive events, in bounded memory: the fast path
+(``segments.FastReader``) for a clean file, ``trace.scan_segments`` (every line checked and
+named) for one that needs verdicts. Used by the streamed check (``detectors.stream``) and
+the streamed merge (``pdtrace.join``).
+
+``fast_segments`` raises ``Rescan`` when the fast path cannot judge the file: a line that
+needs a verdict, a footer digest that does not match the lines read (a field may have a
+wrong type), a newer schema. The caller then reads the file again with ``scan_segments``,
+from its start (it may already have used some segments).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from . import schema
+from .ends import read_ends
+from .errors import TraceError
+from .eventlist import EventList
+from .segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, NeedsScan
+from .trace import FOOTER_MISSING, LINE_CUT, Problem, ProgressFn, _all_valid, _open, _read_header, scan_segments
+
+__all__ = ["Rescan", "fast_segments", "scan_segments", "SEGMENT"]
+
+
+class Rescan(Exception):
+    """Read the file again through ``scan`` (the fast path met something it cannot judge)."""
+
+
+def fast_segments(path: str, into: Any, lenient: bool, progress: ProgressFn | None,
+                  size: int = SEGMENT) -> Iterator[EventList]:
+    """The events of a clean trace in lists of ``size``; its header, footer and problems go
+    into ``into`` (``header``, ``footer``, ``problems``), as ``scan_segments`` does."""
+    fh, total, consumed = _open(path)
+    with fh:
+        into.header, _first = _read_header(path, fh)
+        if into.header["schema_version"] > schema.SCHEMA_VERSION:
+            raise Rescan
+        # without a digest in the footer (or without a footer) every segment is type-checked
+        # as it is read
+        signed = True
+        if fh.seekable():
+            _h, foot, _size = read_ends(path)
+            signed = bool(foot and foot.get("digest"))
+        reader = FastReader(path, fh, total, consumed, progress)
+        try:
+            for seg in reader.segments(size):
+                if not signed and not _all_valid(seg):
+                    raise Rescan
+                yield seg
+        except NeedsScan as exc:
+            if str(exc) not in (NO_FOOTER, CUT_LINE) or signed:
+                raise Rescan from None
+            # every line before was whole, valid and type-checked: only the footer is missing,
+            # maybe after a last line cut short (a recording killed); scan would say just that
+            problems = [(reader.n_events + 2, FOOTER_MISSING)]
+            if reader.cut_line is not None:
+                problems = [(reader.cut_line, LINE_CUT), (reader.cut_line + 1, FOOTER_MISSING)]
+            if not lenient:
+                raise TraceError(path, *problems[0]) from None
+            into.problems.extend(Problem(line, why) for line, why in problems)
+            return
+    if signed and not reader.digest_ok:
+        raise Rescan  # (a segment may hold a wrong-typed field: scan names it)
+    into.footer = reader.footer
