@@ -90,7 +90,7 @@ def check(
     """Run the detectors. Exit 0: no findings and every bug class checked, 1: findings, 2: unusable trace,
     3: a pdtrace bug (please report), 4: no findings but some bug class not checked (its events missing or its
     hooks failed; see the coverage lines) or only inconclusive findings. The trace is read in segments: memory
-    stays bounded however long the recording (--what-if and flight-recorder traces are loaded whole)."""
+    stays bounded however long the recording (flight-recorder traces, bounded by their window, are loaded whole)."""
     _run("check", trace=trace, format=format, only=only or [], request=request, what_if=what_if,
          output=output, lenient=lenient)
 
@@ -110,8 +110,9 @@ def report(
     output: Path = typer.Option(Path("report.html"), "-o", "--output", metavar="FILE", help="HTML file to write (self-contained, works offline)."),
     lenient: bool = LENIENT,
 ) -> None:
-    """Write a self-contained Plotly HTML report: findings, timeline, block maps, accepted counts. It loads the
-    whole trace (about 1.5 GB of memory per million events); for a long recording, `check` streams."""
+    """Write a self-contained Plotly HTML report: findings, timeline, block maps, accepted counts. A trace of up
+    to a million events is loaded whole; a bigger one is read twice (the streamed check, then the events the page
+    shows: those near findings, the first ones, the rest counted into time bins), in bounded memory."""
     _run("report", trace=trace, output=output, lenient=lenient)
 
 

@@ -5,7 +5,8 @@ reported ``block_ids`` per attention group to the ``ceil(remote_num_tokens / B)`
 covering the computed tokens, with that group's block size B; state groups (Mamba / SSM)
 are passed through untouched. D then end-trims exactly as ``_apply_prefix_caching`` does
 (``remote[-n_local:]``). For each request the replay shows, per group, the mapping the
-trace recorded next to the mapping the fixed rule produces. Pure Python over events.
+trace recorded next to the mapping the fixed rule produces. Pure Python over events, fed in
+trace order (``FixedTrim``): `check --what-if` streams the trace as `check` does.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from .detectors.index import build
-from .detectors.lookahead import blocks_needed, end_trim, join_transfers
+from .detectors.lookahead import blocks_needed, end_trim
+from .detectors.transfers import Joiner, _make, _pos
 
 RULES = ("fixed-trim",)
 
@@ -24,45 +26,77 @@ def fixed_trim(events: list[dict[str, Any]], request: str | None = None) -> list
     A request is listed when P reported blocks the fixed rule clips, or when the recorded
     mapping differs from the fixed one. Pairs are ``[local block, remote block]``.
     """
-    out: list[dict[str, Any]] = []
-    for tr in join_transfers(events, build(events)):
-        if request is not None and request not in (tr.p_req, tr.d_req):
-            continue
-        groups = []
-        affected = False
-        for g, R in enumerate(tr.reported):
-            B = tr.block_size(g)
-            attention = tr.is_attention(g)
-            rnt = tr.remote_num_tokens
-            clipped = R[:blocks_needed(rnt, B)] if attention and rnt is not None else list(R)
-            local = tr.local[g] if tr.local is not None and g < len(tr.local) else None
-            recorded = [list(p) for p in tr.mapping[g]] if tr.mapping is not None and g < len(tr.mapping) else None
-            if local is None:
-                fixed = None
-                note = "no D side in the trace: showing P's clipped report only"
-            elif attention:
-                if len(local) > len(clipped):
-                    note = (f"D allocated {len(local)} blocks but the fixed report has {len(clipped)}: "
-                            f"vLLM would reject this transfer")
-                    fixed = [list(p) for p in zip(local, clipped)]
-                else:
-                    note = ""
-                    fixed = [list(p) for p in end_trim(local, clipped)]
-            else:
-                note = "state group: passed through unchanged"
+    st = FixedTrim(request)
+    st.feed(build(events))
+    return st.finish()
+
+
+class FixedTrim:
+    """``fixed_trim`` over events fed in trace order (``feed`` one ``Index`` at a time, then
+    ``finish``), as the streamed check feeds its detectors: each transfer is replayed when
+    ``transfers.Joiner`` completes it, and only the affected ones are kept."""
+
+    def __init__(self, request: str | None = None):
+        self.request = request
+        self.joiner = Joiner(self._replay)
+        self.out: list[tuple[tuple, dict[str, Any]]] = []
+
+    def feed(self, idx: Any) -> None:
+        self.joiner.feed(idx)
+
+    __call__ = feed  # stream.run(observe=...) hands it each segment's Index
+
+    def _replay(self, p: Any, a: Any, ctx: tuple) -> None:
+        tr = _make(self.joiner.configs, p, a, *ctx)
+        if self.request is not None and self.request not in (tr.p_req, tr.d_req):
+            return
+        r = replay(tr)
+        if r is not None:  # join_transfers' order: P reports in trace order, then D-only allocations
+            self.out.append(((0, _pos(p)) if p is not None else (1, _pos(a)), r))
+
+    def finish(self) -> list[dict[str, Any]]:
+        self.joiner.finish()
+        self.out.sort(key=lambda x: x[0])
+        return [r for _k, r in self.out]
+
+
+def replay(tr: Any) -> dict[str, Any] | None:
+    """One transfer through the fixed rule: its entry, or None when nothing changes."""
+    groups = []
+    affected = False
+    for g, R in enumerate(tr.reported):
+        B = tr.block_size(g)
+        attention = tr.is_attention(g)
+        rnt = tr.remote_num_tokens
+        clipped = R[:blocks_needed(rnt, B)] if attention and rnt is not None else list(R)
+        local = tr.local[g] if tr.local is not None and g < len(tr.local) else None
+        recorded = [list(p) for p in tr.mapping[g]] if tr.mapping is not None and g < len(tr.mapping) else None
+        if local is None:
+            fixed = None
+            note = "no D side in the trace: showing P's clipped report only"
+        elif attention:
+            if len(local) > len(clipped):
+                note = (f"D allocated {len(local)} blocks but the fixed report has {len(clipped)}: "
+                        f"vLLM would reject this transfer")
                 fixed = [list(p) for p in zip(local, clipped)]
-            changed = (clipped != list(R)) or (recorded is not None and fixed is not None and recorded != fixed)
-            affected |= changed
-            groups.append({
-                "group": g, "group_kind": tr.group_kind(g), "state_group": not attention, "block_size": B,
-                "reported": list(R), "clipped": clipped, "local": local,
-                "recorded": recorded, "fixed": fixed, "changed": changed, "note": note,
-            })
-        if affected:
-            out.append({"req": tr.req, "p_req": tr.p_req, "d_req": tr.d_req,
-                        "remote_num_tokens": tr.remote_num_tokens, "mapping_source": tr.mapping_source,
-                        "event_ids": tr.event_ids(), "groups": groups})
-    return out
+            else:
+                note = ""
+                fixed = [list(p) for p in end_trim(local, clipped)]
+        else:
+            note = "state group: passed through unchanged"
+            fixed = [list(p) for p in zip(local, clipped)]
+        changed = (clipped != list(R)) or (recorded is not None and fixed is not None and recorded != fixed)
+        affected |= changed
+        groups.append({
+            "group": g, "group_kind": tr.group_kind(g), "state_group": not attention, "block_size": B,
+            "reported": list(R), "clipped": clipped, "local": local,
+            "recorded": recorded, "fixed": fixed, "changed": changed, "note": note,
+        })
+    if not affected:
+        return None
+    return {"req": tr.req, "p_req": tr.p_req, "d_req": tr.d_req,
+            "remote_num_tokens": tr.remote_num_tokens, "mapping_source": tr.mapping_source,
+            "event_ids": tr.event_ids(), "groups": groups}
 
 
 def run(rule: str, events: list[dict[str, Any]], request: str | None = None) -> list[dict[str, Any]]:

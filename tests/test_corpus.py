@@ -200,17 +200,24 @@ def test_2p2d_findings_name_exactly_the_shifted_transfers(corpus):
 def test_streamed_check_gives_the_same_findings_on_every_scenario(corpus, tmp_path):
     """`check` reads a trace in segments (pdtrace.detectors.stream, issue 22): on every
     scenario, written as a trace and streamed in segments of 1, 4 and 1000 events, the
-    findings and coverage are those of the whole event list."""
+    findings and coverage are those of the whole event list, and so is the --what-if replay."""
+    from pdtrace import whatif
     from pdtrace.detectors import stream
     from pdtrace.detectors.coverage import coverage_of
-    from pdtrace.trace import make_header, write_trace
+    from pdtrace.trace import load, make_header, write_trace
+
+    replayed = 0
 
     for name, (sc, findings) in corpus.items():
         p = tmp_path / f"{name}.jsonl"
         write_trace(str(p), make_header(origin="synthetic", versions={}), sc.events)
         want = [f.to_dict() for f in findings]
         want_cov = {k: c.to_dict() for k, c in coverage(sc.events).items()}
+        want_wi = whatif.fixed_trim(load(str(p)).events)
+        replayed += bool(want_wi)
         for size in (1, 4, 1000):
-            res = stream.run(str(p), size=size)
+            res = stream.run(str(p), size=size, observe=whatif.FixedTrim)
             assert [f.to_dict() for f in res.findings] == want, (name, size)
             assert {k: c.to_dict() for k, c in coverage_of(res.summary).items()} == want_cov, (name, size)
+            assert res.observed.finish() == want_wi, (name, size)  # check --what-if fixed-trim, streamed
+    assert replayed >= 5

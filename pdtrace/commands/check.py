@@ -1,8 +1,8 @@
 """`pdtrace check`: run the detectors over a trace.
 
 The trace is streamed (``pdtrace.detectors.stream``): read in segments that the detectors
-consume and let go, so memory is their live state, not the trace's length. ``--what-if``
-and flight-recorder traces (``ring_s``) are loaded whole.
+consume and let go, so memory is their live state, not the trace's length; ``--what-if``'s
+replay is fed the same segments. Flight-recorder traces (``ring_s``) are loaded whole.
 
 Exit codes: 0 no findings and every selected bug class checked, 1 at least one finding
 (error or warning), 2 unusable trace or bad arguments (``PdtraceError``), 4 no findings but
@@ -79,17 +79,20 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     if output is not None:
         _writable(Path(output))
     ran = only or list(DETECTORS)
-    if what_if is None and not stream.header_of(str(trace)).get("ring_s"):
+    if not stream.header_of(str(trace)).get("ring_s"):
         # segment by segment: memory bounded by the detectors' live state, not the trace
+        # (--what-if too: its replay is fed the segments the same way)
         res = stream.run(str(trace), only=only, request=request, lenient=lenient,
-                         progress=load_progress(str(trace), verb="checking"))
+                         progress=load_progress(str(trace), verb="checking"),
+                         observe=(lambda: _whatif.FixedTrim(request)) if what_if else None)
         tr: Any = res
         warn_problems(tr)
         if request is not None and not res.request.seen:  # type: ignore[union-attr]
             _unknown_request(res.path, request, res.request.known)  # type: ignore[union-attr]
-        findings, wi = res.findings, None
+        findings = res.findings
+        wi = res.observed.finish() if what_if else None
         cov = coverage_of(res.summary, res.footer, kinds=ran, incomplete=incomplete_reason(res.footer, res.problems))
-    else:  # --what-if, and flight-recorder traces (bounded by their window): the trace loaded whole
+    else:  # flight-recorder traces (bounded by their window): the trace loaded whole
         tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
         warn_problems(tr)
         if request is not None and not any(e.get("req") == request or e.get("remote_req") == request

@@ -28,15 +28,47 @@ def load_with_findings(trace: Path, lenient: bool) -> tuple[Any, list, str]:
     return tr, findings, ""
 
 
+WHOLE_UP_TO = 1_000_000  # events: a bigger trace (or a cut one this size on disk) is read in two passes
+
+
+def _too_big(trace: Path) -> bool:
+    from ..ends import read_ends
+
+    try:
+        _h, foot, size = read_ends(str(trace))
+    except Exception:  # noqa: BLE001 - the load says what is wrong with the file
+        return False
+    if foot and isinstance(foot.get("events"), int):
+        return foot["events"] > WHOLE_UP_TO
+    return size > WHOLE_UP_TO * 300  # no footer: ~300 bytes an event
+
+
+def read_reduced(trace: Path, lenient: bool) -> tuple[Any, list, str]:
+    """A trace too big to hold, in two passes (``viewers.html.reduce``): the findings of the
+    streamed check and the events the page can show, with the trace's counts."""
+    from ..progress import load_progress
+    from ..viewers.html import reduce
+
+    tr, findings, _cov = reduce.read(str(trace), lenient=lenient,
+                                     progress=load_progress(str(trace), verb="reading (pass 1 of 2)"))
+    warn_problems(tr)
+    return tr, findings, ""
+
+
 def run(trace: Path, output: Path, lenient: bool = False) -> int:
     from ..viewers.html import report as html_report
 
-    tr, findings, note = load_with_findings(Path(trace), lenient)
+    if _too_big(Path(trace)):
+        tr, findings, note = read_reduced(Path(trace), lenient)
+    else:
+        tr, findings, note = load_with_findings(Path(trace), lenient)
     try:
         stats = html_report.write(tr, output, findings, findings_note=note)
     except OSError as exc:
         raise PdtraceError(f"cannot write {output}: {exc.strerror or exc}") from None
     agg = f", {stats['aggregated']:,} events aggregated" if stats.get("aggregated") else ""
+    if getattr(tr, "totals", None) is not None:
+        agg += f"; read in two passes, {len(tr.events):,} of {tr.totals.n:,} events kept for the page"
     print(f"wrote {output} ({stats['bytes'] / 1e6:.2f} MB, {len(findings)} finding(s), "
           f"{stats['figures']} figure(s){agg})", file=sys.stderr)
     if note:

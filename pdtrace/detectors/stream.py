@@ -130,6 +130,7 @@ class Result:
         self.findings: list[Finding] = []
         self.summary = Summary()
         self.request: RequestSeen | None = None
+        self.observed: Any = None  # run(observe=...)'s callback of the pass that finished
 
     @property
     def complete(self) -> bool:
@@ -147,15 +148,19 @@ _Retry = Rescan  # read the file again through scan
 
 
 def run(path: str, *, only: list[str] | tuple = (), request: str | None = None, lenient: bool = False,
-        progress: ProgressFn | None = None, size: int = SEGMENT) -> Result:
-    """Stream the detectors of ``only`` (all when empty) over the trace at ``path``."""
+        progress: ProgressFn | None = None, size: int = SEGMENT,
+        observe: Callable[[], Callable[[Index], None]] | None = None) -> Result:
+    """Stream the detectors of ``only`` (all when empty) over the trace at ``path``.
+    ``observe``, when given, makes a callback that sees each segment's ``Index`` after the
+    detectors (the report's first pass gathers its totals so); it is made again when the
+    file is read a second time through ``scan``."""
     was_enabled = gc.isenabled()
     gc.disable()  # the live state holds no cycles; a segment's garbage is freed by refcount
     try:
         try:
-            return _run(path, only, request, lenient, progress, size, fast=True)
+            return _run(path, only, request, lenient, progress, size, True, observe)
         except _Retry:
-            return _run(path, only, request, lenient, progress, size, fast=False)
+            return _run(path, only, request, lenient, progress, size, False, observe)
     finally:
         if was_enabled:
             gc.enable()
@@ -185,8 +190,9 @@ def _derive_segment(idx: Index, whole: bool, held: dict[tuple, list]) -> None:
 
 
 def _run(path: str, only: Any, request: str | None, lenient: bool, progress: ProgressFn | None,
-         size: int, fast: bool) -> Result:
+         size: int, fast: bool, observe: Any = None) -> Result:
     res = Result(path)
+    seen = res.observed = observe() if observe is not None else None
     res.request = RequestSeen(request)
     streams = [cls({}) for kind, cls in STREAMS.items() if not only or kind in only]
     configs = Configs()
@@ -204,6 +210,8 @@ def _run(path: str, only: Any, request: str | None, lenient: bool, progress: Pro
             res.request.add(idx)
             for st in streams:
                 st.feed(idx)
+            if seen is not None:
+                seen(idx)
         except (KeyError, TypeError, IndexError, ValueError, AttributeError):
             if fast:  # a value the fast path did not type-check: scan decides
                 raise _Retry from None

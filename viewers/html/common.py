@@ -194,22 +194,30 @@ class Model:
     """The trace indexed once for every figure: time axis (ms since the first event),
     findings, the P<->D request pairing and the requests / steps findings touch."""
 
-    def __init__(self, events: list[dict[str, Any]], findings: list[FindingView]):
+    def __init__(self, events: list[dict[str, Any]], findings: list[FindingView], totals: Any = None):
+        """``totals``: a trace too big to hold (``reduce.Totals``): ``events`` are the ones
+        kept for the page, and the time axis, the P/D pairs and every count are the trace's."""
         self.events = events
         self.findings = findings
+        self.totals = totals
         self.by_id = {e.get("id", i): e for i, e in enumerate(events)}
-        self.tkey = "w" if all("w" in e for e in events[:1000]) else "t"
-        self.t0 = min((e[self.tkey] for e in events), default=0)
+        if totals is not None:
+            self.tkey, self.t0 = "w", totals.t_lo
+        else:
+            self.tkey = "w" if all("w" in e for e in events[:1000]) else "t"
+            self.t0 = min((e[self.tkey] for e in events), default=0)
         self.finding_reqs = {f.req for f in findings if f.req}
         self.finding_ids = sorted({i for f in findings for i in f.event_ids})
         self.finding_steps = {(f.inst, f.step) for f in findings if f.step is not None}
         self.d2p: dict[str, str] = {}  # D request -> P request (remote_request_id)
-        for e in events:
+        for e in (events if totals is None else ()):
             k = e["ev"]
             if k == "req.add" and isinstance(e.get("kv"), dict) and e["kv"].get("remote_request_id") and "req" in e:
                 self.d2p[e["req"]] = str(e["kv"]["remote_request_id"])
             elif k in ("nixl.remote_alloc", "nixl.read") and e.get("remote_req") and "req" in e:
                 self.d2p.setdefault(e["req"], str(e["remote_req"]))
+        if totals is not None:
+            self.d2p = totals.d2p
         self.p2d = {p: d for d, p in self.d2p.items()}
         self.affected_reqs = set(self.finding_reqs)
         for r in list(self.finding_reqs):
@@ -222,7 +230,14 @@ class Model:
         return (e[self.tkey] - self.t0) / 1e6  # ms
 
     def x_end(self) -> float:
+        if self.totals is not None:
+            return (self.totals.t_hi - self.t0) / 1e6
         return max((self.x(e) for e in self.events), default=0.0)
+
+    @property
+    def n_events(self) -> int:
+        """Events in the trace (``events`` may be only those kept for the page)."""
+        return self.totals.n if self.totals is not None else len(self.events)
 
     def near_finding(self, e: dict[str, Any], radius: int = 64) -> bool:
         if e.get("req") in self.affected_reqs:

@@ -11,12 +11,15 @@ from pdtrace.detectors.coverage import CHECKED, NOT_CHECKED, coverage, incomplet
 
 
 def coverage_html(events: list[dict], header: dict | None, footer: dict | None,
-                  findings_cell: Callable[[str, Any], str] | None = None, problems: int = 0) -> tuple[str, list[str]]:
+                  findings_cell: Callable[[str, Any], str] | None = None, problems: int = 0,
+                  cov: dict[str, Any] | None = None) -> tuple[str, list[str]]:
     """(the <table>, the kinds not checked). ``findings_cell(kind, coverage)``, when given,
     fills a third column (the report's summary puts the findings per class there). A trace
-    with damaged lines or no footer checks no class (``coverage(incomplete=...)``), as `check`."""
+    with damaged lines or no footer checks no class (``coverage(incomplete=...)``), as `check`.
+    ``cov``: the verdicts already computed (a trace read in two passes, ``reduce``)."""
     try:
-        cov = coverage(events, header, footer, incomplete=incomplete_reason(footer, problems))
+        if cov is None:
+            cov = coverage(events, header, footer, incomplete=incomplete_reason(footer, problems))
     except Exception as exc:  # noqa: BLE001 - a damaged trace must still render; say so
         return (f'<p class="warn">coverage could not be computed ({html.escape(type(exc).__name__)}): '
                 "no bug class is shown as checked</p>", ["(all)"])

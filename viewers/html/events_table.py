@@ -23,9 +23,9 @@ def select(m: Model, cap: int, listed: int | None = None) -> tuple[list[tuple[in
     """([(id, event)] in id order, stats: total / embedded / cited / trimmed). The events
     cited by the first ``listed`` findings (the ones the page lists) are always embedded."""
     events = m.events
-    total = len(events)
+    total = m.n_events  # the trace's (events: those kept for the page, when it was read in two passes)
     cited = {i for f in m.findings[:listed] for i in f.event_ids}
-    if total <= cap:
+    if len(events) <= cap:
         chosen = [(event_id(e, i), e) for i, e in enumerate(events)]
     else:
         keep: set[int] = set()
@@ -39,7 +39,7 @@ def select(m: Model, cap: int, listed: int | None = None) -> tuple[list[tuple[in
         room = max(cap - len(keep), 0)
         keep.update(near[:room])
         i = 0
-        while len(keep) < cap and i < total:
+        while len(keep) < cap and i < len(events):
             keep.add(i)
             i += 1
         chosen = [(event_id(events[i], i), events[i]) for i in sorted(keep)]

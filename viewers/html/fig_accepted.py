@@ -79,12 +79,13 @@ def accepted(m: Model, budget: int, limit: int) -> tuple[list[tuple[str, dict]],
     notes: list[str] = []
     for ln in sorted(per, key=lane_key):
         evs = per[ln]
-        if not any(e["ev"] == "acc.read" for e in evs):
+        tot = m.totals  # a trace read in two passes: its counts, not the kept events'
+        if not (tot.lane_kind.get((ln, "acc.read")) if tot is not None else any(e["ev"] == "acc.read" for e in evs)):
             continue
         if len(figs) >= limit:
             notes.append(f"{ln} not drawn (limit {limit} workers)")
             continue
-        total = len(evs)
+        total = tot.lane_total(ln, kinds) if tot is not None else len(evs)
         if total > budget:
             steps = sorted({e["step"] for e in evs if "step" in e and ((e.get("inst"), e["step"]) in stale_steps
                                                                        or e.get("id") in stale_ids)})

@@ -46,10 +46,11 @@ def metadata(m: Model, max_steps: int, limit: int) -> tuple[list[tuple[str, dict
     for ln in sorted(per, key=lane_key):
         evs = per[ln]
         steps = sorted({e["step"] for e in evs if "step" in e})
+        n_steps = m.totals.meta_step_count(ln) if m.totals is not None else len(steps)  # the trace's count
         if len(figs) >= limit:
             notes.append(f"{ln} not drawn (limit {limit} workers)")
             continue
-        if len(steps) > max_steps:
+        if n_steps > max_steps:
             bad = sorted({s for (i, s) in meta_find if i == evs[0].get("inst")} & set(steps))
             keep = set()
             for s in bad:
@@ -59,7 +60,7 @@ def metadata(m: Model, max_steps: int, limit: int) -> tuple[list[tuple[str, dict
                     break
                 keep.add(s)
             evs = [e for e in evs if e.get("step") in keep or "step" not in e]
-            notes.append(f"{ln}: {len(keep & set(steps))} of {len(steps)} steps drawn "
+            notes.append(f"{ln}: {len(keep & set(steps))} of {n_steps} steps drawn "
                          f"({'steps around findings, then ' if bad else ''}the first steps)")
         traces: list[dict] = []
         bars: dict[str, list] = {n: [[], [], [], [], []] for n in META_LANES[:3]}

@@ -45,7 +45,9 @@ def caption(fig: dict[str, Any], stats: dict[str, Any], opened_on: tuple[float, 
 
 def _split(m: Model, budget: int) -> tuple[list[dict], list[dict]]:
     events = m.events
-    if len(events) <= budget:
+    if m.totals is not None and m.n_events > budget:  # read in two passes: the rest is in the time bins
+        events = [e for e in events if m.near_finding(e)]
+    elif len(events) <= budget:  # (read in two passes: the first reduce.OPENING events were all kept)
         return [e for e in events if e["ev"] != "sched.step"], []
     detail: list[dict[str, Any]] = []
     rest: list[dict[str, Any]] = []
@@ -65,14 +67,16 @@ def _step_bars(m: Model, budget: int, stats: dict[str, Any]) -> list[dict]:
         if e["ev"] == "sched.step":
             by_lane[lane(e)].append(e)
     step_budget = max(200, budget // 4)
+    tot = m.totals  # read in two passes: every lane's first steps were kept (reduce.STEPS_KEPT)
     # two traces, each with one colour in the legend: plain steps and steps a finding names
     out = {False: {"base": [], "x": [], "y": [], "hovertext": [], "color": []},
            True: {"base": [], "x": [], "y": [], "hovertext": [], "color": []}}
     for ln, ss in by_lane.items():
         ss.sort(key=lambda e: e[m.tkey])
-        if len(ss) > step_budget:
+        n_steps = tot.steps(ln) if tot is not None else len(ss)  # the trace's count
+        if n_steps > step_budget:
             keep_idx = [i for i, e in enumerate(ss) if m.near_finding(e)][:step_budget]
-            stats["aggregated_steps"] = stats.get("aggregated_steps", 0) + len(ss) - len(keep_idx)
+            stats["aggregated_steps"] = stats.get("aggregated_steps", 0) + n_steps - len(keep_idx)
         else:
             keep_idx = list(range(len(ss)))
         for i in keep_idx:
@@ -111,17 +115,27 @@ def _event_ticks(m: Model, detail: list[dict]) -> list[dict]:
     return list(cats.values())
 
 
-def _aggregated(m: Model, rest: list[dict], bins: int, stats: dict[str, Any]) -> list[dict]:
-    """Per lane, per time bin, one marker whose size says how many events it stands for."""
-    if not rest:
+def _aggregated(m: Model, rest: list[dict], bins: int, stats: dict[str, Any],
+                fine: Any = None) -> list[dict]:
+    """Per lane, per time bin, one marker whose size says how many events it stands for.
+    ``fine``: (lane, fine bin, kind) -> count over the whole trace's time range, counted
+    while a trace too big to hold was read (``reduce``), merged into these bins."""
+    if not rest and not fine:
         return []
     xs_all = [m.x(e) for e in rest]
-    lo, hi = min(xs_all), max(xs_all)
+    if fine:
+        lo, hi = 0.0, m.x_end()
+    else:
+        lo, hi = min(xs_all), max(xs_all)
     width = (hi - lo) / bins if hi > lo else 1.0
     agg: dict[tuple[str, int], collections.Counter] = collections.defaultdict(collections.Counter)
     for e, x in zip(rest, xs_all):
-        b = min(int((x - lo) / width), bins - 1)
+        b = min(max(int((x - lo) / width), 0), bins - 1)
         agg[(lane(e), b)][e["ev"]] += 1
+    if fine:
+        from .reduce import FINE_BINS
+        for (ln, fb, kind), n in fine.items():
+            agg[(ln, min(fb * bins // FINE_BINS, bins - 1))][kind] += n
     ax, ay, asz, ah = [], [], [], []
     for (ln, b), cnt in agg.items():
         n = sum(cnt.values())
@@ -151,6 +165,10 @@ def _transfers(m: Model, stats: dict[str, Any]) -> list[dict]:
     n_kv = 0
     kv_budget = 200  # transfers without a finding; those with one are always drawn
     kv_items = sorted(reads.items(), key=lambda it: (it[0] not in m.affected_reqs, it[1][0].get("id", 0)))
+    if m.totals is not None:  # read in two passes: the transfers past the first ones were not kept
+        missing = sum(1 for r in m.totals.reads if r not in reads)
+        if missing:
+            stats["kv_not_drawn"] = stats.get("kv_not_drawn", 0) + missing
     for dreq, rs in kv_items:
         if n_kv >= kv_budget and dreq not in m.affected_reqs and m.d2p.get(dreq) not in m.affected_reqs:
             stats["kv_not_drawn"] = stats.get("kv_not_drawn", 0) + 1
@@ -186,12 +204,18 @@ def _transfers(m: Model, stats: dict[str, Any]) -> list[dict]:
 def timeline(m: Model, budget: int, bins: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(figure, stats): stats has events / drawn / aggregated / bins and what was left out."""
     events = m.events
-    lanes = sorted({lane(e) for e in events}, key=lane_key)
+    fine = getattr(m, "bins", None)  # a trace read in two passes (reduce)
+    if m.totals is not None and m.n_events <= budget:
+        fine = None  # every event was kept (reduce.OPENING) and is drawn
+    lanes = sorted({lane(e) for e in events} | set(getattr(m, "lanes", ())), key=lane_key)
     detail, rest = _split(m, budget)
-    stats: dict[str, Any] = {"events": len(events), "drawn": len(detail), "aggregated": len(rest), "bins": 0}
+    aggregated = len(rest)
+    if fine:
+        aggregated = m.n_events - m.totals.kinds.get("sched.step", 0) - len(detail)
+    stats: dict[str, Any] = {"events": m.n_events, "drawn": len(detail), "aggregated": aggregated, "bins": 0}
     traces = _step_bars(m, budget, stats)
     traces += _event_ticks(m, detail)
-    traces += _aggregated(m, rest, bins, stats)
+    traces += _aggregated(m, rest, bins, stats, fine)
     traces += _transfers(m, stats)
     traces += finding_markers(m, lambda e: lane(e))
     xaxis: dict[str, Any] = {"title": {"text": "time (ms since first event)"}, "zeroline": False}

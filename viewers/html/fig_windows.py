@@ -48,6 +48,8 @@ def windows(m: Model, limit: int) -> tuple[dict | None, str]:
             outside = slots is not None and e["end"] > slots
             if outside or e.get("id") in win_ids or e["req"] in win_reqs:
                 rows.append((e, slots, outside, nb, bs))
+    if m.totals is not None:  # a trace read in two passes: the windows of requests with findings were kept
+        n_windows = m.totals.kinds.get("spec.window", 0)
     if not rows:
         return None, (f"{n_windows} drafter write window(s) in the trace; none writes past the request's blocks"
                       if n_windows else "")

@@ -117,7 +117,10 @@ def _figure_section(sec_id: str, heading: str, intro: str, note: str, empty: str
 def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: int, cap: int,
                  js: str) -> tuple[str, dict]:
     events = trace.events
-    m = Model(events, fv)
+    totals = getattr(trace, "totals", None)  # a trace read in two passes (reduce): events are those kept
+    m = Model(events, fv, totals=totals)
+    if totals is not None:
+        m.bins, m.lanes = trace.bins, trace.lanes  # type: ignore[attr-defined]
     sections: list[str] = []
     figs: dict[str, dict] = {}
     timefigs: list[str] = []
@@ -167,9 +170,9 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
 
     ranges = [m.finding_range(f) for f in listed]
     top = (summary.overview_html(m, trace.header, trace.footer, events, findings_note,
-                                 problems=damaged_lines(trace.problems))
+                                 problems=damaged_lines(trace.problems), cov=getattr(trace, "coverage", None))
            + summary.findings_html(m, ranges, embedded.__contains__)
-           + summary.trace_html(trace.header, trace.footer, trace.problems, events))
+           + summary.trace_html(trace.header, trace.footer, trace.problems, events, totals=totals))
     title = f"pdtrace report: {os.path.basename(str(getattr(trace, 'path', '') or 'trace'))}"
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in (
         ("overview", "Summary"), ("findings", "Findings"), ("timeline", "Timeline"), ("blockmaps", "Block maps"),

@@ -41,7 +41,7 @@ def _ranges(steps: list[int]) -> str:
 
 
 def overview_html(m: Model, header: dict, footer: dict | None, events: list[dict], findings_note: str,
-                  problems: int = 0) -> str:
+                  problems: int = 0, cov: dict[str, Any] | None = None) -> str:
     """The compact summary: one verdict line, a per-class table (coverage verdict and
     findings) and a per-request table; every count links to the first finding it counts."""
     fs = m.findings
@@ -63,7 +63,7 @@ def overview_html(m: Model, header: dict, footer: dict | None, events: list[dict
         sev = ", ".join(f"{v} {k}(s)" for k, v in sorted(c.items()))
         return finding_link(first_of[kind], f"<b>{n}</b>") + f' <span class="note">({esc(sev)})</span>'
 
-    cov_table, unchecked = coverage_html(events, header, footer, findings_cell=cell, problems=problems)
+    cov_table, unchecked = coverage_html(events, header, footer, findings_cell=cell, problems=problems, cov=cov)
     out = ['<section id="overview"><h2>Summary</h2>']
     if findings_note:
         out.append(f'<p class="warn">{esc(findings_note)}</p>')
@@ -115,14 +115,22 @@ def _per_request(m: Model) -> str:
             "<th>bug classes</th><th>steps</th><th>event table</th></tr>" + "".join(rows) + "</table>" + more)
 
 
-def trace_html(header: dict, footer: dict | None, problems: Sequence[Any], events: list[dict]) -> str:
-    counts = (footer or {}).get("counts") or collections.Counter(e["ev"] for e in events)
-    insts = sorted({e.get("inst", "-") for e in events})
+def trace_html(header: dict, footer: dict | None, problems: Sequence[Any], events: list[dict],
+               totals: Any = None) -> str:
+    """``totals``: the counts of a trace read in two passes (``events`` are those kept)."""
+    if totals is not None:
+        counts = (footer or {}).get("counts") or dict(totals.kinds)
+        insts = sorted(totals.insts, key=str)
+        n = totals.n
+    else:
+        counts = (footer or {}).get("counts") or collections.Counter(e["ev"] for e in events)
+        insts = sorted({e.get("inst", "-") for e in events})
+        n = len(events)
     v = header.get("versions") or {}
     rows = [("origin", header.get("origin")), ("created", header.get("created")), ("host", header.get("host")),
             ("redacted", header.get("redacted")), ("command", " ".join(map(str, header.get("cmd") or []))),
             ("versions", ", ".join(f"{k} {val or '—'}" for k, val in v.items())),
-            ("instances", ", ".join(insts)), ("events", f"{len(events):,}"),
+            ("instances", ", ".join(map(str, insts))), ("events", f"{n:,}"),
             ("complete", "yes" if footer is not None and not problems else "NO (damaged or cut trace: read with --lenient)")]
     if footer:
         rows.append(("dropped events", footer.get("dropped", 0)))
@@ -132,7 +140,7 @@ def trace_html(header: dict, footer: dict | None, problems: Sequence[Any], event
         if sk:
             rows.append(("hooks skipped", "; ".join(f"{k}: {r}" for k, r in sk.items())))
     out = ['<section id="summary"><details><summary><h2 class="inline">Trace</h2> '
-           f'<span class="note">{esc(header.get("origin"))}, {len(events):,} events, instances {esc(", ".join(insts))}'
+           f'<span class="note">{esc(header.get("origin"))}, {n:,} events, instances {esc(", ".join(map(str, insts)))}'
            + ("" if footer is not None and not problems else ", <b class='warn'>damaged or cut</b>")
            + '</span></summary><table class="kv">']
     out += [f"<tr><th>{esc(k)}</th><td>{esc(val)}</td></tr>" for k, val in rows]
