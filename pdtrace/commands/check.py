@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import sys
+import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,7 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         if wi is not None:
             text += "\n" + _whatif.render_markdown(wi)
     else:
-        text = render_text(tr, findings, ran, request, cov=cov)
+        text = render_text(tr, findings, ran, request, cov=cov, width=text_width() if output is None else 100)
         if wi is not None:
             text += "\n" + _whatif.render_text(wi)
     if output is not None:
@@ -216,25 +217,43 @@ def _summary_line(findings: list[Finding], cov: dict[str, Coverage] | None = Non
     return f"{c['findings']} finding(s): {c['errors']} error(s), {c['warnings']} warning(s){inc}" + tail
 
 
+def _wrap(text: str, width: int, indent: str, hang: str | None = None) -> list[str]:
+    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=hang or indent,
+                         break_on_hyphens=False) or [indent]
+
+
+def text_width() -> int:
+    """The text report's width: the terminal's (60 to 100 columns) when stdout is one, else 100."""
+    if not sys.stdout.isatty():
+        return 100
+    return max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
+
+
 def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
-                cov: dict[str, Coverage] | None = None) -> str:
+                cov: dict[str, Coverage] | None = None, width: int = 100) -> str:
+    """The text report, every line wrapped at ``width`` columns (``text_width()``)."""
     cov = _cov(tr, ran, cov)
     v = _versions(tr)
-    out = [f"pdtrace check {tr.path}",
-           f"  origin {tr.header.get('origin', '?')}, {tr.n_events} events, vLLM {v['vllm'] or '?'}, "
-           f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
-           + ("" if tr.complete else "  [INCOMPLETE: " + incomplete_reason(tr.footer, tr.problems) + "]"),
-           f"  detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""),
-           "", _summary_line(findings, cov), "", "coverage:"]
-    width = max((len(k) for k in cov), default=0)
-    out.extend(f"  {k:<{width}}  {c.line()}" for k, c in cov.items())
+    out = _wrap(f"pdtrace check {tr.path}", width, "", "    ")
+    out += _wrap(f"origin {tr.header.get('origin', '?')}, {tr.n_events} events, vLLM {v['vllm'] or '?'}, "
+                 f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
+                 + ("" if tr.complete else "  [INCOMPLETE: " + incomplete_reason(tr.footer, tr.problems) + "]"),
+                 width, "  ", "    ")
+    out += _wrap(f"detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""), width, "  ", "    ")
+    out += ["", *_wrap(_summary_line(findings, cov), width, "", "  "), "", "coverage:"]
+    kw = max((len(k) for k in cov), default=0)
+    for k, c in cov.items():
+        if 2 + kw + 2 + 30 <= width:  # the verdict in a column beside the class
+            out += _wrap(f"{k:<{kw}}  {c.line()}", width, "  ", " " * (2 + kw + 2))
+        else:  # too narrow for the column: the verdict under the class
+            out += ["  " + k] + _wrap(c.line(), width, "      ")
     for n, f in enumerate(findings, 1):
         where = " ".join(x for x in (f"step {f.step}" if f.step is not None else "",
                                       f"inst {f.inst}" if f.inst else "", f"req {f.req}" if f.req else "") if x)
         out.append("")
-        out.append(f"[{n}] {f.severity.upper()} {f.kind}  {where}")
-        out.append(f"    {f.title}")
-        out.extend(textwrap.wrap(f.explanation, width=100, initial_indent="    ", subsequent_indent="    "))
+        out += _wrap(f"[{n}] {f.severity.upper()} {f.kind}  {where}", width, "", "    ")
+        out += _wrap(f.title, width, "    ")
+        out += _wrap(f.explanation, width, "    ")
         ids = f.event_ids[:12]
         out.append(f"    events: {ids}" + (f" (+{len(f.event_ids) - 12})" if len(f.event_ids) > 12 else ""))
     return "\n".join(out) + "\n"

@@ -73,14 +73,14 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App)
     COMMANDS = App.COMMANDS | {TraceCommands}
     BINDINGS = [
         Binding("question_mark", "help", "Help"),
-        Binding("q", "quit", "Quit"),
+        Binding("q", "quit", "Quit", show=False),  # (the key bar fits 80 columns: ? lists every key)
         Binding("left", "step(-1)", "Step-", priority=True, group=_STEP),
         Binding("right", "step(1)", "Step+", priority=True, group=_STEP),
         Binding("home", "step_edge(0)", "First", priority=True, show=False),
         Binding("end", "step_edge(1)", "Last", priority=True, show=False),
-        Binding("f", "next_finding(1)", "Finding"),
+        Binding("f", "next_finding(1)", "Find"),
         Binding("F", "next_finding(-1)", "Prev finding", show=False),
-        Binding("n", "req_step(1)", "Req step"),
+        Binding("n", "req_step(1)", "Req"),
         Binding("N", "req_step(-1)", "Prev req step", show=False),
         Binding("slash", "filter", "Filter"),
         Binding("e", "search", "Search"),
