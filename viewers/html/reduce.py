@@ -32,6 +32,7 @@ timeline merges into its aggregated markers. No vLLM / torch import here.
 from __future__ import annotations
 
 import collections
+import gc
 from itertools import repeat
 from operator import itemgetter
 from typing import Any
@@ -136,11 +137,12 @@ class Keep:
     def __init__(self, m: Model, totals: Totals):
         self.m, self.totals = m, totals
         self.kept = EventList()
-        self.near_ids: set[int] = set()
         self.n_near = 0
         self.bins: collections.Counter = collections.Counter()  # (lane, fine bin, kind)
         self.lanes: set[str] = set()
         self.cited = set(m.finding_ids)
+        self._j = 0
+        self._lane_of: dict[tuple, str] = {}
         self._steps: collections.Counter = collections.Counter()
         self._next_step: set[str] = set()
         self._acc: collections.Counter = collections.Counter()
@@ -163,26 +165,37 @@ class Keep:
 
     def __call__(self, seg: list[dict[str, Any]]) -> None:
         m, keep = self.m, self.kept.append
-        near_of, t_lo, scale, bins = m.near_finding, self.totals.t_lo, self._scale, self.bins
+        aff, fsteps, cited_ids = m.affected_reqs, m.finding_steps, m.finding_ids
+        t_lo, scale, bins, lanes = self.totals.t_lo, self._scale, self.bins, self._lane_of
+        j = self._j  # events come in id order: the first cited id not yet 64 ids behind
         for e in seg:
             k = e["ev"]
             eid = e.get("id", -1)
-            ln = lane(e)
-            near = near_of(e)
+            key = (e["pid"], e["role"])  # a process's lane changes only with its role
+            ln = lanes.get(key)
+            if ln is None:
+                ln = lanes[key] = lane(e)
+            # Model.near_finding, with the cited ids walked in order instead of bisected
+            if j and cited_ids[j - 1] >= eid - 64:  # (ids out of order: a hand-edited file) walk again
+                j = 0
+            while j < len(cited_ids) and cited_ids[j] < eid - 64:
+                j += 1
+            near = (e.get("req") in aff or (e.get("inst"), e.get("step")) in fsteps
+                    or (j < len(cited_ids) and cited_ids[j] - eid <= 64))
             if near and (self.n_near < NEAR_KEPT or eid in self.cited):
                 self.n_near += 1
-                self.near_ids.add(eid)
                 keep(e)
                 if k == "sched.step":
                     self._next_step.add(ln)
                 continue
             if k != "sched.step":
-                b = min(int((e["w"] - t_lo) * scale), FINE_BINS - 1)
-                bins[(ln, b, k)] += 1
+                b = int((e["w"] - t_lo) * scale)
+                bins[(ln, b if b < FINE_BINS else FINE_BINS - 1, k)] += 1
             else:
                 self.lanes.add(ln)
             if self._wanted(e, k, ln, eid):
                 keep(e)
+        self._j = j
 
     def _wanted(self, e: dict[str, Any], k: str, ln: str, eid: int) -> bool:
         if eid < OPENING or k in ALWAYS:
@@ -262,7 +275,13 @@ def read(path: str, *, lenient: bool = False, progress: Any = None) -> tuple[Red
     cov = coverage_of(res.summary, res.footer, incomplete=incomplete_reason(res.footer, res.problems))
     fv = [FindingView.of(f) for f in res.findings]
     m = Model([], fv, totals=totals)
-    keep = _second_pass(path, lenient, lambda: Keep(m, totals))
+    was_enabled = gc.isenabled()
+    gc.disable()  # events hold no cycles: the cyclic GC would rescan the kept ones at every segment
+    try:
+        keep = _second_pass(path, lenient, lambda: Keep(m, totals))
+    finally:
+        if was_enabled:
+            gc.enable()
     tr = ReducedTrace(path, res, totals, keep)
     tr.coverage = cov
     return tr, res.findings, cov
