@@ -223,9 +223,9 @@ if __name__ == "__main__":
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("path")
-    ap.add_argument("-n", "--events", type=int, default=1_000_000)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-bugs", action="store_true")
+    ap.add_argument("path", help="trace file to write (.jsonl)")
+    ap.add_argument("-n", "--events", type=int, default=1_000_000, help="about how many events (default 1000000)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    ap.add_argument("--no-bugs", action="store_true", help="no injected bug of any of the four classes")
     a = ap.parse_args()
     print(generate(a.path, a.events, a.seed, inject_bugs=not a.no_bugs))

@@ -130,11 +130,13 @@ class _Input:
         self.late = 0  # ns: how far behind the newest wall time so far any event came
         self.newest: int | None = None
         self.events: list[dict[str, Any]] | None = None  # a shard directory, merged in memory
+        self.procs: set[tuple] = set()  # (inst, pid, wall time) of each proc.start
 
     def see(self, seg: list[dict[str, Any]]) -> None:
         if not seg:
             return
         self.clock.add(seg)
+        self.procs.update((e.get("inst"), e.get("pid"), e.get("w")) for e in seg if e["ev"] == "proc.start")
         self.insts.update(map(dict.get, seg, repeat("inst", len(seg)), repeat(schema.INST_NONE, len(seg))))
         ws = list(map(_W, seg))
         if self.newest is not None:
@@ -216,7 +218,16 @@ def _merge(paths: list[str], output: str, lenient: bool, progress: Any) -> dict[
     clock: dict[str, Any] = {"reference": os.path.basename(base.path), "traces": []}
     offsets = [0]
     for inp in inputs:
-        problems += inp.problems
+        name = os.path.basename(inp.path)
+        problems += [dataclasses.replace(p, file=name) for p in inp.problems]
+    for i, a in enumerate(inputs):  # the same recording twice would double every event of its processes
+        for b in inputs[i + 1:]:
+            same = sorted(a.procs & b.procs, key=str)
+            if same:
+                inst, pid, _w = same[0]
+                raise PdtraceError(f"{a.path} and {b.path} hold the same process (pid {pid} of instance {inst}, "
+                                   f"started at the same instant{f', and {len(same) - 1} more' if len(same) > 1 else ''}"
+                                   "): the same recording given twice? Merge each host's trace once")
     for inp in inputs[1:]:
         fit = fit_clock(base.clock, inp.clock)
         offsets.append(fit.offset_ns)

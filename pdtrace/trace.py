@@ -13,7 +13,6 @@ line becomes a ``Problem`` in ``trace.problems``.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Iterable, Iterator
 
 import orjson
@@ -37,9 +36,10 @@ class Problem:
     line: int
     reason: str
     lost: int = 0  # events known lost with it (a damaged shard frame's count)
+    file: str = ""  # which input, where several are read (merge)
 
     def __str__(self) -> str:
-        return f"line {self.line}: {self.reason}"
+        return f"{self.file}:{self.line}: {self.reason}" if self.file else f"line {self.line}: {self.reason}"
 
 
 @dataclasses.dataclass
@@ -52,7 +52,10 @@ class Trace:
 
     @property
     def complete(self) -> bool:
-        return self.footer is not None and not self.problems
+        """Footer intact, no damaged line, and nothing lost when it was written (the footer's
+        ``input_problems`` / ``shard_problems``: ``coverage.footer_damage``)."""
+        return (self.footer is not None and not self.problems
+                and not self.footer.get("input_problems") and not self.footer.get("shard_problems"))
 
     @property
     def n_events(self) -> int:

@@ -133,3 +133,44 @@ def test_the_reorder_buffer_holds_only_the_late_window(tmp_path):
         out.append(e["w"])
     assert out == sorted(e["w"] for e in src)
     assert widest <= 2 * inp.late + max(b - a for a, b in zip(out, out[1:]))
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "pdtrace", *map(str, args)], capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_a_merge_of_damaged_inputs_is_not_a_complete_trace(tmp_path):
+    """From a new-user pass: `merge --lenient` of cut inputs wrote a trace whose footer listed
+    the input problems, but `check` called every class checked (exit 0) and `info` said
+    complete. The lost events make the merged trace incomplete as the inputs were; the
+    warnings and the footer name the input each problem line is in."""
+    p, d = _split("live_cpu_pd_eagle.jsonl", tmp_path, 0, 0)
+    raw = d.read_bytes().split(b"\n")
+    d.write_bytes(b"\n".join(raw[:-3]) + b"\n")  # D without its footer (and its last event)
+    out = tmp_path / "m.jsonl"
+    rc, _o, err = _cli("merge", p, d, "-o", out, "--lenient")
+    assert rc == 0 and f"warning: D.jsonl:{len(raw) - 2}: no footer" in err, err
+    (only,) = load(str(out)).footer["input_problems"]
+    assert only.startswith(f"D.jsonl:{len(raw) - 2}: no footer")
+    rc, text, _e = _cli("check", out)
+    assert rc == 4 and "INCOMPLETE: merged from damaged input(s)" in text, text
+    assert "  checked" not in text
+    rc, text, _e = _cli("info", out)
+    assert rc == 0 and "complete   NO: merged from damaged input(s)" in text, text
+
+
+def test_merge_refuses_the_same_recording_twice_and_its_own_input_as_output(tmp_path):
+    p, d = _split("live_cpu_pd_eagle.jsonl", tmp_path, 0, 0)
+    copy = tmp_path / "P-copy.jsonl"
+    copy.write_bytes(p.read_bytes())
+    rc, _o, err = _cli("merge", p, copy, "-o", tmp_path / "m.jsonl")
+    assert rc == 2 and "hold the same process" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "m.jsonl").exists()
+    before = p.read_bytes()
+    rc, _o, err = _cli("merge", p, d, "-o", p)
+    assert rc == 2 and "is also an input" in err and p.read_bytes() == before, err
+    rc, _o, err = _cli("merge", p, d, "-o", tmp_path / "nowhere" / "m.jsonl")
+    assert rc == 2 and f"cannot write the output {tmp_path / 'nowhere' / 'm.jsonl'}: no such directory" in err, err

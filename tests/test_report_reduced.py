@@ -82,6 +82,6 @@ def test_report_command_reads_a_big_trace_in_two_passes(tmp_path, monkeypatch, c
     out = tmp_path / "r.html"
     assert report_cmd.run(trace, out) == 0
     err = capsys.readouterr().err
-    assert "read in two passes" in err and "of 18,814 events kept" in err
+    assert "18,814 events read in two passes" in err and "held to draw the page" in err, err
     data = report.unpack_data(out.read_text())
     assert data["events"]["total"] == 18814

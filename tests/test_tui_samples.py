@@ -95,7 +95,7 @@ def test_tmux_80x24(tmp_path, sample):
         _, needles = VERDICTS[sample]
         while time.monotonic() < deadline:
             screen = capture()
-            if all(n in screen for n in needles):
+            if all(n in screen for n in needles) and "c Copy" in screen:  # (the key bar redraws after f)
                 break
             time.sleep(0.3)
         for needle in needles:

@@ -41,6 +41,7 @@ checked and why (``pdtrace.detectors.coverage``). Formats:
 from __future__ import annotations
 
 import os
+import re
 import sys
 import shutil
 import textwrap
@@ -110,9 +111,12 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         if wi is not None:
             text += "\n" + _whatif.render_markdown(wi)
     else:
-        text = render_text(tr, findings, ran, request, cov=cov, width=text_width() if output is None else 100)
+        width = text_width() if output is None else 100
+        text = render_text(tr, findings, ran, request, cov=cov, width=width)
         if wi is not None:
-            text += "\n" + _whatif.render_text(wi)
+            text += "\n" + "\n".join(ln for line in _whatif.render_text(wi).splitlines()
+                                      for ln in _wrap(line, width, line[:len(line) - len(line.lstrip())],
+                                                      line[:len(line) - len(line.lstrip())] + "    ")) + "\n"
     if output is not None:
         Path(output).write_text(text, encoding="utf-8")
         print(f"pdtrace: wrote {output}", file=sys.stderr)
@@ -133,10 +137,15 @@ def _writable(out: Path) -> None:
         raise PdtraceError(f"cannot write the output {out}: {why}")
 
 
+def _natural(s: str) -> tuple:
+    """req-2 before req-10."""
+    return tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", str(s)))
+
+
 def _unknown_request(path: str, request: str, reqs: list[str]) -> None:
-    known = sorted(set(reqs))
+    known = sorted(set(reqs), key=_natural)
     raise PdtraceError(f"{path}: request {request!r} does not appear in the trace"
-                       + (f"; requests seen: {', '.join(known[:10])}" + (" ..." if len(known) > 10 else "")
+                       + (f"; requests seen: {', '.join(known[:5])}" + (" ..." if len(known) > 5 else "")
                           if known else ""))
 
 
@@ -149,7 +158,9 @@ def _next_steps(trace: str, findings: list[Finding], cov: dict[str, Coverage]) -
     if not_checked(cov):
         tips.append("pdtrace doctor   (which hooks feed each class on the vLLM installed here)")
     if tips:
-        print("next: " + "\n      ".join(tips), file=sys.stderr)
+        w = text_width()
+        lines = [ln for i, t in enumerate(tips) for ln in _wrap(t, w, "next: " if i == 0 else "      ", "        ")]
+        print("\n".join(lines), file=sys.stderr)
 
 
 def exit_code(findings: list[Finding], cov: dict[str, Coverage]) -> int:
@@ -237,7 +248,7 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
     out = _wrap(f"pdtrace check {tr.path}", width, "", "    ")
     out += _wrap(f"origin {tr.header.get('origin', '?')}, {tr.n_events} events, vLLM {v['vllm'] or '?'}, "
                  f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
-                 + ("" if tr.complete else "  [INCOMPLETE: " + incomplete_reason(tr.footer, tr.problems) + "]"),
+                 + ("" if tr.complete else "  [INCOMPLETE: " + (incomplete_reason(tr.footer, tr.problems) or "?") + "]"),
                  width, "  ", "    ")
     out += _wrap(f"detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""), width, "  ", "    ")
     out += ["", *_wrap(_summary_line(findings, cov), width, "", "  "), "", "coverage:"]

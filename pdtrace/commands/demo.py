@@ -26,8 +26,9 @@ def run() -> int:
 
     path = demo_trace_path()
     print(f"pdtrace demo: checking the bundled sample {path.name}")
-    print("  (recorded from real vLLM 0.32.0 scheduler + NIXL connector code on CPU with the pre-fix")
-    print("   'P reports its lookahead block' rule re-introduced as a labelled fault; see sample_traces/README.md)\n")
+    print("  (recorded from real vLLM 0.32.0 scheduler + NIXL connector code on CPU with the")
+    print("   pre-fix 'P reports its lookahead block' rule re-introduced as a labelled fault;")
+    print("   see sample_traces/README.md)\n")
     code = check.run(trace=path, format="text", only=[], request=None, what_if=None, output=None, lenient=False)
     rel = str(path)  # absolute: the lines below work from any directory
     # the command as it can be typed here: `pdtrace` when it is on PATH, else the script that ran
@@ -38,8 +39,11 @@ def run() -> int:
     if (not found or os.path.realpath(found) != os.path.realpath(argv0)) and os.path.basename(argv0) == "pdtrace":
         exe = os.path.relpath(argv0) if not os.path.relpath(argv0).startswith("..") else argv0
     print("\nNext:")
-    print(f"  {exe} view {rel}                 # step through it in the terminal")
-    print(f"  {exe} check {rel} --what-if fixed-trim   # what the fixed rule would have mapped")
+    print("  # step through it in the terminal (f: next finding, ?: every key)")
+    print(f"  {exe} view {rel}")
+    print("  # what the fixed rule would have mapped")
+    print(f"  {exe} check {rel} --what-if fixed-trim")
+    print("  # one self-contained HTML page")
     print(f"  {exe} report {rel} -o report.html")
     # the demo succeeded if it found the seeded bug
     return 0 if code == 1 else 3

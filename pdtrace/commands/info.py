@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .. import schema
 from ..errors import EXIT_OK, warn_problems, write_stdout
+from ..detectors.coverage import footer_damage
 from ..trace import load, make_footer
 from ..ends import read_ends
 from ..progress import load_progress
@@ -23,6 +24,9 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
         derived, problems, n_events, path = False, [], footer["events"], str(trace)
         complete = ("yes (footer intact; the events were not read: --full reads them, "
                     "`pdtrace check` checks them)")
+        damage = footer_damage(footer)
+        if damage:
+            complete = "NO: " + "; ".join(damage)
     else:
         tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
         warn_problems(tr, incomplete=False)  # info says whether it is complete itself
@@ -32,6 +36,8 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
             footer = make_footer(tr.events)
         complete = ("yes" if tr.complete else "NO") + (" (summary rebuilt from the events: no footer)"
                                                        if derived else "")
+        if not derived and footer_damage(footer):
+            complete = "NO: " + "; ".join(footer_damage(footer))
     v = h.get("versions") or {}
     out = [f"trace      {path}",
            f"schema     {h.get('schema')} v{h.get('schema_version')}, written by pdtrace {h.get('pdtrace', '?')}",
@@ -68,6 +74,12 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
         out.append("  applied: " + ", ".join(applied))
     for k, why in sorted(skipped.items()):
         out.append(f"  skipped {k}: {why}")
+    if sys.stdout.isatty():  # at a terminal, long lines (commands, hook lists) wrap under their label
+        import shutil
+        import textwrap
+        w = max(60, shutil.get_terminal_size((100, 24)).columns)
+        out = [ln for line in out for ln in (textwrap.wrap(line, w, subsequent_indent=" " * 11, break_on_hyphens=False)
+                                             if len(line) > w else [line])]
     write_stdout("\n".join(out) + "\n")
     return EXIT_OK
 

@@ -66,9 +66,11 @@ def run(trace: Path, output: Path, lenient: bool = False) -> int:
         stats = html_report.write(tr, output, findings, findings_note=note)
     except OSError as exc:
         raise PdtraceError(f"cannot write {output}: {exc.strerror or exc}") from None
-    agg = f", {stats['aggregated']:,} events aggregated" if stats.get("aggregated") else ""
+    agg = (f", timeline: {stats['drawn']:,} events drawn, {stats['aggregated']:,} in time bins"
+           if stats.get("aggregated") else "")
     if getattr(tr, "totals", None) is not None:
-        agg += f"; read in two passes, {len(tr.events):,} of {tr.totals.n:,} events kept for the page"
+        agg += (f"; {tr.totals.n:,} events read in two passes, {len(tr.events):,} of them held to draw the page "
+                f"({stats['events_embedded']:,} in its event table)")
     print(f"wrote {output} ({stats['bytes'] / 1e6:.2f} MB, {len(findings)} finding(s), "
           f"{stats['figures']} figure(s){agg})", file=sys.stderr)
     if note:

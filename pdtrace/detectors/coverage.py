@@ -383,7 +383,24 @@ def incomplete_reason(footer: dict | None, problems: Any) -> str | None:
         bits.append(f"{problems} damaged line(s) skipped")
     if footer is None:
         bits.append("no footer: the recording was cut off")
+    else:
+        bits.extend(footer_damage(footer))
     return "; ".join(bits) or None
+
+
+def footer_damage(footer: dict) -> list[str]:
+    """What a footer says its trace lost when it was written: a merge of damaged inputs
+    (``input_problems``, read with --lenient), a recording with damaged shard frames
+    (``shard_problems``, ``lost``). The events are whole lines, but some never made it."""
+    out = []
+    if footer.get("input_problems"):
+        out.append(f"merged from damaged input(s): {len(footer['input_problems'])} problem line(s) "
+                   f"({footer['input_problems'][0]})")
+    if footer.get("shard_problems"):
+        lost = footer.get("lost") or 0
+        out.append(f"{len(footer['shard_problems'])} damaged shard stretch(es) skipped while recording"
+                   + (f", {lost} event(s) lost" if lost else ""))
+    return out
 
 
 def not_checked(cov: dict[str, Coverage]) -> list[str]:

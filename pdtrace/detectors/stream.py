@@ -21,6 +21,7 @@ construction) is loaded whole: the ring-cut rules look back over all of it.
 from __future__ import annotations
 
 import gc
+import re
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Callable
@@ -100,6 +101,11 @@ class Summary:
         return bool(self._n.get(kind))
 
 
+def _natural(s: Any) -> tuple:
+    """req-2 before req-10 (the ids an unknown --request suggests)."""
+    return tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", str(s)))
+
+
 class RequestSeen:
     """Whether ``--request`` names a request of the trace, and a few request ids to suggest."""
 
@@ -114,7 +120,8 @@ class RequestSeen:
         r = self.request
         self.seen = any(e.get("req") == r or e.get("remote_req") == r for e in idx.events)
         # the smallest request ids of the trace: ten to suggest, an eleventh says there are more
-        self.known = sorted({*self.known, *(e["req"] for e in idx.kind("req.add") if e.get("req"))})[:11]
+        self.known = sorted({*self.known, *(e["req"] for e in idx.kind("req.add") if e.get("req"))},
+                            key=_natural)[:11]
 
 
 class Result:
@@ -134,7 +141,8 @@ class Result:
 
     @property
     def complete(self) -> bool:
-        return self.footer is not None and not self.problems
+        return (self.footer is not None and not self.problems
+                and not self.footer.get("input_problems") and not self.footer.get("shard_problems"))
 
 
 def header_of(path: str) -> dict[str, Any]:
