@@ -111,12 +111,15 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         if wi is not None:
             text += "\n" + _whatif.render_markdown(wi)
     else:
-        width = text_width() if output is None else 100
+        width = text_width() if output is None else None
         text = render_text(tr, findings, ran, request, cov=cov, width=width)
         if wi is not None:
-            text += "\n" + "\n".join(ln for line in _whatif.render_text(wi).splitlines()
-                                      for ln in _wrap(line, width, line[:len(line) - len(line.lstrip())],
-                                                      line[:len(line) - len(line.lstrip())] + "    ")) + "\n"
+            wi_text = _whatif.render_text(wi)
+            if width is not None:  # at a terminal: wrapped under each line's indent
+                wi_text = "\n".join(ln for line in wi_text.splitlines()
+                                    for ln in _wrap(line, width, line[:len(line) - len(line.lstrip())],
+                                                    line[:len(line) - len(line.lstrip())] + "    ")) + "\n"
+            text += "\n" + wi_text
     if output is not None:
         Path(output).write_text(text, encoding="utf-8")
         print(f"pdtrace: wrote {output}", file=sys.stderr)
@@ -158,7 +161,7 @@ def _next_steps(trace: str, findings: list[Finding], cov: dict[str, Coverage]) -
     if not_checked(cov):
         tips.append("pdtrace doctor   (which hooks feed each class on the vLLM installed here)")
     if tips:
-        w = text_width()
+        w = text_width() or 100
         lines = [ln for i, t in enumerate(tips) for ln in _wrap(t, w, "next: " if i == 0 else "      ", "        ")]
         print("\n".join(lines), file=sys.stderr)
 
@@ -233,37 +236,50 @@ def _wrap(text: str, width: int, indent: str, hang: str | None = None) -> list[s
                          break_on_hyphens=False) or [indent]
 
 
-def text_width() -> int:
-    """The text report's width: the terminal's (60 to 100 columns) when stdout is one, else 100."""
-    if not sys.stdout.isatty():
-        return 100
+def text_width() -> int | None:
+    """The text report's width: the terminal's (60 to 100 columns) when stdout is one, or
+    ``COLUMNS`` when set; else None: piped or captured, one line per coverage verdict (for grep)."""
+    if not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit():
+        return None
     return max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
 
 
 def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
-                cov: dict[str, Coverage] | None = None, width: int = 100) -> str:
-    """The text report, every line wrapped at ``width`` columns (``text_width()``)."""
+                cov: dict[str, Coverage] | None = None, width: int | None = None) -> str:
+    """The text report: every line wrapped at ``width`` columns (``text_width()``: a
+    terminal); with None (piped, written to a file), the explanations at 100 columns and
+    each header and coverage line whole."""
+    if width is None:
+        return _render_text(tr, findings, ran, request, cov, 100, whole=True)
+    return _render_text(tr, findings, ran, request, cov, width, whole=False)
+
+
+def _render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None,
+                 cov: dict[str, Coverage] | None, width: int, whole: bool) -> str:
+    def line(text: str, w: int, indent: str, hang: str | None = None) -> list[str]:
+        return [indent + text] if whole else _wrap(text, w, indent, hang)  # whole: the lines scripts grep
+
     cov = _cov(tr, ran, cov)
     v = _versions(tr)
-    out = _wrap(f"pdtrace check {tr.path}", width, "", "    ")
-    out += _wrap(f"origin {tr.header.get('origin', '?')}, {tr.n_events} events, vLLM {v['vllm'] or '?'}, "
-                 f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
-                 + ("" if tr.complete else "  [INCOMPLETE: " + (incomplete_reason(tr.footer, tr.problems) or "?") + "]"),
-                 width, "  ", "    ")
-    out += _wrap(f"detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""), width, "  ", "    ")
-    out += ["", *_wrap(_summary_line(findings, cov), width, "", "  "), "", "coverage:"]
+    out = line(f"pdtrace check {tr.path}", width, "", "    ")
+    out += line(f"origin {tr.header.get('origin', '?')}, {tr.n_events} events, vLLM {v['vllm'] or '?'}, "
+                f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
+                + ("" if tr.complete else "  [INCOMPLETE: " + (incomplete_reason(tr.footer, tr.problems) or "?") + "]"),
+                width, "  ", "    ")
+    out += line(f"detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""), width, "  ", "    ")
+    out += ["", *line(_summary_line(findings, cov), width, "", "  "), "", "coverage:"]
     kw = max((len(k) for k in cov), default=0)
     for k, c in cov.items():
-        if 2 + kw + 2 + 30 <= width:  # the verdict in a column beside the class
-            out += _wrap(f"{k:<{kw}}  {c.line()}", width, "  ", " " * (2 + kw + 2))
+        if whole or 2 + kw + 2 + 30 <= width:  # the verdict in a column beside the class
+            out += line(f"{k:<{kw}}  {c.line()}", width, "  ", " " * (2 + kw + 2))
         else:  # too narrow for the column: the verdict under the class
             out += ["  " + k] + _wrap(c.line(), width, "      ")
     for n, f in enumerate(findings, 1):
         where = " ".join(x for x in (f"step {f.step}" if f.step is not None else "",
                                       f"inst {f.inst}" if f.inst else "", f"req {f.req}" if f.req else "") if x)
         out.append("")
-        out += _wrap(f"[{n}] {f.severity.upper()} {f.kind}  {where}", width, "", "    ")
-        out += _wrap(f.title, width, "    ")
+        out += line(f"[{n}] {f.severity.upper()} {f.kind}  {where}", width, "", "    ")
+        out += line(f.title, width, "    ")
         out += _wrap(f.explanation, width, "    ")
         ids = f.event_ids[:12]
         out.append(f"    events: {ids}" + (f" (+{len(f.event_ids) - 12})" if len(f.event_ids) > 12 else ""))
