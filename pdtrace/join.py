@@ -29,7 +29,7 @@ from typing import Any, Iterable, Iterator
 from . import schema
 from .errors import PdtraceError
 from .footer import FooterCounter
-from .reading import SEGMENT, Rescan, fast_segments, scan_segments
+from .reading import SEGMENT, Rescan, Sink, fast_segments, read_through, scan_segments
 from .shards import in_time_order, merge_shard_dir
 from .trace import Problem, ProgressFn
 from .writer import make_header, write_trace
@@ -161,29 +161,17 @@ def _first_pass(path: str, lenient: bool, progress: ProgressFn | None) -> _Input
         inp.header = make_header(origin="record", cmd=[])
         inp.see(inp.events)
         return inp
-    for fast in (True, False):
+
+    def start(fast: bool) -> tuple[_Input, Any]:
         inp = _Input(path, fast)
-        try:
-            for seg in _segments(inp, inp, lenient, progress):
-                inp.see(seg)
-            return inp
-        except Rescan:
-            continue
-    raise AssertionError("unreachable: scan does not ask for a rescan")
-
-
-class _Again:
-    header: dict[str, Any] = {}
-    footer: dict[str, Any] | None = None
-
-    def __init__(self) -> None:
-        self.problems: list[Problem] = []
+        return inp, inp.see
+    return read_through(path, lenient, progress, start)
 
 
 def _shifted(inp: _Input, offset: int, lenient: bool, progress: ProgressFn | None) -> Iterator[dict[str, Any]]:
     """The second pass over one input: its events with ``w`` shifted and without ``id``."""
     try:
-        for seg in _segments(inp, _Again(), lenient, progress):
+        for seg in _segments(inp, Sink(), lenient, progress):
             for e in seg:
                 e.pop("id", None)
                 e["w"] += offset

@@ -20,11 +20,37 @@ from .eventlist import EventList
 from .segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, NeedsScan
 from .trace import FOOTER_MISSING, LINE_CUT, Problem, ProgressFn, _all_valid, _open, _read_header, scan_segments
 
-__all__ = ["Rescan", "fast_segments", "scan_segments", "SEGMENT"]
+__all__ = ["Rescan", "Sink", "fast_segments", "read_through", "scan_segments", "SEGMENT"]
 
 
 class Rescan(Exception):
     """Read the file again through ``scan`` (the fast path met something it cannot judge)."""
+
+
+class Sink:
+    """Where a pass puts the header, footer and problem lines it reads (``into`` below)."""
+
+    def __init__(self) -> None:
+        self.header: dict[str, Any] = {}
+        self.footer: dict[str, Any] | None = None
+        self.problems: list[Problem] = []
+
+
+def read_through(path: str, lenient: bool, progress: ProgressFn | None, start: Any, size: int = SEGMENT) -> Any:
+    """One whole pass over the trace: ``start(fast)`` gives ``(into, consume)``, and every
+    segment goes to ``consume``. The fast path first; when it cannot judge the file, the pass
+    starts over through scan with a fresh ``start(False)``. Returns that pass's ``into``."""
+    for fast in (True, False):
+        into, consume = start(fast)
+        segs = (fast_segments(path, into, lenient, progress, size) if fast
+                else scan_segments(path, into, lenient=lenient, progress=progress, size=size))
+        try:
+            for seg in segs:
+                consume(seg)
+            return into
+        except Rescan:
+            continue
+    raise AssertionError("unreachable: scan does not ask for a rescan")
 
 
 def fast_segments(path: str, into: Any, lenient: bool, progress: ProgressFn | None,

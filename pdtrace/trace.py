@@ -42,6 +42,13 @@ class Problem:
         return f"{self.file}:{self.line}: {self.reason}" if self.file else f"line {self.line}: {self.reason}"
 
 
+def is_complete(footer: dict[str, Any] | None, problems: Any) -> bool:
+    """Footer intact, no damaged line, and nothing lost when it was written (the footer's
+    ``input_problems`` / ``shard_problems``: ``coverage.footer_damage`` says them in words)."""
+    return (footer is not None and not problems
+            and not footer.get("input_problems") and not footer.get("shard_problems"))
+
+
 @dataclasses.dataclass
 class Trace:
     path: str
@@ -52,10 +59,7 @@ class Trace:
 
     @property
     def complete(self) -> bool:
-        """Footer intact, no damaged line, and nothing lost when it was written (the footer's
-        ``input_problems`` / ``shard_problems``: ``coverage.footer_damage``)."""
-        return (self.footer is not None and not self.problems
-                and not self.footer.get("input_problems") and not self.footer.get("shard_problems"))
+        return is_complete(self.footer, self.problems)
 
     @property
     def n_events(self) -> int:

@@ -41,9 +41,8 @@ checked and why (``pdtrace.detectors.coverage``). Formats:
 from __future__ import annotations
 
 import os
-import re
-import sys
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -140,13 +139,8 @@ def _writable(out: Path) -> None:
         raise PdtraceError(f"cannot write the output {out}: {why}")
 
 
-def _natural(s: str) -> tuple:
-    """req-2 before req-10."""
-    return tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", str(s)))
-
-
 def _unknown_request(path: str, request: str, reqs: list[str]) -> None:
-    known = sorted(set(reqs), key=_natural)
+    known = sorted(set(reqs), key=stream.natural_key)
     raise PdtraceError(f"{path}: request {request!r} does not appear in the trace"
                        + (f"; requests seen: {', '.join(known[:5])}" + (" ..." if len(known) > 5 else "")
                           if known else ""))
@@ -249,13 +243,8 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
     """The text report: every line wrapped at ``width`` columns (``text_width()``: a
     terminal); with None (piped, written to a file), the explanations at 100 columns and
     each header and coverage line whole."""
-    if width is None:
-        return _render_text(tr, findings, ran, request, cov, 100, whole=True)
-    return _render_text(tr, findings, ran, request, cov, width, whole=False)
+    whole, width = width is None, width or 100
 
-
-def _render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None,
-                 cov: dict[str, Coverage] | None, width: int, whole: bool) -> str:
     def line(text: str, w: int, indent: str, hang: str | None = None) -> list[str]:
         return [indent + text] if whole else _wrap(text, w, indent, hang)  # whole: the lines scripts grep
 

@@ -36,8 +36,9 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
             footer = make_footer(tr.events)
         complete = ("yes" if tr.complete else "NO") + (" (summary rebuilt from the events: no footer)"
                                                        if derived else "")
-        if not derived and footer_damage(footer):
-            complete = "NO: " + "; ".join(footer_damage(footer))
+        damage = [] if derived else footer_damage(footer)
+        if damage:
+            complete = "NO: " + "; ".join(damage)
     v = h.get("versions") or {}
     out = [f"trace      {path}",
            f"schema     {h.get('schema')} v{h.get('schema_version')}, written by pdtrace {h.get('pdtrace', '?')}",

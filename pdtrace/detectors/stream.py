@@ -27,7 +27,7 @@ from operator import itemgetter
 from typing import Any, Callable
 
 from ..reading import SEGMENT, Rescan, fast_segments, scan_segments
-from ..trace import Problem, ProgressFn, _derive, _open, _read_header
+from ..trace import Problem, ProgressFn, _derive, _open, _read_header, is_complete
 from . import DETECTORS, drafter_window, lookahead, metadata, sort_key, stale_read
 from .base import Finding
 from .coverage import CLASSES, RUNNER_KINDS, WHOLE_KINDS, matching
@@ -101,7 +101,7 @@ class Summary:
         return bool(self._n.get(kind))
 
 
-def _natural(s: Any) -> tuple:
+def natural_key(s: Any) -> tuple:
     """req-2 before req-10 (the ids an unknown --request suggests)."""
     return tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", str(s)))
 
@@ -121,7 +121,7 @@ class RequestSeen:
         self.seen = any(e.get("req") == r or e.get("remote_req") == r for e in idx.events)
         # the smallest request ids of the trace: ten to suggest, an eleventh says there are more
         self.known = sorted({*self.known, *(e["req"] for e in idx.kind("req.add") if e.get("req"))},
-                            key=_natural)[:11]
+                            key=natural_key)[:11]
 
 
 class Result:
@@ -141,8 +141,7 @@ class Result:
 
     @property
     def complete(self) -> bool:
-        return (self.footer is not None and not self.problems
-                and not self.footer.get("input_problems") and not self.footer.get("shard_problems"))
+        return is_complete(self.footer, self.problems)
 
 
 def header_of(path: str) -> dict[str, Any]:

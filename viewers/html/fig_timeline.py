@@ -204,10 +204,10 @@ def _transfers(m: Model, stats: dict[str, Any]) -> list[dict]:
 def timeline(m: Model, budget: int, bins: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(figure, stats): stats has events / drawn / aggregated / bins and what was left out."""
     events = m.events
-    fine = getattr(m, "bins", None)  # a trace read in two passes (reduce)
+    fine = m.totals.bins if m.totals is not None else None  # a trace read in two passes (reduce)
     if m.totals is not None and m.n_events <= budget:
         fine = None  # every event was kept (reduce.OPENING) and is drawn
-    lanes = sorted({lane(e) for e in events} | set(getattr(m, "lanes", ())), key=lane_key)
+    lanes = sorted({lane(e) for e in events} | (m.totals.lanes if m.totals is not None else set()), key=lane_key)
     detail, rest = _split(m, budget)
     aggregated = len(rest)
     if fine:

@@ -41,7 +41,7 @@ from pdtrace.detectors import stream
 from pdtrace.detectors.coverage import coverage_of, incomplete_reason
 from pdtrace.detectors.index import Configs, Index
 from pdtrace.eventlist import EventList
-from pdtrace.reading import SEGMENT, Rescan, fast_segments, scan_segments
+from pdtrace.reading import Sink, read_through
 
 from .common import FindingView, Model, lane
 
@@ -78,6 +78,9 @@ class Totals:
         self.reads: dict[str, None] = {}  # D requests in the order of their first nixl.read
         self.insts: set = set()
         self._first = True
+        # filled by pass 2 (``read``): the time bins of the events not near a finding, and every lane
+        self.bins: collections.Counter = collections.Counter()
+        self.lanes: set[str] = set()
 
     def __call__(self, idx: Index) -> None:
         evs = idx.events
@@ -226,46 +229,39 @@ class Keep:
 
 class ReducedTrace:
     """What ``render`` reads of a trace (``pdtrace.trace.Trace``'s fields), for a trace read in
-    two passes: ``events`` are the kept ones; ``totals``, ``bins`` and ``coverage`` are the
-    trace's."""
+    two passes: ``events`` are the kept ones; ``totals`` (with pass 2's time bins) and
+    ``coverage`` are the trace's."""
 
-    def __init__(self, path: str, res: Any, totals: Totals, keep: Keep):
+    def __init__(self, path: str, res: Any, totals: Totals, keep: Keep, coverage: dict[str, Any]):
         self.path = path
         self.header, self.footer, self.problems = res.header, res.footer, res.problems
         self.events = keep.kept
         self.totals = totals
-        self.bins = keep.bins
-        self.lanes = keep.lanes | {lane(e) for e in keep.kept}
         self.n_events = res.n_events
-        self.coverage: dict[str, Any] | None = None
+        self.coverage = coverage
+
+
+class _Pass(Sink):
+    """A second pass's header / footer / problems, and what it keeps."""
+
+    def __init__(self, keep: Keep):
+        super().__init__()
+        self.keep = keep
 
 
 def _second_pass(path: str, lenient: bool, keep_of: Any) -> Keep:
-    class _Sink:
-        header: dict = {}
-        footer = None
+    def start(_fast: bool) -> tuple[_Pass, Any]:
+        keep, configs, held = keep_of(), Configs(), {}
+        sink = _Pass(keep)
 
-        def __init__(self) -> None:
-            self.problems: list = []
-
-    for fast in (True, False):
-        keep = keep_of()
-        sink = _Sink()
-        segs = (fast_segments(path, sink, lenient, None, SEGMENT) if fast
-                else scan_segments(path, sink, lenient=lenient, size=SEGMENT))
-        configs = Configs()
-        held: dict = {}
-        try:
-            for seg in segs:
-                idx = Index(seg, configs)
-                configs.add(idx.kind("sched.config"))
-                if sink.header.get("schema_version", 1) >= 2:
-                    stream._derive_segment(idx, getattr(seg, "blocks_derived", False), held)
-                keep(seg)
-            return keep
-        except Rescan:
-            continue
-    raise AssertionError("unreachable: scan does not ask for a rescan")
+        def consume(seg: Any) -> None:
+            idx = Index(seg, configs)
+            configs.add(idx.kind("sched.config"))
+            if sink.header.get("schema_version", 1) >= 2:  # schema v2 block lists, as the check derives them
+                stream._derive_segment(idx, getattr(seg, "blocks_derived", False), held)
+            keep(seg)
+        return sink, consume
+    return read_through(path, lenient, None, start).keep
 
 
 def read(path: str, *, lenient: bool = False, progress: Any = None) -> tuple[ReducedTrace, list, dict]:
@@ -282,6 +278,5 @@ def read(path: str, *, lenient: bool = False, progress: Any = None) -> tuple[Red
     finally:
         if was_enabled:
             gc.enable()
-    tr = ReducedTrace(path, res, totals, keep)
-    tr.coverage = cov
-    return tr, res.findings, cov
+    totals.bins, totals.lanes = keep.bins, keep.lanes | {lane(e) for e in keep.kept}
+    return ReducedTrace(path, res, totals, keep, cov), res.findings, cov

@@ -119,8 +119,6 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
     events = trace.events
     totals = getattr(trace, "totals", None)  # a trace read in two passes (reduce): events are those kept
     m = Model(events, fv, totals=totals)
-    if totals is not None:
-        m.bins, m.lanes = trace.bins, trace.lanes  # type: ignore[attr-defined]
     sections: list[str] = []
     figs: dict[str, dict] = {}
     timefigs: list[str] = []
