@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
+from pathlib import Path
 
 # Exit codes shared by every command.
 EXIT_OK = 0
@@ -116,3 +117,12 @@ def warn_problems(tr: "object", limit: int = 20, incomplete: bool = True) -> Non
         print(f"pdtrace: warning: {path}: incomplete trace ({why}): read with --lenient; what it lacks is not "
               f"checked", file=sys.stderr)
 
+
+def check_writable(out: Path) -> None:
+    """Fail before reading anything when the output could not be written (check -o, merge -o)."""
+    parent = out.parent if str(out.parent) else Path(".")
+    why = ("is a directory" if out.is_dir() else "no such directory" if not parent.is_dir()
+           else "no write permission" if not os.access(parent, os.W_OK)
+           or (out.exists() and not os.access(out, os.W_OK)) else None)
+    if why:
+        raise PdtraceError(f"cannot write the output {out}: {why}")

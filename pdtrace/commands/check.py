@@ -54,7 +54,7 @@ from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
 from ..detectors.base import SEVERITY_INCONCLUSIVE
 from ..detectors import stream
 from ..detectors.coverage import Coverage, coverage, coverage_of, incomplete_reason, not_checked
-from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, warn_problems, write_stdout
+from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, check_writable, warn_problems, write_stdout
 from ..trace import Trace, load
 from ..progress import load_progress
 
@@ -78,7 +78,7 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         raise PdtraceError(f"unknown --what-if rule {what_if!r}; valid: {', '.join(_whatif.RULES)}")
 
     if output is not None:
-        _writable(Path(output))
+        check_writable(Path(output))
     ran = only or list(DETECTORS)
     if not stream.header_of(str(trace)).get("ring_s"):
         # segment by segment: memory bounded by the detectors' live state, not the trace
@@ -127,16 +127,6 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         if format == "text" and sys.stdout.isatty():
             _next_steps(str(trace), findings, cov)
     return exit_code(findings, cov)
-
-
-def _writable(out: Path) -> None:
-    """Fail before reading the trace when the report could not be written."""
-    parent = out.parent if str(out.parent) else Path(".")
-    why = ("is a directory" if out.is_dir() else "no such directory" if not parent.is_dir()
-           else "no write permission" if not os.access(parent, os.W_OK)
-           or (out.exists() and not os.access(out, os.W_OK)) else None)
-    if why:
-        raise PdtraceError(f"cannot write the output {out}: {why}")
 
 
 def _unknown_request(path: str, request: str, reqs: list[str]) -> None:

@@ -6,10 +6,9 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import PdtraceError
+from ..errors import PdtraceError, check_writable
 from ..join import merge_traces
 from ..progress import load_progress
-from .check import _writable
 
 
 def _fmt_ns(ns: int | None) -> str:
@@ -31,7 +30,7 @@ def run(inputs: list[Path], output: Path, lenient: bool = False) -> int:
         seen[real] = Path(p)
     if os.path.realpath(output) in seen:
         raise PdtraceError(f"-o {output} is also an input: it would be overwritten; write the merge to another file")
-    _writable(Path(output))
+    check_writable(Path(output))
     # two passes over each input (pdtrace.join): a progress line for each on a terminal
     res = merge_traces([str(p) for p in inputs], str(output), lenient=lenient,
                        progress=lambda verb, path: load_progress(path, verb=f"{verb} (pass {1 if verb == 'reading' else 2} of 2)"))
