@@ -93,6 +93,9 @@ KV_BUFFER = os.environ.get("PDTRACE_LIVE_KV_BUFFER", DEVICE)
 RECORD_ARGS: list[str] = json.loads(os.environ.get("PDTRACE_LIVE_RECORD_ARGS") or "[]")
 
 
+LIVE_SITE_DIR = str(HERE / "live_site")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -294,6 +297,9 @@ def server_env(side_port: int, cpu: str | None = None) -> dict:
         # One core per side: with vLLM's default "auto" binding both workers pin OpenMP
         # threads to the same cores and spin (KMP_BLOCKTIME) against each other.
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu
+    # scripts/live_site/sitecustomize.py: NIXL's idle progress thread polls with a 0 ms timeout
+    # and starves a server started later on the same core (the 1P2D stall); see its docstring.
+    env["PYTHONPATH"] = LIVE_SITE_DIR + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update({
         "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port), "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
@@ -526,6 +532,8 @@ def format_report(res: dict) -> str:
     mem = res.get("peak_rss_mb")
     if mem:
         L.append(f"peak RSS (MB, summed per process tree): {mem}")
+    if "nixl_pthr_delay_set" in res:
+        L.append(f"NIXL agents given a progress-thread poll delay (scripts/live_site): {res['nixl_pthr_delay_set']}")
     for r in res.get("requests", []):
         L.append(f"  req {r['name']:<22} len={r.get('len')} max_tokens={r.get('max_tokens')} ok={r.get('ok')} "
                  f"out={r.get('n_out')} {r.get('s', '')}s remote_blocks={r.get('remote_block_ids')}"
@@ -610,6 +618,9 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
         t = time.monotonic()
         res["stop"] = {k: s.stop() for k, (s, _) in servers.items()}
         res["stop_s"] = round(time.monotonic() - t, 1)
+        # NIXL agents whose idle progress thread got a poll delay (scripts/live_site): one per worker
+        res["nixl_pthr_delay_set"] = {k: s.log_path.read_text(errors="replace").count("live_site: NIXL agent ")
+                                      for k, (s, _) in servers.items() if s.log_path.exists()}
         if sampler is not None:
             sampler.stop()
             res["peak_rss_mb"] = {k: round(v / 2**20) for k, v in sampler.peak.items()}

@@ -6,7 +6,9 @@ scripts/pd_proxy.py sends the requests round-robin to the decoders; `pdtrace mer
 D.jsonl D2.jsonl` joins the three traces, aligning clocks on the KV hand-overs. The assertions
 read the merged trace: both decoders pulled KV from P, each decoder's request names exactly the
 blocks P reported for that request, and `pdtrace check` finds nothing on fixed vLLM.
-~4 min, ~8.5 GB RAM on 2 cores (three servers, one core each, round-robin).
+~4 min, ~8.5 GB RAM on 2 cores (three servers, one core each, round-robin; the servers start
+with scripts/live_site on PYTHONPATH, which gives NIXL's idle progress thread a poll delay so
+that it does not spin on the core D2 shares with P).
 
 Run: pytest -m live tests/test_live_1p2d_cpu.py -q. Without nixl or vLLM's CPU kernels it skips
 with the reason; under PDTRACE_STRICT_SKIPS=1 that is a failure (tests/conftest.py).
@@ -37,6 +39,9 @@ def _ev(r, kind, inst=None):
 
 def test_three_instances_in_one_trace(xpyd):
     assert xpyd["decoders"] == ["D", "D2"]
+    # each worker's NIXL agent polled with a delay (scripts/live_site/sitecustomize.py); without
+    # it the idle P and D progress threads spin and starve D2 on this 2-core host
+    assert xpyd["nixl_pthr_delay_set"] == {"P": 1, "D": 1, "D2": 1}, xpyd["nixl_pthr_delay_set"]
     s = xpyd["summary"]
     assert s["complete"] and not s["problems"] and not s["hook_errors"]
     assert {"P", "D", "D2"} <= set(s["pids_by_inst"])
