@@ -109,6 +109,20 @@ def test_what_if_text(buggy):
     assert "recorded: 50<-11" in r.output and "fixed:    50<-10" in r.output
 
 
+def test_what_if_text_wraps_at_the_terminal_width(buggy, monkeypatch):
+    """With COLUMNS set (as at a terminal) the what-if lines wrap like the rest of the
+    report, each under its own indent; the words are those of the unwrapped report."""
+    whole = _run("check", buggy, "--what-if", "fixed-trim").output
+    monkeypatch.setenv("COLUMNS", "60")
+    r = _run("check", buggy, "--what-if", "fixed-trim")
+    lines = r.output.splitlines()
+    assert lines and max(map(len, lines)) <= 60, [ln for ln in lines if len(ln) > 60]
+    wi_whole = whole[whole.index("what-if"):].split()
+    wi_wrapped = r.output[r.output.index("what-if"):].split()
+    assert wi_wrapped == wi_whole
+    assert len(whole[whole.index("what-if"):].splitlines()) < len(r.output[r.output.index("what-if"):].splitlines())
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--only", "nope"], "valid kinds: " + ", ".join(ALL_KINDS)),
     (["--format", "yaml"], "unknown --format"),

@@ -114,11 +114,7 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         text = render_text(tr, findings, ran, request, cov=cov, width=width)
         if wi is not None:
             wi_text = _whatif.render_text(wi)
-            if width is not None:  # at a terminal: wrapped under each line's indent
-                wi_text = "\n".join(ln for line in wi_text.splitlines()
-                                    for ln in _wrap(line, width, line[:len(line) - len(line.lstrip())],
-                                                    line[:len(line) - len(line.lstrip())] + "    ")) + "\n"
-            text += "\n" + wi_text
+            text += "\n" + (wi_text if width is None else _wrap_block(wi_text, width))
     if output is not None:
         Path(output).write_text(text, encoding="utf-8")
         print(f"pdtrace: wrote {output}", file=sys.stderr)
@@ -218,6 +214,16 @@ def _summary_line(findings: list[Finding], cov: dict[str, Coverage] | None = Non
 def _wrap(text: str, width: int, indent: str, hang: str | None = None) -> list[str]:
     return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=hang or indent,
                          break_on_hyphens=False) or [indent]
+
+
+def _wrap_block(text: str, width: int) -> str:
+    """Each line of ``text`` wrapped at ``width``, its continuation lines under its own indent
+    plus four spaces (the --what-if report at a terminal)."""
+    out = []
+    for line in text.splitlines():
+        indent = line[:len(line) - len(line.lstrip())]
+        out += _wrap(line, width, indent, indent + "    ")
+    return "\n".join(out) + "\n"
 
 
 def text_width() -> int | None:
