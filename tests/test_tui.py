@@ -390,6 +390,13 @@ def test_view_command_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pdtrace", "view"], capture_output=True, text=True, cwd=ROOT)
     # TRACE is required (its --help says so): a usage error, one line, exit 2
     assert r.returncode == 2 and "Missing argument 'TRACE'" in r.stderr and len(r.stderr.splitlines()) == 1
+    # a good trace with stdout piped: one line saying why, not the full-screen UI's escape codes
+    sample = ROOT / "sample_traces" / "live_cpu_pd_eagle.jsonl"
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "view", str(sample)], capture_output=True, text=True,
+                       cwd=ROOT, stdin=subprocess.DEVNULL, timeout=60)
+    assert r.returncode == 2 and r.stdout == "", r.stdout[:200]
+    assert len(r.stderr.splitlines()) == 1 and "needs a terminal (stdout is not one)" in r.stderr, r.stderr
+    assert f"pdtrace check {sample}" in r.stderr
 
 
 # ------------------------------------------------------------------------------ snapshots

@@ -55,6 +55,12 @@ def _decompressed(p: Path) -> Path:
 
 def run(trace: str | os.PathLike | None = None) -> int:
     index = open_source(trace)
+    if not (sys.stdout.isatty() and sys.stdin.isatty()):  # a full-screen UI into a pipe is escape codes
+        index.close()
+        _remove_decompressed(index.path)
+        where = "stdout" if not sys.stdout.isatty() else "stdin"
+        raise PdtraceError(f"pdtrace view needs a terminal ({where} is not one); for text from a trace use "
+                           f"`pdtrace check {trace}` or `pdtrace info {trace}`, for a page `pdtrace report {trace}`")
     from ..viewers.tui.app import PdtraceViewer  # Textual only when the viewer runs
 
     try:

@@ -8,7 +8,8 @@ rounded up to whole milliseconds, as its poll() timeout (`nixlUcxSharedThread::r
 it never sleeps: every idle vLLM worker with a NIXL agent burns one core (measured here: an
 idle agent alone 49% of this 2-core VM; an idle P or D worker 93-98% of its core). On a
 2-core host running three servers, a server that starts after P and D are ready is pinned to a
-core where such a thread spins, and this VM's scheduler then gives it 0.3-4% of that core:
+core where such a thread spins, and this VM's scheduler then gives it almost nothing of that
+core (D2's worker: 0.3%; a plain Python loop pinned beside a spinning one: 2-8%):
 the 1P2D test's D2 stalled for minutes ("servers not ready after 600s: ['D2']").
 
 When `nixl*._bindings` is imported, `nixlAgent` is wrapped so that a config asking for 0 gets
