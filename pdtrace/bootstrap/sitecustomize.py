@@ -7,6 +7,8 @@ sitecustomize that was already on the path is then run as well (chained), so the
 program sees its own start-up code unchanged. Nothing here may raise.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 
@@ -22,12 +24,19 @@ def _pdtrace_start() -> None:
         sys.stderr.write(f"pdtrace: not recording pid {os.getpid()}: {type(exc).__name__}: {exc}\n")
 
 
-def _chain_next_sitecustomize() -> None:
+def chain_next_sitecustomize(here: str | None = None, after_only: bool = False) -> None:
+    """Run the sitecustomize that ``site`` would have run had ``here`` not been on the path:
+    the first found in the other entries of ``sys.path`` (``after_only``: the entries after
+    ``here``, for another sitecustomize that pdtrace's chained to, scripts/live_site)."""
     import importlib.machinery
     import importlib.util
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    here = here or os.path.dirname(os.path.abspath(__file__))
+    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
+    if after_only:
+        rest = sys.path[paths.index(here) + 1:] if here in paths else []
+    else:
+        rest = [p for p, a in zip(sys.path, paths) if a != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
@@ -38,5 +47,6 @@ def _chain_next_sitecustomize() -> None:
         sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
 
 
-_pdtrace_start()
-_chain_next_sitecustomize()
+if __name__ == "sitecustomize":  # (not when imported for chain_next_sitecustomize)
+    _pdtrace_start()
+    chain_next_sitecustomize()

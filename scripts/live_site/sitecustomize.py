@@ -88,28 +88,13 @@ def _install() -> None:
     sys.meta_path.insert(0, _NixlBindingsFinder(delay_us))
 
 
-def _chain_next_sitecustomize() -> None:
-    """Run a sitecustomize later on the path than this one (as pdtrace's bootstrap does)."""
-    import importlib.machinery
-    import importlib.util
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    paths = [os.path.abspath(p or os.curdir) for p in sys.path]
-    if here not in paths:
-        return
-    rest = sys.path[paths.index(here) + 1:]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
-    if spec is None or spec.loader is None:
-        return
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    except Exception as exc:
-        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
-
-
 try:
     _install()
 except Exception as exc:  # never stop the server
     sys.stderr.write(f"live_site: NIXL progress-thread delay not set: {type(exc).__name__}: {exc}\n")
-_chain_next_sitecustomize()
+try:  # the sitecustomize after this one on the path, as pdtrace's bootstrap chains to this one
+    from pdtrace.bootstrap.sitecustomize import chain_next_sitecustomize
+
+    chain_next_sitecustomize(os.path.dirname(os.path.abspath(__file__)), after_only=True)
+except ImportError:  # pdtrace not installed in this interpreter: nothing after this one runs
+    pass
