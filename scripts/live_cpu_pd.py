@@ -27,6 +27,7 @@ import argparse
 import collections
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -96,8 +97,39 @@ RECORD_ARGS: list[str] = json.loads(os.environ.get("PDTRACE_LIVE_RECORD_ARGS") o
 LIVE_SITE_DIR = str(HERE / "live_site")
 
 
+_GIVEN: set[int] = set()  # ports this harness handed out (each server binds its own later)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free 127.0.0.1 port below the kernel's ephemeral range.
+
+    A port from bind(("", 0)) is ephemeral: released here, the kernel can give it again to
+    any process's bind(0) or outgoing connection (vLLM's own get_open_port, health checks,
+    gloo, UCX) before the server binds it. A CI run of 2026-11-26 lost P that way: its NIXL
+    side-channel listener died with "Address already in use" and P never got ready. Below
+    the ephemeral range only an explicit bind takes a port."""
+    lo, _hi = _ephemeral_range()
+    lo = max(lo, 12000)
+    for _ in range(200):
+        port = random.randrange(10000, lo)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    with socket.socket() as s:  # a crowded host: fall back to an ephemeral port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
