@@ -48,6 +48,12 @@ def _patch_bindings(mod, delay_us: int) -> None:
     mod.nixlAgent = nixlAgent
 
 
+def _is_bindings(name: str) -> bool:
+    """`nixl._bindings`, `nixl_cu12._bindings`, ...: the module that holds nixlAgent."""
+    top, _, rest = name.partition(".")
+    return rest == "_bindings" and top.startswith("nixl")
+
+
 class _NixlBindingsFinder:
     """A meta-path finder that lets the real finders load `nixl*._bindings`, then wraps it."""
 
@@ -55,8 +61,7 @@ class _NixlBindingsFinder:
         self.delay_us = delay_us
 
     def find_spec(self, fullname, path=None, target=None):
-        top, _, rest = fullname.partition(".")
-        if rest != "_bindings" or not top.startswith("nixl"):
+        if not _is_bindings(fullname):
             return None
         import importlib.machinery
 
@@ -82,8 +87,7 @@ def _install() -> None:
     if delay_us <= 0:
         return
     for name, mod in list(sys.modules.items()):  # already imported (not at start-up, but cheap)
-        top, _, rest = name.partition(".")
-        if rest == "_bindings" and top.startswith("nixl") and mod is not None:
+        if _is_bindings(name) and mod is not None:
             _patch_bindings(mod, delay_us)
     sys.meta_path.insert(0, _NixlBindingsFinder(delay_us))
 
