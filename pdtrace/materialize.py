@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-import orjson
-
 from .redact import digest_hash
+
 
 class Deferred:
     """A field value whose JSON form is computed on the writer thread, not the caller's.

@@ -168,7 +168,8 @@ def test_stale_read_state_is_bounded_by_its_limits():
 
 def test_drafter_window_state_is_bounded_by_its_limits():
     """Requests allocated and freed for many steps, with frees missing on one instance: the
-    stream keeps at most LIVE_KEPT live and FREED_KEPT freed requests per instance, the
+    stream keeps at most LIVE_KEPT live and FREED_KEPT freed requests per instance (a quarter
+    more between trims), the
     ROW_EVENTS_KEPT latest row changes, and still judges a window past its allocation."""
     def step(s):
         r = f"r{s}"
@@ -184,7 +185,8 @@ def test_drafter_window_state_is_bounded_by_its_limits():
             evs[2]["end"] = 20  # past its one block of 16 slots
         return evs
     st = _feed_long(drafter_window.Stream, step, 40_000, seg=2000)
-    assert len(st.live["P"]) <= drafter_window.LIVE_KEPT and len(st.freed["D"]) <= drafter_window.FREED_KEPT
+    assert len(st.live["P"]) <= drafter_window.LIVE_KEPT * 5 // 4
+    assert len(st.freed["D"]) <= drafter_window.FREED_KEPT * 5 // 4 and len(st.freed["P"]) >= drafter_window.FREED_KEPT
     assert not st.live["D"] and len(st.rows[1]) <= 2 * drafter_window.ROW_EVENTS_KEPT
     (f,) = st.finish()
     assert (f.req, f.step, f.data["outside_positions"]) == ("r39999", 39_999, [16, 17, 18, 19])

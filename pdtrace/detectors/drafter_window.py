@@ -15,7 +15,7 @@ the requests that hold it at that step (two or more holders = a shared prefix-ca
 from __future__ import annotations
 
 import bisect
-from itertools import repeat
+from itertools import islice, repeat
 from operator import itemgetter
 from typing import Any, Iterator
 
@@ -128,8 +128,9 @@ class Stream:
     ``batch.*`` history; that row's earlier occupants and their allocations at the window's
     step; and the requests holding the stale block (live: allocated, not freed since). It
     keeps the last ``ALLOCS_KEPT`` allocations of each live request (at most ``LIVE_KEPT``
-    per instance: beyond that the oldest counts as freed) and of the ``FREED_KEPT`` requests
-    freed last per instance, and the last ``ROW_EVENTS_KEPT`` row changes per process."""
+    per instance, a quarter more between trims: beyond that the oldest count as freed) and
+    of the ``FREED_KEPT`` requests freed last per instance (likewise), and the last
+    ``ROW_EVENTS_KEPT`` row changes per process."""
 
     KINDS = ("sched.alloc", "spec.window", "sched.free", *_ROW_KINDS)
 
@@ -159,8 +160,8 @@ class Stream:
                     if ent is None:
                         ent = freed.get(inst, {}).pop(req, None) or [w["id"], None, None]
                         reqs[req] = ent
-                        if len(reqs) > LIVE_KEPT:  # the oldest is taken as freed
-                            self._free(inst, next(iter(reqs)))
+                        if len(reqs) > LIVE_KEPT + LIVE_KEPT // 4:  # the oldest are taken as freed
+                            reqs = self._trim_live(inst)
                     ent[1] = ent[2]
                     ent[2] = w
                 continue
@@ -201,13 +202,24 @@ class Stream:
             self.seen.add(ckey)
             self.findings.append(self._judge(w, a, g, step, inst, req, B, list(blocks[g]), capacity))
 
+    def _trim_live(self, inst: Any) -> dict:
+        """Back to the latest ``LIVE_KEPT`` live requests of ``inst``, the older ones freed
+        (a fresh table: no deleted slots left before the oldest)."""
+        reqs = self.live[inst]
+        for q in list(islice(reqs, len(reqs) - LIVE_KEPT)):
+            self._free(inst, q)
+        reqs = self.live[inst] = dict(reqs)
+        return reqs
+
     def _free(self, inst: Any, req: Any) -> None:
         ent = self.live.get(inst, {}).pop(req, None)
         if ent is not None:
             gone = self.freed.setdefault(inst, {})
             gone[req] = ent
-            if len(gone) > FREED_KEPT:
-                del gone[next(iter(gone))]
+            if len(gone) > FREED_KEPT + FREED_KEPT // 4:  # back to the latest FREED_KEPT, now and then
+                # (deleting the oldest one at a time leaves deleted slots that each next lookup
+                # of the oldest walks over)
+                self.freed[inst] = dict(islice(gone.items(), len(gone) - FREED_KEPT, None))
 
     def _alloc_of(self, inst: Any, q: Any, step: int | None, at_id: int) -> Event | None:
         """Request ``q``'s latest allocation at or before ``step`` (before ``at_id`` without one)."""
