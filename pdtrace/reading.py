@@ -17,7 +17,7 @@ from . import schema
 from .ends import read_ends
 from .errors import TraceError
 from .eventlist import EventList
-from .segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, NeedsScan
+from .segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, LineFilter, NeedsScan
 from .trace import FOOTER_MISSING, LINE_CUT, Problem, ProgressFn, _all_valid, _open, _read_header, scan_segments
 
 __all__ = ["Rescan", "Sink", "fast_segments", "read_through", "scan_segments", "SEGMENT"]
@@ -54,9 +54,10 @@ def read_through(path: str, lenient: bool, progress: ProgressFn | None, start: A
 
 
 def fast_segments(path: str, into: Any, lenient: bool, progress: ProgressFn | None,
-                  size: int = SEGMENT) -> Iterator[EventList]:
+                  size: int = SEGMENT, keep: LineFilter | None = None) -> Iterator[EventList]:
     """The events of a clean trace in lists of ``size``; its header, footer and problems go
-    into ``into`` (``header``, ``footer``, ``problems``), as ``scan_segments`` does."""
+    into ``into`` (``header``, ``footer``, ``problems``), as ``scan_segments`` does. With
+    ``keep``, only the lines it keeps (``segments.LineFilter``)."""
     fh, total, consumed = _open(path)
     with fh:
         into.header, _first = _read_header(path, fh)
@@ -68,7 +69,7 @@ def fast_segments(path: str, into: Any, lenient: bool, progress: ProgressFn | No
         if fh.seekable():
             _h, foot, _size = read_ends(path)
             signed = bool(foot and foot.get("digest"))
-        reader = FastReader(path, fh, total, consumed, progress)
+        reader = FastReader(path, fh, total, consumed, progress, keep)
         try:
             for seg in reader.segments(size):
                 if not signed and not _all_valid(seg):

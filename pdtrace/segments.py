@@ -19,7 +19,7 @@ already seen the events).
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import itemgetter
+from operator import itemgetter, not_
 from typing import Any, Callable, Iterator
 from zlib import crc32
 
@@ -56,14 +56,63 @@ def _canon() -> tuple[str, str]:
     return (parsed[0], parsed[1]) if parsed == names else ("ev", "id")
 
 
+def _prefixes(kind: str) -> tuple[bytes, bytes]:
+    """How a line of ``kind`` starts: as orjson writes it, and as Python's json module does."""
+    return b'{"ev":' + orjson.dumps(kind), b'{"ev": ' + orjson.dumps(kind)
+
+
+_ALL_PREFIXES = tuple(p for k in (*_KIND_CODE, schema.FOOTER) for p in _prefixes(k))
+
+
+class LineFilter:
+    """Which lines of a trace one of several readers parses (``check -j``), told from each
+    line's first bytes without parsing it: the writer puts ``ev`` first, so an event line
+    starts ``{"ev":"KIND"`` (or ``{"ev": "KIND"``, Python's ``json.dumps``). ``LineFilter(kinds)`` keeps the lines of ``kinds`` and the
+    footer; ``LineFilter(kinds, exclude=True)`` keeps every line but those of ``kinds``.
+
+    A line that does not start the writer's way (a trace edited by hand) cannot be told
+    apart: the excluding reader keeps it and, among its kept lines, finds one that starts
+    with no known kind (``mask`` raises ``NeedsScan``); a kept line that parses into a kind
+    the filter leaves to another reader makes ``foreign`` true. Either way the caller reads
+    the file whole instead."""
+
+    def __init__(self, kinds: Any, exclude: bool = False):
+        kinds = set(kinds)
+        self.exclude = exclude
+        self._prefixes = tuple(p for k in sorted(kinds | (set() if exclude else {schema.FOOTER})) for p in _prefixes(k))
+        ours = (set(_KIND_CODE) - kinds) if exclude else kinds
+        # ``codes.translate(None, delete)`` leaves the codes of kinds that are not ours
+        self._ours = bytes(sorted(_KIND_CODE[k] for k in ours if k in _KIND_CODE))
+
+    def mask(self, lines: list[bytes]) -> list[bool]:
+        """Per line, whether this reader parses it (C-level passes over the lines)."""
+        starts = map(bytes.startswith, lines, repeat(self._prefixes))
+        if not self.exclude:
+            return list(starts)
+        mask = list(map(not_, starts))
+        if not all(map(bytes.startswith, compress(lines, mask), repeat(_ALL_PREFIXES))):
+            raise NeedsScan("a line that does not start with its kind")
+        return mask
+
+    def foreign(self, codes: bytes) -> bool:
+        """Whether ``codes`` (kind codes of parsed lines) hold a kind this reader does not read."""
+        return bool(codes.translate(None, self._ours))
+
+
 class FastReader:
     """One pass over a clean trace (see the module docstring). ``header`` is read by the
     caller (``trace._read_header`` on the open file ``fh``); after the last segment,
-    ``footer``, ``digest_ok``, ``n_events`` and ``blocks_derived`` are set."""
+    ``footer``, ``digest_ok``, ``n_events`` and ``blocks_derived`` are set.
+
+    With ``keep`` (a ``LineFilter``) only the lines it keeps are parsed and handed out; the
+    others still count (positions, ``n_events``) and go into the digest. Every kept event
+    must then carry its ``id`` (the writer's way), and ``ids_aligned`` says that each id is
+    its event's position in the file."""
 
     def __init__(self, path: str, fh: Any, total: int, consumed: Callable[[], int],
-                 progress: ProgressFn | None = None):
+                 progress: ProgressFn | None = None, keep: LineFilter | None = None):
         self.path, self.fh, self.total, self.consumed, self.progress = path, fh, total, consumed, progress
+        self.keep = keep  # which lines to parse (``LineFilter``); None: all
         self.footer: dict[str, Any] | None = None
         self.digest_ok = False
         self.n_events = 0
@@ -82,7 +131,7 @@ class FastReader:
         top-level comma gives more values than lines, and an empty line or bad JSON fails
         the parse. Every event gets ``id`` (its position) if it has none. One loop per event
         checks it and files it under its kind."""
-        fh, loads, progress, total = self.fh, orjson.loads, self.progress, self.total
+        fh, loads, progress, total, keep = self.fh, orjson.loads, self.progress, self.total, self.keep
         crc = 0  # of the event lines, for the footer's digest
         EV, ID = _canon()
         alloc_code = _KIND_CODE["sched.alloc"]
@@ -117,6 +166,17 @@ class FastReader:
                     break
             raw, crc_before, last_len = b"".join(lines), crc, len(lines[-1])
             crc = crc32(raw, crc)
+            n_lines = len(lines)
+            if keep is None:
+                positions: Any = range(n, n + n_lines)
+            else:  # the positions of the kept lines: each event's id must say the same
+                mask = keep.mask(lines)
+                positions = list(compress(range(n, n + n_lines), mask))
+                lines = list(compress(lines, mask))
+                if not lines:
+                    n += n_lines  # (no footer here: a filter keeps it)
+                    self.n_events = n
+                    continue
             lines[0] = b"[" + lines[0]
             lines[-1] += b"]"
             try:
@@ -125,14 +185,15 @@ class FastReader:
                 raise NeedsScan("bad JSON in the run") from None
             if len(objs) != len(lines):
                 raise NeedsScan("a line holding more than one value")
-            m = len(objs)
             try:  # the common run, at C level: kinds, codes, ids (= positions), block lists
                 cs = bytes(map(code_of, map(get_ev, objs)))
                 ids = list(map(get_id, objs))
             except (KeyError, TypeError, IndexError):
                 cs = None
             if cs is not None:
-                if ids != list(range(n, n + m)):
+                if keep is not None and keep.foreign(cs):
+                    raise NeedsScan("a kept line of a kind the filter leaves to another reader")
+                if ids != list(positions):
                     if not all(type(i) is int for i in ids):
                         raise NeedsScan("a non-integer id")
                     aligned = False
@@ -143,9 +204,9 @@ class FastReader:
                 for obj, c in zip(objs, cs):  # filed under its kind (the one Python step per event)
                     appends[c](obj)
                 codes += cs
-                n += m
+                n += n_lines
             else:  # the footer, an event without id, or a line for ``scan`` to judge: one by one
-                for obj in objs:
+                for j, obj in enumerate(objs):
                     try:
                         code = code_of(obj[EV])
                     except (KeyError, TypeError, IndexError):
@@ -156,19 +217,25 @@ class FastReader:
                         footer = obj
                         crc = crc32(raw[:len(raw) - last_len], crc_before)  # (the footer line is not in the digest)
                         objs.pop()
+                        n_lines -= 1
                         break
+                    if keep is not None and keep.foreign(bytes((code,))):
+                        raise NeedsScan("a kept line of a kind the filter leaves to another reader")
+                    at = positions[j]
                     try:
-                        if obj[ID] != n:  # an id from the file that is not the position
+                        if obj[ID] != at:  # an id from the file that is not the position
                             if type(obj[ID]) is not int:
                                 raise NeedsScan("a non-integer id")
                             aligned = False
                     except KeyError:
-                        obj[ID] = n
+                        if keep is not None:
+                            raise NeedsScan("an event without its id (a filtered read needs them)") from None
+                        obj[ID] = at
                     if code == alloc_code and whole and (obj.get(BIDS) is None or obj.get(DERIVED)):
                         whole = self.blocks_derived = False
-                    n += 1
                     codes.append(code)
                     appends[code](obj)
+                n += n_lines
             seg.extend(objs)
             self.n_events = n
             if progress is not None and tell() >= next_progress:

@@ -52,7 +52,7 @@ import orjson
 from .. import __version__
 from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
 from ..detectors.base import SEVERITY_INCONCLUSIVE
-from ..detectors import stream
+from ..detectors import parallel, stream
 from ..detectors.coverage import Coverage, coverage, coverage_of, incomplete_reason, not_checked
 from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, check_writable, warn_problems, write_stdout
 from ..trace import Trace, load
@@ -64,11 +64,14 @@ JSON_VERSION = 1
 
 
 def run(trace: Path | str, format: str = "text", only: list[str] | None = None, request: str | None = None,
-        what_if: str | None = None, output: Path | str | None = None, lenient: bool = False) -> int:
+        what_if: str | None = None, output: Path | str | None = None, lenient: bool = False,
+        jobs: int = 0) -> int:
     from .. import whatif as _whatif
 
     if format not in FORMATS:
         raise PdtraceError(f"unknown --format {format!r}; valid: {', '.join(FORMATS)}")
+    if jobs < 0:
+        raise PdtraceError(f"--jobs must be 0 (auto) or more, not {jobs}")
     only = list(only or [])
     bad = unknown_kinds(only)
     if bad:
@@ -83,9 +86,14 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     if not stream.header_of(str(trace)).get("ring_s"):
         # segment by segment: memory bounded by the detectors' live state, not the trace
         # (--what-if too: its replay is fed the segments the same way)
-        res = stream.run(str(trace), only=only, request=request, lenient=lenient,
-                         progress=load_progress(str(trace), verb="checking"),
-                         observe=(lambda: _whatif.FixedTrim(request)) if what_if else None)
+        progress = load_progress(str(trace), verb="checking")
+        jobs = jobs or parallel.auto_jobs(str(trace))
+        if jobs >= 2 and not what_if:  # the detectors split over processes by the kinds they read
+            res = parallel.run(str(trace), only=only, request=request, lenient=lenient, progress=progress,
+                               jobs=jobs)
+        else:
+            res = stream.run(str(trace), only=only, request=request, lenient=lenient, progress=progress,
+                             observe=(lambda: _whatif.FixedTrim(request)) if what_if else None)
         tr: Any = res
         warn_problems(tr)
         if request is not None and not res.request.seen:  # type: ignore[union-attr]

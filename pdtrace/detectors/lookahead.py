@@ -143,6 +143,8 @@ class Stream:
     events at a time, then ``finish``): each transfer is judged when ``transfers.Joiner``
     completes it."""
 
+    KINDS = Joiner.KINDS  # (what it reads, besides the configs)
+
     def __init__(self, header: dict | None = None):
         self.findings: list[Finding] = []
         self.joiner = Joiner(self._judge)

@@ -60,6 +60,8 @@ class Stream:
     TP rank) and the steps whose drafter phase ran without metadata; whether the instance
     saves KV is decided at ``finish``, from every scheduler config read."""
 
+    KINDS = _KINDS  # (what it reads, besides the configs)
+
     def __init__(self, header: dict | None = None):
         self.by_proc: dict[tuple, list[_Step]] = {}  # (pid, rank) -> suspect steps, in order
         self.cur: dict[tuple, _Step] = {}

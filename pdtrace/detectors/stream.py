@@ -57,18 +57,20 @@ class Summary:
     count and the pids; the ``runner`` values of the worker kinds; and each bug class's
     feed counts."""
 
-    def __init__(self) -> None:
+    def __init__(self, kinds: Any = None) -> None:
         self._whole: dict[str, list] = {k: [] for k in WHOLE_KINDS}
         self._n: dict[str, int] = {}
         self._pids: dict[str, set] = {}
         self._runners: set = set()
-        self._feeds = _feeds()
+        self._kinds = None if kinds is None else frozenset(kinds)  # only these (``check -j``)
+        self._feeds = [(k, f) for k, f in _feeds() if self._kinds is None or k in self._kinds]
         self._pid_kinds = _na_kinds()
         self._fed: dict[tuple, list] = {}  # (kind, filter items) -> [count, pids]
 
     def add(self, idx: Index) -> None:
+        ours = self._kinds
         for k, evs in idx.by_kind.items():
-            if not evs:
+            if not evs or (ours is not None and k not in ours):
                 continue
             self._n[k] = self._n.get(k, 0) + len(evs)
             if k in self._pid_kinds:
@@ -100,6 +102,23 @@ class Summary:
     def has(self, kind: str) -> bool:
         return bool(self._n.get(kind))
 
+    def n_events(self) -> int:
+        return sum(self._n.values())
+
+    def merge(self, other: "Summary") -> None:
+        """Add what ``other`` gathered (over other kinds of the same trace: ``check -j``)."""
+        for k, evs in other._whole.items():
+            self._whole[k].extend(evs)
+        for k, n in other._n.items():
+            self._n[k] = self._n.get(k, 0) + n
+        for k, pids in other._pids.items():
+            self._pids.setdefault(k, set()).update(pids)
+        self._runners |= other._runners
+        for key, (n, pids) in other._fed.items():
+            c = self._fed.setdefault(key, [0, set()])
+            c[0] += n
+            c[1].update(pids)
+
 
 def natural_key(s: Any) -> tuple:
     """req-2 before req-10 (the ids an unknown --request suggests)."""
@@ -120,8 +139,14 @@ class RequestSeen:
         r = self.request
         self.seen = any(e.get("req") == r or e.get("remote_req") == r for e in idx.events)
         # the smallest request ids of the trace: ten to suggest, an eleventh says there are more
-        self.known = sorted({*self.known, *(e["req"] for e in idx.kind("req.add") if e.get("req"))},
-                            key=natural_key)[:11]
+        self._know(e["req"] for e in idx.by_kind.get("req.add", ()) if e.get("req"))
+
+    def _know(self, reqs: Any) -> None:
+        self.known = sorted({*self.known, *reqs}, key=natural_key)[:11]
+
+    def merge(self, other: "RequestSeen") -> None:
+        self.seen = self.seen or other.seen
+        self._know(other.known)
 
 
 class Result:
@@ -138,6 +163,7 @@ class Result:
         self.summary = Summary()
         self.request: RequestSeen | None = None
         self.observed: Any = None  # run(observe=...)'s callback of the pass that finished
+        self.jobs = 1  # the processes whose parts make this result (``detectors.parallel``)
 
     @property
     def complete(self) -> bool:
@@ -183,13 +209,13 @@ def _derive_segment(idx: Index, whole: bool, held: dict[tuple, list]) -> None:
     carries over between segments; a request freed on its instance (``sched.free``) lets
     its list go. A segment whose allocations all carry their whole list (``whole``) only
     updates ``held``, at C level."""
-    allocs = idx.kind("sched.alloc")
+    allocs = idx.by_kind.get("sched.alloc")
     if allocs:
         if whole and False not in map(dict.get, allocs, repeat("ok")):
             held.update(zip(map(_held_key, allocs), map(_block_ids, allocs)))
         else:
             _derive(allocs, held)
-    for f in idx.kind("sched.free"):
+    for f in idx.by_kind.get("sched.free", ()):
         held.pop((f.get("pid"), f.get("inst"), f.get("req")), None)
     if len(held) > HELD_KEPT:  # the longest held go first
         for key in list(held)[:len(held) - HELD_KEPT]:
@@ -197,19 +223,24 @@ def _derive_segment(idx: Index, whole: bool, held: dict[tuple, list]) -> None:
 
 
 def _run(path: str, only: Any, request: str | None, lenient: bool, progress: ProgressFn | None,
-         size: int, fast: bool, observe: Any = None) -> Result:
+         size: int, fast: bool, observe: Any = None, part: Any = None) -> Result:
+    """One pass; ``part`` (``detectors.parallel.Part``): only its lines, its detectors, its
+    share of the summary (the fast path only: ``_Retry`` otherwise)."""
     res = Result(path)
     seen = res.observed = observe() if observe is not None else None
     res.request = RequestSeen(request)
     streams = [cls({}) for kind, cls in STREAMS.items() if not only or kind in only]
     configs = Configs()
     held: dict[tuple, list] = {}  # schema v2 block lists, per (pid, inst, request)
-    segs = (fast_segments(path, res, lenient, progress, size) if fast
+    index: Any = Index
+    if part is not None:
+        res.summary, index = Summary(part.summarize), part.index
+    segs = (fast_segments(path, res, lenient, progress, size, part.keep if part is not None else None) if fast
             else scan_segments(path, res, lenient=lenient, progress=progress, size=size))
     for seg in segs:
         try:
-            idx = Index(seg, configs)
-            configs.add(idx.kind("sched.config"))
+            idx = index(seg, configs)
+            configs.add(idx.by_kind.get("sched.config", ()))
             if res.header.get("schema_version", 1) >= 2:
                 _derive_segment(idx, seg.blocks_derived, held)
             res.n_events += len(seg)
