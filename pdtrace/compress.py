@@ -1,22 +1,30 @@
 """Zstandard-compressed traces (``.jsonl.zst``, issue 22): every reader opens them as it opens
 a plain trace, and the writer compresses when the output name ends in ``.zst``.
 
-A compressed trace is one zstd stream of exactly the lines of the plain trace; its footer
-``digest`` covers the uncompressed lines, so ``zstd -d t.jsonl.zst`` gives a trace that
-loads the same. Compressed files are recognised by their magic bytes, not their name.
-Streams cannot be read backwards or at an offset without decompressing what comes before:
-``pdtrace view`` decompresses to a temporary file first (and says so), ``pdtrace info`` reads
-the whole stream (at decompression speed, not in constant time).
+A compressed trace holds exactly the lines of the plain trace; its footer ``digest`` covers
+the uncompressed lines, so ``zstd -d t.jsonl.zst`` gives a trace that loads the same.
+Compressed files are recognised by their magic bytes, not their name. pdtrace writes them in
+zstd's seekable format (contrib/seekable_format in the zstd repository): independent frames
+of ``FRAME_BYTES`` uncompressed bytes, then a seek table in a skippable frame, which every
+zstd decoder passes over. ``seek_table`` reads that table, so ``pdtrace info`` decompresses
+only the last frame to find the footer; a compressed trace without one (another tool's
+single stream) is read through to its end. ``pdtrace view`` decompresses to a temporary file
+first (and says so).
 """
 
 from __future__ import annotations
 
 import io
 import os
+import struct
 from typing import IO, Any, Callable
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 LEVEL = 3  # zstd's default: ~10x smaller on traces, faster than writing the plain bytes to most disks
+FRAME_BYTES = 4 << 20  # uncompressed bytes per frame (the seekable format's unit)
+SKIPPABLE_SEEK_MAGIC = 0x184D2A5E  # the skippable frame that holds the seek table
+SEEKABLE_MAGIC = 0x8F92EAB1  # the seek table's last four bytes
+_TABLE_FOOTER = struct.Struct("<IBI")  # number of frames, descriptor, SEEKABLE_MAGIC
 
 
 def is_zstd(path: str) -> bool:
@@ -108,11 +116,100 @@ def open_read(path: str) -> tuple[IO[bytes], int, Callable[[], int]]:
 
 def open_write(path: str, *, compressed: bool | None = None) -> IO[bytes]:
     """A binary writer for a trace file: plain, or zstd-compressed when ``compressed`` (by
-    default: when ``wants_zstd(path)``). Closing it finishes the stream and closes the file."""
+    default: when ``wants_zstd(path)``), in the seekable format. Closing it writes the last
+    frame and the seek table, and closes the file."""
     fh = open(path, "wb")
     if not (wants_zstd(path) if compressed is None else compressed):
         return fh
-    return _zstd().ZstdCompressor(level=LEVEL).stream_writer(fh, closefd=True)
+    return _SeekableWriter(fh)  # type: ignore[return-value]
+
+
+class _SeekableWriter(io.RawIOBase):
+    """Independent zstd frames of ``FRAME_BYTES`` uncompressed bytes each, then the seek
+    table: a skippable frame of (compressed size, decompressed size) per frame and the
+    table's footer (frame count, descriptor 0: no checksums, ``SEEKABLE_MAGIC``)."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        self._fh = fh
+        self._cctx = _zstd().ZstdCompressor(level=LEVEL, write_content_size=True)
+        self._buf = bytearray()
+        self._frames: list[tuple[int, int]] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        self._buf += b
+        while len(self._buf) >= FRAME_BYTES:
+            self._frame(bytes(self._buf[:FRAME_BYTES]))
+            del self._buf[:FRAME_BYTES]
+        return len(b)
+
+    def _frame(self, data: bytes) -> None:
+        out = self._cctx.compress(data)
+        self._fh.write(out)
+        self._frames.append((len(out), len(data)))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self._buf or not self._frames:
+                self._frame(bytes(self._buf))
+                self._buf = bytearray()
+            entries = b"".join(struct.pack("<II", c, d) for c, d in self._frames)
+            body = entries + _TABLE_FOOTER.pack(len(self._frames), 0, SEEKABLE_MAGIC)
+            self._fh.write(struct.pack("<II", SKIPPABLE_SEEK_MAGIC, len(body)) + body)
+        finally:
+            self._fh.close()
+            super().close()
+
+
+def seek_table(path: str) -> list[tuple[int, int, int]] | None:
+    """The frames of a trace written in zstd's seekable format, as (offset in the file,
+    compressed size, decompressed size); None when the file does not end with a seek table
+    that accounts for every byte before it (a plain file, another writer's stream, a file
+    cut short)."""
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size < 8 + _TABLE_FOOTER.size:
+                return None
+            fh.seek(size - _TABLE_FOOTER.size)
+            n, desc, magic = _TABLE_FOOTER.unpack(fh.read(_TABLE_FOOTER.size))
+            entry = 12 if desc & 0x80 else 8
+            table = 8 + n * entry + _TABLE_FOOTER.size
+            if magic != SEEKABLE_MAGIC or desc & 0x7C or table > size:
+                return None
+            fh.seek(size - table)
+            raw = fh.read(table)
+    except OSError:
+        return None
+    skip_magic, frame_size = struct.unpack_from("<II", raw)
+    if skip_magic != SKIPPABLE_SEEK_MAGIC or frame_size != table - 8:
+        return None
+    frames, at = [], 0
+    for i in range(n):
+        c, d = struct.unpack_from("<II", raw, 8 + i * entry)
+        frames.append((at, c, d))
+        at += c
+    return frames if at == size - table else None
+
+
+def read_frame(path: str, frame: tuple[int, int, int]) -> bytes:
+    """The decompressed bytes of one frame of ``seek_table(path)``. Raises ValueError on a
+    corrupt frame, OSError when the file cannot be read."""
+    at, csize, dsize = frame
+    with open(path, "rb") as fh:
+        fh.seek(at)
+        raw = fh.read(csize)
+    try:
+        out = _zstd().ZstdDecompressor().decompress(raw, max_output_size=dsize)
+    except _zstd().ZstdError as exc:
+        raise ValueError(f"corrupt zstd frame at byte {at}: {exc}") from None
+    if len(out) != dsize:
+        raise ValueError(f"the zstd frame at byte {at} holds {len(out)} bytes, its seek table entry {dsize}")
+    return out
 
 
 def decompress_to(path: str, out_path: str) -> int:

@@ -1,6 +1,7 @@
 """A trace's header and footer without reading its events (``pdtrace info`` in constant
 time, issue 22): line 1, and the last line found by reading backwards from the end. A
-zstd-compressed trace is decompressed through (linear, at zstd's speed)."""
+zstd-compressed trace written by pdtrace (seekable format: ``compress.seek_table``) gives its
+last frame; another compressed trace is decompressed through (linear, at zstd's speed)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import orjson
 
 from . import schema
-from .compress import is_zstd
+from .compress import is_zstd, read_frame, seek_table
 from .trace import _open, _read_header
 
 _MAX_FOOTER = 64 << 20  # a footer lists every process: large, but not this large
@@ -52,11 +53,18 @@ def read_ends(path: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
 
 
 def _read_ends_stream(path: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
-    """A compressed trace cannot be read backwards: decompress it all (at zstd's speed),
+    """A compressed trace: with a seek table (pdtrace writes one), its last frames, back to
+    the one that holds the last line's start; without, decompress it all (at zstd's speed),
     keeping only the last line."""
     fh, size, _consumed = _open(path)
     with fh:
         header, _first = _read_header(path, fh)
+        table = seek_table(path)
+        if table:
+            try:
+                return header, _last_line_from_frames(path, table), size
+            except (ValueError, OSError):  # a frame that does not match its entry: read it through
+                pass
         last = b""
         try:
             while True:
@@ -69,6 +77,19 @@ def _read_ends_stream(path: str) -> tuple[dict[str, Any], dict[str, Any] | None,
     if not last.endswith(b"\n"):
         return header, None, size
     return header, _footer_or_none(last), size
+
+
+def _last_line_from_frames(path: str, table: list[tuple[int, int, int]]) -> dict[str, Any] | None:
+    """The footer from the last line of a seekable compressed trace (None as ``read_ends``).
+    Raises ValueError on a frame that is corrupt or does not match its seek table entry."""
+    tail = b""
+    for frame in reversed(table):
+        tail = read_frame(path, frame) + tail
+        if b"\n" in tail[:-1] or len(tail) > _MAX_FOOTER:
+            break
+    if not tail.endswith(b"\n"):
+        return None
+    return _footer_or_none(tail[tail.rfind(b"\n", 0, len(tail) - 1) + 1:])
 
 
 def _footer_or_none(line: bytes) -> dict[str, Any] | None:

@@ -22,6 +22,12 @@ Conventions
   that needs a GPU), never by a live hook. Absent means live.
 - Redaction (default): no prompt text and no token ids are stored, only lengths and
   a short hash.
+- pdtrace's writer puts ``ev`` first (a line starts ``{"ev":"KIND"``): ``check -j`` tells
+  a line's kind from its first bytes and parses only the kinds each process needs. A
+  line written otherwise is still read (the check then runs in one process).
+- A ``.jsonl.zst`` trace holds the same lines, zstd-compressed in zstd's seekable
+  format (independent frames of 4 MiB uncompressed, then the seek table in a skippable
+  frame): any zstd decoder reads it; ``pdtrace info`` reads only its last frame.
 """
 
 from __future__ import annotations

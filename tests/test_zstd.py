@@ -148,3 +148,65 @@ def test_view_deletes_its_decompressed_copy(tmp_path):
     assert not copy.parent.exists()
     _remove_decompressed(str(src))  # never anything outside a pdtrace-view-* temp dir
     assert src.exists()
+
+
+def _frames_pair(tmp_path, monkeypatch, frame_bytes: int) -> tuple[Path, Path]:
+    from pdtrace import compress
+    monkeypatch.setattr(compress, "FRAME_BYTES", frame_bytes)
+    return _pair(tmp_path)
+
+
+def test_compressed_traces_are_in_zstds_seekable_format(tmp_path, monkeypatch):
+    """Independent frames of FRAME_BYTES uncompressed bytes and a seek table (zstd's
+    contrib/seekable_format) in a skippable frame: each frame decompresses alone to its slice
+    of the plain lines, and libzstd reading across frames gives exactly those lines."""
+    from pdtrace.compress import read_frame, seek_table
+    plain, packed = _frames_pair(tmp_path, monkeypatch, 4096)
+    table = seek_table(str(packed))
+    data = plain.read_bytes()
+    assert table is not None and len(table) == -(-len(data) // 4096) >= 5
+    at = 0
+    for frame in table:
+        chunk = read_frame(str(packed), frame)
+        assert chunk == data[at:at + frame[2]] and len(chunk) == frame[2]
+        at += frame[2]
+    assert at == len(data)
+    reader = zstandard.ZstdDecompressor().stream_reader(packed.read_bytes(), read_across_frames=True)
+    assert reader.read() == data
+    assert seek_table(str(plain)) is None
+
+
+def test_info_reads_only_the_last_frame_of_a_compressed_trace(tmp_path, monkeypatch):
+    """`info` in constant time on a .zst (issue 22's < 1 s at any size): the footer from the
+    last frame(s), back to the one where the footer line starts."""
+    from pdtrace import ends
+    from pdtrace.compress import seek_table
+    real = ends.read_frame
+    for frame_bytes in (1 << 20, 64):  # the footer in one frame / over several
+        plain, packed = _frames_pair(tmp_path, monkeypatch, frame_bytes)
+        calls = []
+        monkeypatch.setattr(ends, "read_frame", lambda p, f: calls.append(f) or real(p, f))
+        assert read_ends(str(packed))[1] == read_ends(str(plain))[1] is not None
+        footer_frames = -(-(len(plain.read_bytes().splitlines()[-1]) + 1) // frame_bytes)
+        assert footer_frames <= len(calls) <= footer_frames + 1 < len(seek_table(str(packed))) or frame_bytes > 64
+        assert len(calls) == 1 or frame_bytes == 64
+
+
+def test_info_on_a_compressed_trace_without_a_seek_table(tmp_path):
+    """Another tool's single zstd stream, or a seek table that does not add up: read
+    through to the end, the same footer."""
+    plain, packed = _pair(tmp_path)
+    single = tmp_path / "single.jsonl.zst"
+    single.write_bytes(zstandard.ZstdCompressor(level=3).compress(plain.read_bytes()))
+    from pdtrace.compress import seek_table
+    assert seek_table(str(single)) is None
+    want = read_ends(str(plain))[1]
+    assert read_ends(str(single))[1] == want
+    for where in (-9, -13):  # the frame count; the last entry's decompressed size
+        odd = tmp_path / f"odd{-where}.jsonl.zst"
+        data = bytearray(packed.read_bytes())
+        data[where] ^= 0xFF  # (the table is in a skippable frame: decoders still pass over it)
+        odd.write_bytes(bytes(data))
+        assert (seek_table(str(odd)) is None) == (where == -9)
+        assert read_ends(str(odd))[1] == want
+        assert load(str(odd)).events == load(str(plain)).events
