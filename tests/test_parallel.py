@@ -208,3 +208,15 @@ def test_auto_jobs_splits_big_traces_only(tmp_path, monkeypatch):
     assert parallel.auto_jobs(str(big)) == 2
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0})
     assert parallel.auto_jobs(str(big)) == 1
+
+
+def test_a_trace_written_by_pythons_json_module_still_splits(tmp_path):
+    """Another writer's spacing (``{"ev": "KIND", ...}``, json.dumps), footer without a
+    digest: the filters know that start too, and the split gives the same result."""
+    events = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    events[-1].pop("digest", None)
+    dst = tmp_path / "spaced.jsonl"
+    dst.write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert dst.read_text().startswith('{"ev": "trace.header"')
+    want = _same_every_way(str(dst), splits=(2,))
+    assert want.findings
