@@ -6,7 +6,8 @@ sched.alloc), the worker's connector-metadata lifecycle (bind, per-layer has/sav
 target and drafter, clear), drafter windows, async accepted-count copies and reads, batch
 row changes, and per finished request the NIXL transfer (request_finished on P,
 remote_alloc / trim / read on D; P frees the request's blocks once sent, D finishes and frees
-it when it leaves the batch, as the live traces record). With ``inject_bugs`` a few of each bug class are mixed
+it when it leaves the batch, as the live traces record), and each process's ``proc.exit`` at
+the end (its footer entry is ``complete``, as a merge recounts it). With ``inject_bugs`` a few of each bug class are mixed
 in (lookahead-aligned prompts reported unclipped, early metadata clears, a DFlash window
 past the allocation, reads after a row swap). Returns a summary dict.
 """
@@ -209,6 +210,8 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
         if bug_s:  # the fixed runner keeps the buffer row order in sync from here on
             emit("d2h.issue", "D", "worker", DW, step=step + 1, buf="num_accepted_tokens_cpu", rows=list(live_d),
                  event=ev_name + "b")
+    for pid, p in sorted(procs.items()):  # each process stopped recording (the footer's "complete")
+        emit("proc.exit", p["inst"], p["role"], pid, events=p["events"] + 1, dropped=0, hook_errors={})
     footer = {"ev": schema.FOOTER, "events": n, "counts": counts, "dropped": 0, "hook_errors": {},
               "hooks": {"applied": [], "skipped": {}}, "processes": sorted(procs.values(), key=lambda p: p["pid"])}
     if signer.digest() is not None:

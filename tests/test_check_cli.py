@@ -123,6 +123,22 @@ def test_what_if_text_wraps_at_the_terminal_width(buggy, monkeypatch):
     assert len(whole[whole.index("what-if"):].splitlines()) < len(r.output[r.output.index("what-if"):].splitlines())
 
 
+def test_finding_headings_keep_each_label_with_its_value(monkeypatch):
+    """At 60 columns a finding's heading wraps between "step N", "inst X" and "req ID",
+    never inside one (a new user saw "... req" / "req-10-D"); the words are unchanged."""
+    sample = str(pathlib.Path(__file__).resolve().parent.parent / "sample_traces" / "stale_read_rowmoves_buggy.jsonl")
+    whole = _run("check", sample).output
+    monkeypatch.setenv("COLUMNS", "60")
+    out = _run("check", sample).output
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 60 and "\u00a0" not in out
+    heads = [i for i, ln in enumerate(lines) if ln.startswith("[")]
+    assert heads and any(lines[i + 1].startswith("    req ") for i in heads)  # (it did wrap)
+    for i in heads:
+        assert not lines[i].rstrip().endswith((" req", " step", " inst")), lines[i]
+    assert out.split() == whole.split()
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--only", "nope"], "valid kinds: " + ", ".join(ALL_KINDS)),
     (["--format", "yaml"], "unknown --format"),

@@ -219,6 +219,9 @@ def _summary_line(findings: list[Finding], cov: dict[str, Coverage] | None = Non
     return f"{c['findings']} finding(s): {c['errors']} error(s), {c['warnings']} warning(s){inc}" + tail
 
 
+_NBSP = "\u00a0"  # textwrap does not break there
+
+
 def _wrap(text: str, width: int, indent: str, hang: str | None = None) -> list[str]:
     return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=hang or indent,
                          break_on_hyphens=False) or [indent]
@@ -268,10 +271,11 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
         else:  # too narrow for the column: the verdict under the class
             out += ["  " + k] + _wrap(c.line(), width, "      ")
     for n, f in enumerate(findings, 1):
-        where = " ".join(x for x in (f"step {f.step}" if f.step is not None else "",
-                                      f"inst {f.inst}" if f.inst else "", f"req {f.req}" if f.req else "") if x)
+        where = " ".join(x for x in (f"step{_NBSP}{f.step}" if f.step is not None else "",
+                                      f"inst{_NBSP}{f.inst}" if f.inst else "", f"req{_NBSP}{f.req}" if f.req else "") if x)
         out.append("")
-        out += line(f"[{n}] {f.severity.upper()} {f.kind}  {where}", width, "", "    ")
+        # (a label and its value are never split over two lines: "req" / "req-10-D")
+        out += [x.replace(_NBSP, " ") for x in line(f"[{n}] {f.severity.upper()} {f.kind}  {where}", width, "", "    ")]
         out += line(f.title, width, "    ")
         out += _wrap(f.explanation, width, "    ")
         ids = f.event_ids[:12]
