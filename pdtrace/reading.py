@@ -17,14 +17,19 @@ from . import schema
 from .ends import read_ends
 from .errors import TraceError
 from .eventlist import EventList
-from .segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, LineFilter, NeedsScan
+from .segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, FilterCannotTell, LineFilter, NeedsScan
 from .trace import FOOTER_MISSING, LINE_CUT, Problem, ProgressFn, _all_valid, _open, _read_header, scan_segments
 
-__all__ = ["Rescan", "Sink", "fast_segments", "read_through", "scan_segments", "SEGMENT"]
+__all__ = ["Rescan", "Sink", "Unfiltered", "fast_segments", "read_through", "scan_segments", "SEGMENT"]
 
 
 class Rescan(Exception):
     """Read the file again through ``scan`` (the fast path met something it cannot judge)."""
+
+
+class Unfiltered(Rescan):
+    """Read the file again without a line filter: the filter could not tell its lines apart
+    (``segments.FilterCannotTell``); the one-reader fast path may still judge it."""
 
 
 class Sink:
@@ -76,6 +81,8 @@ def fast_segments(path: str, into: Any, lenient: bool, progress: ProgressFn | No
                     raise Rescan
                 yield seg
         except NeedsScan as exc:
+            if isinstance(exc, FilterCannotTell):
+                raise Unfiltered from None
             if str(exc) not in (NO_FOOTER, CUT_LINE) or signed:
                 raise Rescan from None
             # every line before was whole, valid and type-checked: only the footer is missing,

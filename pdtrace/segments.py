@@ -45,6 +45,11 @@ class NeedsScan(Exception):
     """The file has a line that only ``trace.scan`` can judge (and name)."""
 
 
+class FilterCannotTell(NeedsScan):
+    """A ``LineFilter`` cannot split this file (a line that does not start with its kind, an
+    event without its id): read it whole, not necessarily through scan."""
+
+
 def _canon() -> tuple[str, str]:
     """The "ev" and "id" key objects as orjson returns them.
 
@@ -91,7 +96,7 @@ class LineFilter:
             return list(starts)
         mask = list(map(not_, starts))
         if not all(map(bytes.startswith, compress(lines, mask), repeat(_ALL_PREFIXES))):
-            raise NeedsScan("a line that does not start with its kind")
+            raise FilterCannotTell("a line that does not start with its kind")
         return mask
 
     def foreign(self, codes: bytes) -> bool:
@@ -192,7 +197,7 @@ class FastReader:
                 cs = None
             if cs is not None:
                 if keep is not None and keep.foreign(cs):
-                    raise NeedsScan("a kept line of a kind the filter leaves to another reader")
+                    raise FilterCannotTell("a kept line of a kind the filter leaves to another reader")
                 if ids != list(positions):
                     if not all(type(i) is int for i in ids):
                         raise NeedsScan("a non-integer id")
@@ -220,7 +225,7 @@ class FastReader:
                         n_lines -= 1
                         break
                     if keep is not None and keep.foreign(bytes((code,))):
-                        raise NeedsScan("a kept line of a kind the filter leaves to another reader")
+                        raise FilterCannotTell("a kept line of a kind the filter leaves to another reader")
                     at = positions[j]
                     try:
                         if obj[ID] != at:  # an id from the file that is not the position
@@ -229,7 +234,7 @@ class FastReader:
                             aligned = False
                     except KeyError:
                         if keep is not None:
-                            raise NeedsScan("an event without its id (a filtered read needs them)") from None
+                            raise FilterCannotTell("an event without its id (a filtered read needs them)") from None
                         obj[ID] = at
                     if code == alloc_code and whole and (obj.get(BIDS) is None or obj.get(DERIVED)):
                         whole = self.blocks_derived = False

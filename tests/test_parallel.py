@@ -220,3 +220,24 @@ def test_a_trace_written_by_pythons_json_module_still_splits(tmp_path):
     assert dst.read_text().startswith('{"ev": "trace.header"')
     want = _same_every_way(str(dst), splits=(2,))
     assert want.findings
+
+
+def test_a_damaged_line_goes_straight_to_scan(tmp_path, monkeypatch):
+    """A line only scan can judge, met by a part: the one-process check that follows reads
+    through scan at once (not its fast path again, up to the same line); a line the filter
+    cannot tell apart (an event without its id) leaves the one-process fast path its chance."""
+    calls = []
+    real = stream._run
+    monkeypatch.setattr(stream, "_run", lambda *a, **k: calls.append(a[6]) or real(*a, **k))
+    lines = SAMPLE.read_bytes().splitlines(keepends=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"".join(lines[:40] + [b'{"ev":"acc.read", oops\n'] + lines[41:]))
+    got = parallel.run(str(bad), jobs=2, lenient=True)
+    assert got.jobs == 1 and got.problems and calls == [False]
+    calls.clear()
+    e = json.loads(lines[40])
+    del e["id"]
+    noid = tmp_path / "noid.jsonl"
+    noid.write_bytes(b"".join(lines[:40] + [json.dumps(e, separators=(",", ":")).encode() + b"\n"] + lines[41:]))
+    got = parallel.run(str(noid), jobs=2)
+    assert got.jobs == 1 and calls[0] is True and _outcome(got) == _outcome(stream.run(str(noid)))

@@ -35,7 +35,7 @@ import traceback
 from typing import Any
 
 from ..compress import is_zstd
-from ..reading import SEGMENT, Rescan
+from ..reading import SEGMENT, Rescan, Unfiltered
 from ..segments import LineFilter
 from ..trace import ProgressFn
 from . import drafter_window, lookahead, metadata, sort_key, stale_read
@@ -147,6 +147,8 @@ def _child(conn: Any, path: str, part: Part, request: str | None, lenient: bool,
     try:
         res = _one(path, part, request, lenient, None, size)
         msg: tuple = ("ok", res.findings, res.summary, res.request)
+    except Unfiltered:
+        msg = ("unfiltered",)
     except Rescan:
         msg = ("rescan",)
     except KindNotRead as exc:
@@ -179,15 +181,19 @@ def run(path: str, *, only: Any = (), request: str | None = None, lenient: bool 
     try:
         mine = _one(path, parts[0], request, lenient, progress, size)
         results: list[Any] = [("ok", mine.findings, mine.summary, mine.request)]
+    except Unfiltered:
+        results = [("unfiltered",)]
     except Rescan:
         results = [("rescan",)]
     except BaseException:
         for proc, _recv in children:
             proc.kill()
+            proc.join()
         raise
     for proc, recv in children:
         if results[0][0] != "ok":
             proc.kill()
+            proc.join()
             continue
         try:
             results.append(recv.recv())
@@ -198,7 +204,10 @@ def run(path: str, *, only: Any = (), request: str | None = None, lenient: bool 
     if bugs:
         raise AssertionError("check -j: " + "; ".join(bugs))
     if any(r[0] != "ok" for r in results) or mine is None:
-        return run_serial(path, only=only, request=request, lenient=lenient, progress=progress, size=size)
+        # a part met what only scan judges: the one-process fast path would too (straight to scan)
+        scan = any(r[0] == "rescan" for r in results)
+        return run_serial(path, only=only, request=request, lenient=lenient, progress=progress, size=size,
+                          fast=not scan)
     return _merge(mine, results)
 
 

@@ -182,18 +182,21 @@ _Retry = Rescan  # read the file again through scan
 
 def run(path: str, *, only: list[str] | tuple = (), request: str | None = None, lenient: bool = False,
         progress: ProgressFn | None = None, size: int = SEGMENT,
-        observe: Callable[[], Callable[[Index], None]] | None = None) -> Result:
+        observe: Callable[[], Callable[[Index], None]] | None = None, fast: bool = True) -> Result:
     """Stream the detectors of ``only`` (all when empty) over the trace at ``path``.
     ``observe``, when given, makes a callback that sees each segment's ``Index`` after the
     detectors (the report's first pass gathers its totals so); it is made again when the
-    file is read a second time through ``scan``."""
+    file is read a second time through ``scan``. ``fast=False``: through ``scan`` at once
+    (the caller's fast pass already met what only scan judges)."""
     was_enabled = gc.isenabled()
     gc.disable()  # the live state holds no cycles; a segment's garbage is freed by refcount
     try:
-        try:
-            return _run(path, only, request, lenient, progress, size, True, observe)
-        except _Retry:
-            return _run(path, only, request, lenient, progress, size, False, observe)
+        if fast:
+            try:
+                return _run(path, only, request, lenient, progress, size, True, observe)
+            except _Retry:
+                pass
+        return _run(path, only, request, lenient, progress, size, False, observe)
     finally:
         if was_enabled:
             gc.enable()
