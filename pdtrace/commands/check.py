@@ -2,7 +2,9 @@
 
 The trace is streamed (``pdtrace.detectors.stream``): read in segments that the detectors
 consume and let go, so memory is their live state, not the trace's length; ``--what-if``'s
-replay is fed the same segments. Flight-recorder traces (``ring_s``) are loaded whole.
+replay is fed the same segments. With ``-j N`` (by default 2 for a big trace) the detectors
+are split over processes by the kinds they read (``pdtrace.detectors.parallel``), with the
+same result. Flight-recorder traces (``ring_s``) are loaded whole.
 
 Exit codes: 0 no findings and every selected bug class checked, 1 at least one finding
 (error or warning), 2 unusable trace or bad arguments (``PdtraceError``), 4 no findings but
