@@ -1,3 +1,4 @@
 from pdtrace.cli import main
 
-main()
+if __name__ == "__main__":  # (not when a spawned child process imports it)
+    main()

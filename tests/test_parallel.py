@@ -20,7 +20,6 @@ import pytest
 from pdtrace.detectors import parallel, stream
 from pdtrace.detectors.coverage import coverage_of, incomplete_reason
 from pdtrace.segments import LineFilter, NeedsScan
-from pdtrace.trace import load
 from pdtrace.writer import write_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,6 +161,17 @@ def test_every_kind_is_summarized_by_exactly_one_part():
             for det in p.only:
                 assert set(parallel.kinds_of(det)) <= p.reads
     assert parallel.plan(["stale-accepted-count-read"], 4) == []  # one detector: one process
+    import pickle  # (a spawn start, where fork is not there, pickles each part)
+    again = pickle.loads(pickle.dumps(parallel.plan((), 4)))
+    assert [(p.only, p.reads, p.summarize) for p in again] == [(p.only, p.reads, p.summarize)
+                                                               for p in parallel.plan((), 4)]
+
+
+def test_a_spawned_child_gives_the_same_result(monkeypatch):
+    """Where fork is not there (Windows; macOS may prefer spawn), the children are spawned."""
+    monkeypatch.setattr(parallel.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    got = parallel.run(str(SAMPLE), jobs=2)
+    assert got.jobs == 2 and _outcome(got) == _outcome(stream.run(str(SAMPLE)))
 
 
 def test_a_detector_asking_for_a_kind_its_part_did_not_read_is_a_bug(monkeypatch):

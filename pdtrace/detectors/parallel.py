@@ -26,6 +26,7 @@ is a pdtrace bug (``KindNotRead``), never a quietly different verdict;
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing
 import os
@@ -64,28 +65,34 @@ def kinds_of(kind: str) -> tuple[str, ...]:
     return STREAMS[kind].KINDS
 
 
+class PartIndex(Index):
+    """An ``Index`` that refuses the kinds its part did not parse (``KindNotRead``)."""
+
+    def __init__(self, events: Any, configs: Any = None, *, reads: frozenset = frozenset()):
+        super().__init__(events, configs)
+        self.reads = reads
+
+    def kind(self, name: str) -> list:
+        if name not in self.reads:
+            raise KindNotRead(name)
+        return super().kind(name)
+
+    def ordered_codes(self, kinds: Any) -> Any:
+        kinds = tuple(kinds)
+        missing = [k for k in kinds if k not in self.reads]
+        if missing:
+            raise KindNotRead(", ".join(missing))
+        return super().ordered_codes(kinds)
+
+
 class Part:
     """One process's share: its detectors (``only``), the kinds it parses (``keep``), the
-    kinds it summarizes, and an ``Index`` that refuses the kinds it did not parse."""
+    kinds it summarizes, and an ``Index`` that refuses the kinds it did not parse (all of it
+    picklable, for a ``spawn`` start)."""
 
     def __init__(self, only: tuple[str, ...], reads: frozenset, summarize: Any, keep: LineFilter):
         self.only, self.reads, self.summarize, self.keep = only, reads, summarize, keep
-        reads_ = reads
-
-        class PartIndex(Index):
-            def kind(self, name: str) -> list:
-                if name not in reads_:
-                    raise KindNotRead(name)
-                return super().kind(name)
-
-            def ordered_codes(self, kinds: Any) -> Any:
-                kinds = tuple(kinds)
-                missing = [k for k in kinds if k not in reads_]
-                if missing:
-                    raise KindNotRead(", ".join(missing))
-                return super().ordered_codes(kinds)
-
-        self.index = PartIndex
+        self.index = functools.partial(PartIndex, reads=reads)
 
 
 def plan(only: Any, jobs: int, schema_version: int = 2) -> list[Part]:
