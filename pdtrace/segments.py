@@ -72,19 +72,21 @@ _ALL_PREFIXES = tuple(p for k in (*_KIND_CODE, schema.FOOTER) for p in _prefixes
 class LineFilter:
     """Which lines of a trace one of several readers parses (``check -j``), told from each
     line's first bytes without parsing it: the writer puts ``ev`` first, so an event line
-    starts ``{"ev":"KIND"`` (or ``{"ev": "KIND"``, Python's ``json.dumps``). ``LineFilter(kinds)`` keeps the lines of ``kinds`` and the
-    footer; ``LineFilter(kinds, exclude=True)`` keeps every line but those of ``kinds``.
+    starts ``{"ev":"KIND"`` (or ``{"ev": "KIND"``, Python's ``json.dumps``).
+    ``LineFilter(kinds)`` keeps the lines of ``kinds`` and the footer;
+    ``LineFilter(kinds, exclude=True)`` keeps every line but those of ``kinds``.
 
     A line that does not start the writer's way (a trace edited by hand) cannot be told
     apart: the excluding reader keeps it and, among its kept lines, finds one that starts
-    with no known kind (``mask`` raises ``NeedsScan``); a kept line that parses into a kind
-    the filter leaves to another reader makes ``foreign`` true. Either way the caller reads
-    the file whole instead."""
+    with no known kind (``mask`` raises ``FilterCannotTell``); a kept line that parses into
+    a kind the filter leaves to another reader makes ``foreign`` true. Either way the caller
+    reads the file whole instead."""
 
     def __init__(self, kinds: Any, exclude: bool = False):
         kinds = set(kinds)
         self.exclude = exclude
-        self._prefixes = tuple(p for k in sorted(kinds | (set() if exclude else {schema.FOOTER})) for p in _prefixes(k))
+        starts = kinds if exclude else kinds | {schema.FOOTER}
+        self._prefixes = tuple(p for k in sorted(starts) for p in _prefixes(k))
         ours = (set(_KIND_CODE) - kinds) if exclude else kinds
         # ``codes.translate(None, delete)`` leaves the codes of kinds that are not ours
         self._ours = bytes(sorted(_KIND_CODE[k] for k in ours if k in _KIND_CODE))

@@ -149,15 +149,22 @@ def _one(path: str, part: Part, request: str | None, lenient: bool, progress: Pr
             gc.enable()
 
 
+def _attempt(path: str, part: Part, request: str | None, lenient: bool, progress: ProgressFn | None,
+             size: int) -> tuple:
+    """One part's pass: ("ok", its Result), or ("unfiltered",) / ("rescan",) when the part
+    cannot judge the file alone (the one-process check reads it: fast path / scan)."""
+    try:
+        return ("ok", _one(path, part, request, lenient, progress, size))
+    except Unfiltered:
+        return ("unfiltered",)
+    except Rescan:
+        return ("rescan",)
+
+
 def _child(conn: Any, path: str, part: Part, request: str | None, lenient: bool, size: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops and kills its children
     try:
-        res = _one(path, part, request, lenient, None, size)
-        msg: tuple = ("ok", res.findings, res.summary, res.request)
-    except Unfiltered:
-        msg = ("unfiltered",)
-    except Rescan:
-        msg = ("rescan",)
+        msg = _attempt(path, part, request, lenient, None, size)
     except KindNotRead as exc:
         msg = ("bug", f"KindNotRead: {exc}")
     except Exception:  # the parent reads the file in one process instead
@@ -184,14 +191,8 @@ def run(path: str, *, only: Any = (), request: str | None = None, lenient: bool 
         proc.start()
         send.close()
         children.append((proc, recv))
-    mine: Result | None = None
     try:
-        mine = _one(path, parts[0], request, lenient, progress, size)
-        results: list[Any] = [("ok", mine.findings, mine.summary, mine.request)]
-    except Unfiltered:
-        results = [("unfiltered",)]
-    except Rescan:
-        results = [("rescan",)]
+        results = [_attempt(path, parts[0], request, lenient, progress, size)]
     except BaseException:
         for proc, _recv in children:
             proc.kill()
@@ -210,21 +211,23 @@ def run(path: str, *, only: Any = (), request: str | None = None, lenient: bool 
     bugs = [r[1] for r in results if r[0] == "bug"]
     if bugs:
         raise AssertionError("check -j: " + "; ".join(bugs))
-    if any(r[0] != "ok" for r in results) or mine is None:
+    if any(r[0] != "ok" for r in results):
         # a part met what only scan judges: the one-process fast path would too (straight to scan)
         scan = any(r[0] == "rescan" for r in results)
         return run_serial(path, only=only, request=request, lenient=lenient, progress=progress, size=size,
                           fast=not scan)
-    return _merge(mine, results)
+    return _merge([r[1] for r in results])
 
 
-def _merge(mine: Result, results: list[tuple]) -> Result:
-    """The parts' results as one ``Result``: findings in the order ``stream.run`` gives."""
-    for _ok, _findings, summary, seen in results[1:]:
-        mine.summary.merge(summary)
-        if mine.request is not None and seen is not None:
-            mine.request.merge(seen)
-    found = [f for r in results for f in r[1]]
+def _merge(results: list[Result]) -> Result:
+    """The parts' results as one ``Result`` (the first part's header, footer and problems):
+    findings in the order ``stream.run`` gives."""
+    mine = results[0]
+    for other in results[1:]:
+        mine.summary.merge(other.summary)
+        if mine.request is not None and other.request is not None:
+            mine.request.merge(other.request)
+    found = [f for r in results for f in r.findings]
     order = {k: i for i, k in enumerate(STREAMS)}
     found.sort(key=lambda f: order.get(f.kind, len(order)))  # (stable: each detector's own order)
     found.sort(key=sort_key)
