@@ -125,8 +125,11 @@ def test_what_if_text_wraps_at_the_terminal_width(buggy, monkeypatch):
 
 def test_finding_headings_keep_each_label_with_its_value(monkeypatch):
     """At 60 columns a finding's heading wraps between "step N", "inst X" and "req ID",
-    never inside one (a new user saw "... req" / "req-10-D"); the words are unchanged."""
-    sample = str(pathlib.Path(__file__).resolve().parent.parent / "sample_traces" / "stale_read_rowmoves_buggy.jsonl")
+    never inside one (a new user saw "... req" / "req-10-D"); the words are unchanged.
+    Run from sample_traces/ with the bare file name: a path longer than 60 columns (CI's
+    clone lives deeper than a checkout here) is itself broken across lines."""
+    monkeypatch.chdir(pathlib.Path(__file__).resolve().parent.parent / "sample_traces")
+    sample = "stale_read_rowmoves_buggy.jsonl"
     whole = _run("check", sample).output
     monkeypatch.setenv("COLUMNS", "60")
     out = _run("check", sample).output
