@@ -8,8 +8,8 @@ zstd's seekable format (contrib/seekable_format in the zstd repository): indepen
 of ``FRAME_BYTES`` uncompressed bytes, then a seek table in a skippable frame, which every
 zstd decoder passes over. ``seek_table`` reads that table, so ``pdtrace info`` decompresses
 only the last frame to find the footer; a compressed trace without one (another tool's
-single stream) is read through to its end. ``pdtrace view`` decompresses to a temporary file
-first (and says so).
+single stream) is read through to its end. ``pdtrace view`` indexes a seekable file in place
+(``zsource.FrameSource``) and decompresses any other to a temporary file first (and says so).
 """
 
 from __future__ import annotations
@@ -203,6 +203,14 @@ def read_frame(path: str, frame: tuple[int, int, int]) -> bytes:
     with open(path, "rb") as fh:
         fh.seek(at)
         raw = fh.read(csize)
+    return decompress_frame(raw, at, dsize)
+
+
+def decompress_frame(raw: bytes, at: int, dsize: int) -> bytes:
+    """One frame's compressed bytes (``raw``, read from byte ``at`` of the file) decompressed;
+    ValueError when they are corrupt or do not make the ``dsize`` bytes the seek table says."""
+    if len(raw) == 0 and dsize:
+        raise ValueError(f"the zstd frame at byte {at} is missing: the file ends before it")
     try:
         out = _zstd().ZstdDecompressor().decompress(raw, max_output_size=dsize)
     except _zstd().ZstdError as exc:

@@ -3,6 +3,8 @@
 ``TraceIndex(path)`` keeps, per event, only its byte span and a few small columns
 (kind, effective step, request, instance) in ``array`` objects -- about 30 bytes per
 event -- and reads an event's JSON lazily with ``os.pread`` when a viewer pane needs it.
+A zstd-compressed trace in the seekable format (pdtrace writes them so) is indexed in place:
+offsets are those of the uncompressed lines, read through ``zsource.FrameSource``.
 ``scan(batch_time)`` builds the index from an ``mmap`` in batches and yields a
 ``ScanProgress`` after each batch, so a UI thread can show progress and a first screen
 long before a multi-GB trace is indexed.
@@ -30,6 +32,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import orjson
 
 from . import __version__, schema
+from .compress import ZSTD_MAGIC, seek_table
 from .errors import TraceError
 from .trace import _KIND_REQUIRED, Problem, _check_header
 
@@ -91,6 +94,7 @@ class TraceIndex:
         self._newer = False
         self._fd: int | None = None
         self._mm: mmap.mmap | None = None
+        self._src: Any = None  # a zsource.FrameSource for a seekable .jsonl.zst
         self._memory: list[dict[str, Any]] | None = None
         self._cache: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._cache_size = cache_size
@@ -99,8 +103,37 @@ class TraceIndex:
             try:
                 self._fd = os.open(path, os.O_RDONLY)
                 self.size = os.fstat(self._fd).st_size
+                if os.pread(self._fd, 4, 0) == ZSTD_MAGIC:
+                    self._open_frames(path)
             except OSError as exc:
+                self.close()
                 raise TraceError(path, 0, f"cannot open: {exc.strerror or exc}") from None
+
+    def _open_frames(self, path: str) -> None:
+        """A zstd-compressed trace: read in place through its seek table (pdtrace writes one);
+        ``size`` is then the uncompressed size, the offsets those of the uncompressed lines."""
+        from .zsource import FrameSource
+
+        frames = seek_table(path)
+        if frames is None:
+            self.close()
+            raise TraceError(path, 0, "zstd-compressed as one stream (no seek table: another tool or an older pdtrace wrote it), "
+                                      "so it has no offsets to index; decompress it first (zstd -d), as "
+                                      "`pdtrace view` does")
+        self._src = FrameSource(path, frames)
+        self.size = self._src.size
+
+    def _read(self, length: int, offset: int) -> bytes:
+        """``length`` bytes of the (uncompressed) trace text from ``offset``."""
+        if self._src is not None:
+            return self._src.pread(length, offset)
+        return os.pread(self._fd, length, offset)  # type: ignore[arg-type]
+
+    def head(self, limit: int = 1 << 20) -> bytes:
+        """The trace's first line (at most ``limit`` bytes of it)."""
+        data = self._read(min(limit, self.size), 0)
+        nl = data.find(b"\n")
+        return data if nl < 0 else data[: nl + 1]
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -131,6 +164,8 @@ class TraceIndex:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._src is not None:
+            self._src.close()
 
     def _problem(self, line: int, reason: str) -> None:
         if not self.lenient:
@@ -231,10 +266,7 @@ class TraceIndex:
             raise TraceError(path, 0, "nothing to scan (index built from events)")
         if self.size == 0:
             raise TraceError(path, 0, "empty file: not a pdtrace trace")
-        mm = self._mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
-        size = self.size
-        nl = mm.find(b"\n")
-        first = mm[: nl + 1 if nl >= 0 else size]
+        first, blocks = self._first_line_and_blocks()
         try:
             self.header = _check_header(path, orjson.loads(first))
         except orjson.JSONDecodeError:
@@ -243,67 +275,106 @@ class TraceIndex:
         if self._newer:
             self._problem(1, f"trace schema_version {self.header['schema_version']} is newer than this pdtrace "
                              f"reads ({schema.SCHEMA_VERSION}); known event kinds only")
-        pos = len(first)
-        dropped = 0
         line_no = 1
-        loads = orjson.loads
-        JSONError = orjson.JSONDecodeError
         clock = time.monotonic
-        while pos < size:
-            deadline = clock() + batch_time
-            first_chunk = True
-            while pos < size and (first_chunk or clock() < deadline):
-                first_chunk = False
-                end = min(size, pos + _CHUNK)
-                if end < size:
-                    cut = mm.rfind(b"\n", pos, end)
-                    if cut < 0:  # one line longer than a chunk
-                        cut = mm.find(b"\n", end)
-                        end = size if cut < 0 else cut + 1
-                    else:
-                        end = cut + 1
-                block = mm[pos:end]
-                lines = block.split(b"\n")
-                tail = lines.pop()  # b"" when the block ends with a newline
-                off = pos
-                for raw in lines:
-                    line_no += 1
-                    ln = len(raw) + 1
-                    try:
-                        obj = loads(raw)
-                    except JSONError:
-                        obj = None
-                    if obj is not None and type(obj) is dict and type(obj.get("ev")) is str and self.footer is None \
-                            and obj["ev"] in _KIND_REQUIRED and obj.keys() >= _KIND_REQUIRED[obj["ev"]] \
-                            and _type_error(obj, _FIELD_CHECKS[obj["ev"]], obj["ev"]) is None:
-                        self._add(obj, off, ln)  # fast path: a valid event
-                    else:
-                        ev = self._check_line(obj, raw + b"\n", line_no, False)
-                        if ev is not None:
-                            self._add(ev, off, ln)
-                    off += ln
-                if tail:  # the file ends without a newline
-                    line_no += 1
-                    try:
-                        obj = loads(tail)
-                    except JSONError:
-                        obj = None
-                    ev = self._check_line(obj, tail, line_no, True)
-                    if ev is not None:
-                        self._add(ev, off, len(tail))
-                    off += len(tail)
-                if _DONTNEED is not None and end - dropped >= _CHUNK:  # keep scanned pages out of our RSS
-                    try:
-                        mm.madvise(_DONTNEED, dropped, (end - dropped) & ~(mmap.PAGESIZE - 1))
-                    except (OSError, ValueError):
-                        pass
-                    dropped += (end - dropped) & ~(mmap.PAGESIZE - 1)
-                pos = end
-            yield self._progress(pos)
+        deadline = clock() + batch_time
+        while True:
+            try:
+                got = next(blocks, None)
+            except ValueError as exc:  # a damaged zstd frame: the lines before it are indexed
+                self._problem(line_no + 1, f"{exc}; the lines from here on are not indexed")
+                break
+            if got is None:
+                break
+            off, block = got
+            line_no = self._index_block(block, off, line_no)
+            if clock() >= deadline:
+                yield self._progress(off + len(block))
+                deadline = clock() + batch_time
         if self.footer is None:
             self._problem(line_no + 1, "no footer: the trace ends early (recording killed, or file cut)")
         self.done = True
-        yield self._progress(size, done=True)
+        yield self._progress(self.size, done=True)
+
+    def _first_line_and_blocks(self) -> tuple[bytes, Iterator[tuple[int, bytes]]]:
+        """Line 1, and (offset, bytes) blocks of whole lines after it (the last one may end
+        without a newline: the file does): from an mmap of a plain file, from the frames of
+        a seekable .zst."""
+        if self._src is not None:
+            it = self._src.blocks(0)
+            try:
+                off, first = next(it)
+            except StopIteration:
+                return b"", iter(())
+            nl = first.find(b"\n")
+            if nl < 0 or nl + 1 == len(first):
+                return first, it
+            rest = first[nl + 1:]
+
+            def chained() -> Iterator[tuple[int, bytes]]:
+                yield nl + 1, rest
+                yield from it
+            return first[: nl + 1], chained()
+        mm = self._mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)  # type: ignore[arg-type]
+        nl = mm.find(b"\n")
+        first = mm[: nl + 1 if nl >= 0 else self.size]
+        return first, self._mmap_blocks(mm, len(first))
+
+    def _mmap_blocks(self, mm: mmap.mmap, pos: int) -> Iterator[tuple[int, bytes]]:
+        size = self.size
+        dropped = 0
+        while pos < size:
+            end = min(size, pos + _CHUNK)
+            if end < size:
+                cut = mm.rfind(b"\n", pos, end)
+                if cut < 0:  # one line longer than a chunk
+                    cut = mm.find(b"\n", end)
+                    end = size if cut < 0 else cut + 1
+                else:
+                    end = cut + 1
+            yield pos, mm[pos:end]
+            if _DONTNEED is not None and end - dropped >= _CHUNK:  # keep scanned pages out of our RSS
+                try:
+                    mm.madvise(_DONTNEED, dropped, (end - dropped) & ~(mmap.PAGESIZE - 1))
+                except (OSError, ValueError):
+                    pass
+                dropped += (end - dropped) & ~(mmap.PAGESIZE - 1)
+            pos = end
+
+    def _index_block(self, block: bytes, off: int, line_no: int) -> int:
+        """Index the lines of ``block`` (starting at byte ``off``, after line ``line_no``);
+        returns the number of the last line. A block that does not end with a newline ends
+        the file: its last line is checked as a cut one."""
+        loads = orjson.loads
+        JSONError = orjson.JSONDecodeError
+        lines = block.split(b"\n")
+        tail = lines.pop()  # b"" when the block ends with a newline
+        for raw in lines:
+            line_no += 1
+            ln = len(raw) + 1
+            try:
+                obj = loads(raw)
+            except JSONError:
+                obj = None
+            if obj is not None and type(obj) is dict and type(obj.get("ev")) is str and self.footer is None \
+                    and obj["ev"] in _KIND_REQUIRED and obj.keys() >= _KIND_REQUIRED[obj["ev"]] \
+                    and _type_error(obj, _FIELD_CHECKS[obj["ev"]], obj["ev"]) is None:
+                self._add(obj, off, ln)  # fast path: a valid event
+            else:
+                ev = self._check_line(obj, raw + b"\n", line_no, False)
+                if ev is not None:
+                    self._add(ev, off, ln)
+            off += ln
+        if tail:  # the file ends without a newline
+            line_no += 1
+            try:
+                obj = loads(tail)
+            except JSONError:
+                obj = None
+            ev = self._check_line(obj, tail, line_no, True)
+            if ev is not None:
+                self._add(ev, off, len(tail))
+        return line_no
 
     def build(self) -> "TraceIndex":
         for _ in self.scan(batch_time=1.0):
@@ -333,8 +404,7 @@ class TraceIndex:
             if hit is not None:
                 self._cache.move_to_end(i)
                 return hit
-        raw = os.pread(self._fd, self.lengths[i], self.starts[i])  # type: ignore[arg-type]
-        obj = orjson.loads(raw)
+        obj = orjson.loads(self._read(self.lengths[i], self.starts[i]))
         if "id" not in obj:
             obj["id"] = self.event_id(i)
         with self._lock:
@@ -353,9 +423,9 @@ class TraceIndex:
             return
         loads = orjson.loads
         rng = range(len(self.kinds)) if ordinals is None else ordinals
-        starts, lengths, fd = self.starts, self.lengths, self._fd
+        starts, lengths, read = self.starts, self.lengths, self._read
         for i in rng:
-            obj = loads(os.pread(fd, lengths[i], starts[i]))  # type: ignore[arg-type]
+            obj = loads(read(lengths[i], starts[i]))
             if "id" not in obj:
                 obj["id"] = self.event_id(i)
             yield obj

@@ -1,13 +1,13 @@
 """Full-text search of a ``TraceIndex``'s raw event lines (the TUI's raw-event search).
 
-The file is read in chunks with ``os.pread`` and matched by ``re`` (C speed), and a match's
-byte offset is mapped back to an event ordinal by bisecting the index's line starts: a
-search through a multi-GB trace parses no event. No Textual, no vLLM.
+The text is read in chunks (``TraceIndex._read``: os.pread, or a seekable .zst's frames) and
+matched by ``re`` (C speed), and a match's byte offset is mapped back to an event ordinal by
+bisecting the index's line starts: a search through a multi-GB trace parses no event. No
+Textual, no vLLM.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from bisect import bisect_right
 from typing import Any
@@ -36,13 +36,13 @@ def search(index: Any, text: str, start: int = 0, direction: int = 1, *, chunk: 
             if pat.search(orjson.dumps(index._memory[i])):
                 return i
         return None
-    starts, lengths, fd = index.starts, index.lengths, index._fd
+    starts, lengths, read = index.starts, index.lengths, index._read
     first, end = starts[0], starts[n - 1] + lengths[n - 1]
     overlap = len(text.encode()) + 1
     if direction > 0:
         pos = starts[start]
         while pos < end:
-            buf = os.pread(fd, min(chunk, end - pos), pos)  # type: ignore[arg-type]
+            buf = read(min(chunk, end - pos), pos)
             m = pat.search(buf)
             if m:
                 return bisect_right(starts, pos + m.start()) - 1
@@ -53,7 +53,7 @@ def search(index: Any, text: str, start: int = 0, direction: int = 1, *, chunk: 
     hi = starts[start] + lengths[start]
     while hi > first:
         lo = max(first, hi - chunk)
-        buf = os.pread(fd, hi - lo, lo)  # type: ignore[arg-type]
+        buf = read(hi - lo, lo)
         last = None
         for m in pat.finditer(buf):
             last = m

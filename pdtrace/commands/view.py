@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import EXIT_OK, PdtraceError
-from ..compress import is_zstd
+from ..compress import is_zstd, seek_table
 from ..index import TraceIndex, load_shards
 
 
@@ -22,14 +22,17 @@ def open_source(trace: str | os.PathLike | None) -> TraceIndex:
         return load_shards(str(p))
     if not p.exists():
         raise PdtraceError(f"{p}: cannot open: No such file or directory")  # check's wording
-    if is_zstd(str(p)):
-        p = _decompressed(p)
+    if is_zstd(str(p)) and seek_table(str(p)) is None:
+        p = _decompressed(p)  # pdtrace's own .zst (seekable) is indexed in place
     idx = TraceIndex(str(p), lenient=True)
     if idx.size == 0:
         idx.close()
         raise PdtraceError(f"{p}: empty file: not a pdtrace trace")
-    with open(p, "rb") as fh:  # refuse a foreign file before starting the UI
-        first = fh.readline(1 << 20)
+    try:  # refuse a foreign file before starting the UI
+        first = idx.head()
+    except (ValueError, OSError) as exc:  # a .zst whose first frame is damaged
+        idx.close()
+        raise PdtraceError(f"{p}: cannot read: {exc}") from None
     if not first.startswith(b"{") or b'"trace.header"' not in first:
         idx.close()
         raise PdtraceError(f"{p}:1: not a pdtrace trace: line 1 is not a pdtrace 'trace.header' line")
@@ -37,14 +40,16 @@ def open_source(trace: str | os.PathLike | None) -> TraceIndex:
 
 
 def _decompressed(p: Path) -> Path:
-    """The viewer's index reads at byte offsets, which a zstd stream does not have: decompress
-    to a temporary file, kept while the viewer runs and deleted when it exits (``run``)."""
+    """The viewer's index reads at byte offsets, which a zstd stream without a seek table (not
+    written by pdtrace) does not have: decompress to a temporary file, kept while the viewer
+    runs and deleted when it exits (``run``)."""
     import tempfile
 
     from ..compress import decompress_to
 
     out = Path(tempfile.mkdtemp(prefix="pdtrace-view-")) / (p.name[:-4] if p.name.endswith(".zst") else p.name)
-    print(f"pdtrace: {p} is zstd-compressed; decompressing to {out} to index it", file=sys.stderr)
+    print(f"pdtrace: {p} is zstd-compressed as one stream (no seek table); decompressing to {out} "
+          "to index it", file=sys.stderr)
     try:
         size = decompress_to(str(p), str(out))
     except (ValueError, OSError) as exc:

@@ -1,0 +1,112 @@
+"""Byte-offset reads from a seekable ``.jsonl.zst`` trace, without decompressing it to disk.
+
+``TraceIndex`` (the TUI's lazy index) keeps each event's byte span in the *uncompressed*
+lines. A trace written by pdtrace is in zstd's seekable format (``compress.seek_table``):
+independent frames of ~4 MiB uncompressed each, so the bytes at any offset come from one or
+two frames. ``FrameSource.pread`` decompresses only those (and keeps the last few decompressed,
+since a viewer reads neighbouring events), and ``blocks`` gives the whole text in order, cut at
+line ends, for the index's scan. A compressed file without a seek table (another tool's single
+stream) cannot be read this way: ``pdtrace view`` decompresses it to a temporary file first.
+No Textual, no vLLM.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from array import array
+from bisect import bisect_right
+from collections import OrderedDict
+from typing import Iterator
+
+from .compress import decompress_frame
+
+KEEP = 4  # decompressed frames kept for random reads (~16 MiB)
+
+
+class FrameSource:
+    """The uncompressed bytes of a seekable zstd file, by offset. ``frames``: the file's
+    ``seek_table`` (offset in the file, compressed size, decompressed size) per frame.
+    Thread-safe: the viewer reads events while its worker scans. Raises ValueError on a
+    frame that is corrupt or does not match its table entry, OSError when the file cannot
+    be read."""
+
+    def __init__(self, path: str, frames: list[tuple[int, int, int]], *, keep: int = KEEP):
+        self.path = path
+        self.frames = frames
+        self.starts = array("q")  # uncompressed offset of each frame's first byte
+        at = 0
+        for _off, _c, d in frames:
+            self.starts.append(at)
+            at += d
+        self.size = at  # uncompressed bytes
+        self.disk_size = os.path.getsize(path)
+        self._fd: int | None = os.open(path, os.O_RDONLY)
+        self._cache: OrderedDict[int, bytes] = OrderedDict()
+        self._keep = keep
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _decompress(self, k: int) -> bytes:
+        at, csize, dsize = self.frames[k]
+        if self._fd is None:
+            raise ValueError(f"{self.path}: closed")
+        return decompress_frame(os.pread(self._fd, csize, at), at, dsize)
+
+    def frame(self, k: int) -> bytes:
+        """Frame ``k``'s uncompressed bytes (LRU-cached)."""
+        with self._lock:
+            hit = self._cache.get(k)
+            if hit is not None:
+                self._cache.move_to_end(k)
+                return hit
+        data = self._decompress(k)  # outside the lock: zstd releases the GIL while it works
+        with self._lock:
+            self._cache[k] = data
+            while len(self._cache) > self._keep:
+                self._cache.popitem(last=False)
+        return data
+
+    def pread(self, length: int, offset: int) -> bytes:
+        """Up to ``length`` uncompressed bytes from ``offset`` (fewer at the end), as os.pread."""
+        end = min(self.size, offset + length)
+        if offset >= end:
+            return b""
+        k = bisect_right(self.starts, offset) - 1
+        parts = []
+        while offset < end:
+            data = self.frame(k)
+            lo = offset - self.starts[k]
+            piece = data[lo: lo + (end - offset)]
+            parts.append(piece)
+            offset += len(piece)
+            k += 1
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def blocks(self, pos: int = 0) -> Iterator[tuple[int, bytes]]:
+        """(offset, bytes) from ``pos`` to the end, in order: each block holds whole lines (it
+        ends with a newline), except a last one that the file ends without. Frames read here
+        are not cached (a scan would only evict what the viewer is showing)."""
+        if pos >= self.size:
+            return
+        k = bisect_right(self.starts, pos) - 1
+        carry = b""
+        start = pos
+        for j in range(k, len(self.frames)):
+            data = self._decompress(j)
+            if j == k:
+                data = data[pos - self.starts[k]:]
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # no line ends in this frame: a line longer than a frame
+                carry += data
+                continue
+            block = carry + data[:cut] if carry else data[:cut]
+            yield start, block
+            start += len(block)
+            carry = data[cut:]
+        if carry:
+            yield start, carry

@@ -1,0 +1,163 @@
+"""The viewer's lazy index on a compressed trace, in place (issue 22): a .jsonl.zst that pdtrace
+wrote (zstd's seekable format) is indexed through its frames, with the offsets, events and
+search answers of the plain trace, and no temporary copy; a damaged frame keeps the lines
+before it; another tool's single-stream .zst is decompressed to a temporary file first (and
+the viewer says so). Traces: the bundled samples and bench/gen_trace.py's generator, written
+by pdtrace's own writer (frames made small here so lines cross frame ends)."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from pdtrace import compress
+from pdtrace.commands.view import _remove_decompressed, open_source
+from pdtrace.errors import TraceError
+from pdtrace.index import TraceIndex
+from pdtrace.trace import load, write_trace
+from pdtrace.viewers.tui.app import PdtraceViewer
+from pdtrace.zsource import FrameSource
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_traces"
+
+
+def _rewrite(src: Path, dst: Path) -> None:
+    tr = load(str(src))
+    events = [{k: v for k, v in e.items() if k != "block_ids_derived"} for e in tr.events]
+    write_trace(str(dst), tr.header, events, {k: v for k, v in tr.footer.items() if k != "digest"})
+
+
+@pytest.fixture
+def pair(tmp_path, monkeypatch):
+    """(plain, seekable .zst) of a generated 20k-event trace, 64 KiB frames (a few hundred)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gen_trace import generate
+
+    gen = tmp_path / "gen.jsonl"
+    generate(str(gen), 20_000)
+    plain, packed = tmp_path / "t.jsonl", tmp_path / "t.jsonl.zst"
+    _rewrite(gen, plain)
+    monkeypatch.setattr(compress, "FRAME_BYTES", 64 << 10)
+    _rewrite(gen, packed)
+    assert len(compress.seek_table(str(packed)) or []) > 50
+    return plain, packed
+
+
+def _columns(idx: TraceIndex) -> tuple:
+    return (list(idx.starts), list(idx.lengths), list(idx.kinds), list(idx.steps), list(idx.reqs),
+            list(idx.insts), idx.req_names, idx.inst_names, idx.header, idx.footer,
+            [(p.line, p.reason) for p in idx.problems])
+
+
+def test_a_seekable_zst_is_indexed_in_place_like_the_plain_trace(pair):
+    plain, packed = pair
+    a = TraceIndex(str(plain), lenient=False).build()
+    b = TraceIndex(str(packed), lenient=False).build()
+    assert b.size == plain.stat().st_size > packed.stat().st_size  # offsets of the uncompressed lines
+    assert _columns(a) == _columns(b) and len(a) > 20_000
+    rng = random.Random(7)
+    picks = rng.sample(range(len(a)), 500) + [0, len(a) - 1]
+    assert [a.event(i) for i in picks] == [b.event(i) for i in picks]
+    assert list(a.iter_events()) == list(b.iter_events())
+    req = a.event(len(a) // 2)["req"]
+    for text in (req, '"ev":"acc.truth"', "no such text"):
+        for start, direction in ((0, 1), (len(a) - 1, -1), (len(a) // 2, 1), (len(a) // 2, -1)):
+            assert a.search(text, start, direction) == b.search(text, start, direction), (text, start, direction)
+    assert b.search(req, 0, 1) is not None
+
+
+def test_a_line_longer_than_a_frame_and_reads_across_frames(tmp_path, monkeypatch):
+    """Frames of 128 bytes: every line spans two or more frames; the bundled buggy sample."""
+    monkeypatch.setattr(compress, "FRAME_BYTES", 128)
+    plain = tmp_path / "s.jsonl"
+    packed = tmp_path / "s.jsonl.zst"
+    _rewrite(SAMPLES / "stale_read_rowmoves_buggy.jsonl", plain)
+    _rewrite(SAMPLES / "stale_read_rowmoves_buggy.jsonl", packed)
+    a, b = TraceIndex(str(plain)).build(), TraceIndex(str(packed)).build()
+    assert min(b.lengths) > 128 and max(b.lengths) > 3 * 128 and _columns(a) == _columns(b)
+    assert [a.event(i) for i in range(len(a))] == [b.event(i) for i in range(len(b))]
+    src = FrameSource(str(packed), compress.seek_table(str(packed)))
+    try:
+        text = plain.read_bytes()
+        assert b"".join(blk for _off, blk in src.blocks()) == text
+        assert all(text[off:off + len(blk)] == blk for off, blk in src.blocks(1000))
+        for off, n in ((0, 10), (127, 2), (1000, 3000), (len(text) - 5, 100)):
+            assert src.pread(n, off) == text[off:off + n]
+    finally:
+        src.close()
+
+
+def test_view_opens_pdtrace_zst_without_a_temporary_copy(pair, capsys):
+    _plain, packed = pair
+    idx = open_source(str(packed))
+    try:
+        assert idx.path == str(packed) and idx.head().startswith(b'{"ev":"trace.header"')
+        idx.build()
+        assert idx.footer is not None and not idx.problems
+    finally:
+        idx.close()
+    assert "decompress" not in capsys.readouterr().err
+
+
+@pytest.mark.asyncio
+async def test_the_viewer_shows_findings_from_a_seekable_zst(tmp_path):
+    packed = tmp_path / "b.jsonl.zst"
+    _rewrite(SAMPLES / "stale_read_rowmoves_buggy.jsonl", packed)
+    plain_findings = None
+    for path in (SAMPLES / "stale_read_rowmoves_buggy.jsonl", packed):
+        app = PdtraceViewer(TraceIndex(str(path)))
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(300):
+                if app.findings_done:
+                    break
+                await pilot.pause(0.02)
+            assert app.findings_done
+            await pilot.press("f")
+            await pilot.pause()
+            got = [(f.kind, f.req, f.step) for f in app.findings]
+            assert app.query_one("TabbedContent").active == "acc"
+            assert "STALE" in app.query_one("#pane-acc").text
+        plain_findings = got if plain_findings is None else plain_findings
+    assert got == plain_findings and len(got) > 1
+
+
+def test_a_damaged_frame_keeps_the_lines_before_it(pair):
+    plain, packed = pair
+    frames = compress.seek_table(str(packed))
+    at = frames[len(frames) // 2][0]
+    data = bytearray(packed.read_bytes())
+    data[at:at + 8] = bytes(8)  # the frame's magic and header
+    bad = packed.with_name("bad.jsonl.zst")
+    bad.write_bytes(bytes(data))
+    idx = TraceIndex(str(bad)).build()
+    full = TraceIndex(str(plain)).build()
+    n = len(idx)
+    assert 0 < n < len(full) and list(idx.starts) == list(full.starts)[:n]
+    reasons = [p.reason for p in idx.problems]
+    assert reasons[0].startswith(f"corrupt zstd frame at byte {at}") and "not indexed" in reasons[0]
+    assert reasons[-1].startswith("no footer")
+    with pytest.raises(TraceError, match=f"corrupt zstd frame at byte {at}"):
+        TraceIndex(str(bad), lenient=False).build()
+
+
+def test_a_single_stream_zst_is_decompressed_for_the_viewer(tmp_path, capsys):
+    """Another tool's .zst (one stream, no seek table), as the GPU-recorded samples are."""
+    one = tmp_path / "one.jsonl.zst"
+    one.write_bytes(zstandard.ZstdCompressor().compress((SAMPLES / "stale_read_rowmoves_buggy.jsonl").read_bytes()))
+    with pytest.raises(TraceError, match="no seek table"):
+        TraceIndex(str(one))
+    for src in (one, SAMPLES / "live_gpu_pd_eagle_v2.jsonl.zst"):
+        idx = open_source(str(src))
+        try:
+            assert idx.path != str(src) and os.path.exists(idx.path) and idx.build().footer is not None
+        finally:
+            idx.close()
+            _remove_decompressed(idx.path)
+        assert not os.path.exists(idx.path)
+        assert "one stream (no seek table); decompressing to" in capsys.readouterr().err
