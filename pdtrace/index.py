@@ -15,7 +15,7 @@ no footer), and every problem names its 1-based line. ``lenient=False`` raises
 ``TraceError`` at the first problem; ``lenient=True`` records it in ``problems``.
 
 ``TraceIndex.from_events(events, header)`` builds the same index over events already in
-memory (shards merged by ``load_shards``), so viewers see one interface.
+memory (shards merged by ``index_shards.load_shards``), so viewers see one interface.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import orjson
 
-from . import __version__, schema
+from . import schema
 from .compress import ZSTD_MAGIC, seek_table
 from .errors import TraceError
+from .index_blocks import frame_blocks, mmap_blocks
 from .trace import _KIND_REQUIRED, Problem, _check_header
 
 _FIELD_CHECKS = schema.FIELD_CHECKS
@@ -44,8 +45,6 @@ UNKNOWN_KIND = 255  # an unknown kind kept in a newer trace read leniently
 NO_STEP = -1
 NO_REQ = -1
 
-_CHUNK = 4 << 20
-_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +265,11 @@ class TraceIndex:
             raise TraceError(path, 0, "nothing to scan (index built from events)")
         if self.size == 0:
             raise TraceError(path, 0, "empty file: not a pdtrace trace")
-        first, blocks = self._first_line_and_blocks()
+        if self._src is not None:
+            first, blocks = frame_blocks(self._src)
+        else:
+            self._mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            first, blocks = mmap_blocks(self._mm, self.size)
         try:
             self.header = _check_header(path, orjson.loads(first))
         except orjson.JSONDecodeError:
@@ -295,51 +298,6 @@ class TraceIndex:
             self._problem(line_no + 1, "no footer: the trace ends early (recording killed, or file cut)")
         self.done = True
         yield self._progress(self.size, done=True)
-
-    def _first_line_and_blocks(self) -> tuple[bytes, Iterator[tuple[int, bytes]]]:
-        """Line 1, and (offset, bytes) blocks of whole lines after it (the last one may end
-        without a newline: the file does): from an mmap of a plain file, from the frames of
-        a seekable .zst."""
-        if self._src is not None:
-            it = self._src.blocks(0)
-            try:
-                off, first = next(it)
-            except StopIteration:
-                return b"", iter(())
-            nl = first.find(b"\n")
-            if nl < 0 or nl + 1 == len(first):
-                return first, it
-            rest = first[nl + 1:]
-
-            def chained() -> Iterator[tuple[int, bytes]]:
-                yield nl + 1, rest
-                yield from it
-            return first[: nl + 1], chained()
-        mm = self._mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)  # type: ignore[arg-type]
-        nl = mm.find(b"\n")
-        first = mm[: nl + 1 if nl >= 0 else self.size]
-        return first, self._mmap_blocks(mm, len(first))
-
-    def _mmap_blocks(self, mm: mmap.mmap, pos: int) -> Iterator[tuple[int, bytes]]:
-        size = self.size
-        dropped = 0
-        while pos < size:
-            end = min(size, pos + _CHUNK)
-            if end < size:
-                cut = mm.rfind(b"\n", pos, end)
-                if cut < 0:  # one line longer than a chunk
-                    cut = mm.find(b"\n", end)
-                    end = size if cut < 0 else cut + 1
-                else:
-                    end = cut + 1
-            yield pos, mm[pos:end]
-            if _DONTNEED is not None and end - dropped >= _CHUNK:  # keep scanned pages out of our RSS
-                try:
-                    mm.madvise(_DONTNEED, dropped, (end - dropped) & ~(mmap.PAGESIZE - 1))
-                except (OSError, ValueError):
-                    pass
-                dropped += (end - dropped) & ~(mmap.PAGESIZE - 1)
-            pos = end
 
     def _index_block(self, block: bytes, off: int, line_no: int) -> int:
         """Index the lines of ``block`` (starting at byte ``off``, after line ``line_no``);
@@ -487,42 +445,3 @@ class TraceIndex:
         n = sum(a.buffer_info()[1] * a.itemsize for a in cols)
         n += sum(a.buffer_info()[1] * a.itemsize for a in self.req_events.values())
         return n
-
-
-# ------------------------------------------------------------------------------ shards
-def load_shards(directory: str) -> TraceIndex:
-    """Merge a directory of per-process shards (``*.pdshard`` frames as a recording writes
-    them, or ``*.jsonl`` event lines; no header/footer) in memory, sorted by ``t``, and index
-    the result. Unreadable frames/lines and invalid events become problems naming the file."""
-    from .shards import read_shard, shard_files
-    from .trace import derive_block_lists
-
-    files = shard_files(directory)
-    if not files:
-        raise TraceError(directory, 0, "no shards (*.pdshard or *.jsonl) in this directory")
-    events: list[dict[str, Any]] = []
-    problems: list[Problem] = []
-    for p in files:
-        name = os.path.basename(p)
-        got, probs = read_shard(p)
-        problems.extend(probs)
-        for obj in got:
-            if obj.get("ev") in (schema.HEADER, schema.FOOTER):
-                continue
-            reason = schema.validate_event(obj)
-            if reason is not None:
-                problems.append(Problem(0, f"{name}: {reason}"))
-                continue
-            obj.pop("id", None)
-            events.append(obj)
-    events.sort(key=lambda e: e["t"])
-    for i, e in enumerate(events):
-        e["id"] = i
-    derive_block_lists(events)
-    header = {
-        "ev": schema.HEADER, "schema": schema.SCHEMA_NAME, "schema_version": schema.SCHEMA_VERSION,
-        "pdtrace": __version__, "versions": {}, "cmd": [], "host": "", "created": "",
-        "redacted": True, "origin": "merge",
-        "instances": sorted({e.get("inst", "-") for e in events}),
-    }
-    return TraceIndex.from_events(events, header, problems=problems, source=directory)

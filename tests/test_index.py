@@ -10,7 +10,8 @@ import pytest
 
 from pdtrace import trace as trace_mod
 from pdtrace.errors import TraceError
-from pdtrace.index import TraceIndex, load_shards
+from pdtrace.index import TraceIndex
+from pdtrace.index_shards import load_shards
 from pdtrace.trace import make_header, write_trace
 
 

@@ -22,7 +22,8 @@ import orjson
 import pytest
 
 from pdtrace.errors import PdtraceError
-from pdtrace.index import TraceIndex, load_shards
+from pdtrace.index import TraceIndex
+from pdtrace.index_shards import load_shards
 from pdtrace.trace import make_header, write_trace
 from pdtrace.viewers.tui.app import PdtraceViewer
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import EXIT_OK, PdtraceError
 from ..compress import is_zstd, seek_table
-from ..index import TraceIndex, load_shards
+from ..index import TraceIndex
+from ..index_shards import load_shards
 
 
 def open_source(trace: str | os.PathLike | None) -> TraceIndex:
