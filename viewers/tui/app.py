@@ -2,7 +2,8 @@
 
 Data flow (memray/toolong style): the ``TraceIndex`` is injected; a thread worker
 indexes the file in batches and posts ``IndexProgress``; when the index is complete the
-same worker runs the detectors (and the per-class coverage) over lazily parsed events and
+same worker runs the detectors and the per-class coverage (``detecting.py``: in this
+process, or for a big trace streamed in a child process started with the indexing) and
 posts ``FindingsReady``. Widgets only render what ``viewers.tui.model`` / ``drafter``
 compute for the current selection. Navigation keys live in ``navigation.py``, export
 (finding as Markdown, screen as SVG) in ``export.py``.
@@ -34,7 +35,8 @@ from . import drafter, model, selection
 from .commands import TraceCommands
 from .export import ExportMixin
 from .layout import TABS, LayoutMixin
-from .messages import FindingsReady, IndexFailed, IndexProgress
+from .detecting import DetectMixin
+from .messages import DetectProgress, FindingsReady, IndexFailed, IndexProgress
 from .navigation import PANE_OF_KIND, NavigationMixin
 from .search import PLACEHOLDER, SearchInput, SearchMixin
 from .widgets.accepted import AcceptedPane
@@ -45,7 +47,8 @@ from .widgets.window import WindowPane
 
 Detect = Callable[..., list]
 
-# Above this file size the detectors (which take a list of parsed events) run on request only.
+# Above this size (of the trace's text) the detectors run streamed in a child process
+# (``detecting.py``); up to it, here over a list of parsed events.
 DETECT_MAX_BYTES = 256 << 20
 _STEP = Binding.Group("Step", compact=True)
 _TABS = Binding.Group("Tab", compact=True)
@@ -67,7 +70,7 @@ def default_coverage() -> Callable[..., dict] | None:
     return coverage
 
 
-class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App):
+class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App):
     CSS_PATH = "app.tcss"
     TITLE = "pdtrace view"
     COMMANDS = App.COMMANDS | {TraceCommands}
@@ -104,6 +107,7 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App)
         self.index = index
         self.detect = detect if detect is not None else (default_detect() if use_default_detect else None)
         self.cover = default_coverage() if use_default_detect else None
+        self._default_detect = detect is None and use_default_detect
         self.scan = (not index.done) if scan is None else scan
         self.batch_time = batch_time
         self.detect_max_bytes = detect_max_bytes
@@ -126,6 +130,7 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App)
         self._side_override: bool | None = None
         self._narrow: bool | None = None
         self._lists_at = 0.0
+        self._prepare_job()
 
     # ------------------------------------------------------------------ layout
     def compose(self) -> ComposeResult:
@@ -166,44 +171,26 @@ class PdtraceViewer(LayoutMixin, NavigationMixin, ExportMixin, SearchMixin, App)
     @work(thread=True, exclusive=True, group="index")
     def _work(self) -> None:
         worker = get_current_worker()
-        if self.scan:
-            try:
-                for prog in self.index.scan(batch_time=self.batch_time):
-                    if worker.is_cancelled:
-                        return
-                    self.post_message(IndexProgress(prog))
-            except PdtraceError as exc:
-                self.post_message(IndexFailed(str(exc)))
-                return
-        if self.detect is None:
-            self.post_message(FindingsReady([], "detectors unavailable (pdtrace.detectors.run_all not importable)"))
-            return
-        if self.index.size > self.detect_max_bytes and not self._force_detect:
-            mb = self.index.size >> 20
-            self.post_message(FindingsReady([], f"{mb} MiB trace: detectors not run automatically (they parse "
-                                                "every event into memory); press D to run them, or use `pdtrace check`"))
-            return
-        cov = None
+        self._start_job()  # a big trace: its streamed check starts with the indexing (detecting.py)
         try:
-            # run_all takes a list (it indexes events by kind); the index itself keeps offsets only
-            events = list(self.index.iter_events())
-            if worker.is_cancelled:
-                return
-            findings = list(self.detect(events, header=self.index.header))
-            if self.cover is not None:
+            if self.scan:
                 try:
-                    from pdtrace.detectors.coverage import incomplete_reason
+                    for prog in self.index.scan(batch_time=self.batch_time):
+                        if worker.is_cancelled:
+                            return
+                        self.post_message(IndexProgress(prog))
+                except PdtraceError as exc:
+                    self.post_message(IndexFailed(str(exc)))
+                    return
+            self._run_detectors(worker)
+        finally:
+            self._cancel_job()  # (None once its findings are in)
 
-                    cov = self.cover(events, header=self.index.header, footer=self.index.footer,
-                                     incomplete=incomplete_reason(self.index.footer, self.index.problems))
-                except Exception:  # coverage is a summary; the findings stand without it
-                    cov = None
-            del events
-        except Exception as exc:  # a detector bug must not take the viewer down
-            self.post_message(FindingsReady([], f"detectors failed: {type(exc).__name__}: {exc}"))
-            return
-        if not worker.is_cancelled:
-            self.post_message(FindingsReady(findings, coverage=cov))
+    @on(DetectProgress)
+    def _on_detect_progress(self, msg: DetectProgress) -> None:
+        if not self.findings_done:
+            self.query_one(FindingsList).show([], f"checking the {self.index.size >> 20} MiB trace in a "
+                                                  f"background process: {round(100 * msg.fraction)}%")
 
     @on(IndexProgress)
     def _on_progress(self, msg: IndexProgress) -> None:

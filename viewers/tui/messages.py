@@ -34,6 +34,13 @@ class FindingsReady(Message):
 
 
 @dataclasses.dataclass
+class DetectProgress(Message):
+    """The detectors' child process has read ``fraction`` of the trace (``tui.detecting``)."""
+
+    fraction: float
+
+
+@dataclasses.dataclass
 class SearchDone(Message):
     """A raw-event search finished: ``ordinal`` of the match, or None."""
 

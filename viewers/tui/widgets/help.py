@@ -26,7 +26,7 @@ Replays a trace and shows where P/D + speculative decoding went wrong.
 | `s` | show / hide the left column (hidden by default under 100 columns) |
 | `c` | copy the selected finding as Markdown (clipboard, and a .md file in the working directory) |
 | `S` | save the screen as SVG in the working directory |
-| `D` | run the detectors on a trace too large to run them automatically (> 256 MiB) |
+| `D` | run the detectors in the viewer's process over every event parsed (a trace over 256 MiB is checked in a background process instead, in bounded memory; D is for when that failed) |
 | `1` ... `5` | Block map, Accepted counts, Connector metadata, Drafter window, Raw events |
 | `tab` / `shift+tab` | move focus between lists and panes |
 | `ctrl+p` | command palette: go to request / step / finding |
