@@ -66,6 +66,7 @@ class TraceIndex:
 
     def __init__(self, path: str | None = None, *, lenient: bool = True, cache_size: int = 4096):
         self.path = path
+        self.source: str | None = None  # the file the user named, where ``path`` is its decompressed copy
         self.lenient = lenient
         self.header: dict[str, Any] = {}
         self.footer: dict[str, Any] | None = None

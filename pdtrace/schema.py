@@ -27,7 +27,9 @@ Conventions
   line written otherwise is still read (the check then runs in one process).
 - A ``.jsonl.zst`` trace holds the same lines, zstd-compressed in zstd's seekable
   format (independent frames of 4 MiB uncompressed, then the seek table in a skippable
-  frame): any zstd decoder reads it; ``pdtrace info`` reads only its last frame.
+  frame): any zstd decoder reads it; ``pdtrace info`` reads only its last frame, and
+  ``pdtrace view`` reads events by their offsets in the uncompressed lines, decompressing
+  only the frames that hold them.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from pdtrace.commands.view import _remove_decompressed, open_source
 from pdtrace.detectors import background
 from pdtrace.detectors.background import Job
 from pdtrace.index import TraceIndex
@@ -51,25 +52,24 @@ def _key(findings):
 @pytest.mark.parametrize("sample", ["stale_read_rowmoves_buggy.jsonl", "lookahead_aligned16_k1_buggy.jsonl",
                                     "live_gpu_pd_eagle_v1.jsonl.zst"])
 async def test_a_big_trace_is_checked_in_a_child_with_the_in_process_findings(sample, jobs):
-    here = PdtraceViewer(TraceIndex(str(SAMPLES / sample)) if not sample.endswith(".zst") else _opened(sample))
-    async with here.run_test(size=(120, 40)) as pilot:
-        await _findings(here, pilot)
-    assert not jobs  # small: in this process
-    app = PdtraceViewer(TraceIndex(str(SAMPLES / sample)) if not sample.endswith(".zst") else _opened(sample),
-                        detect_max_bytes=0)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await _findings(app, pilot)
-        assert app.findings_note == ""
+    indexes = [open_source(str(SAMPLES / sample)) for _ in range(2)]  # (a single-stream .zst: temp copies)
+    try:
+        here = PdtraceViewer(indexes[0])
+        async with here.run_test(size=(120, 40)) as pilot:
+            await _findings(here, pilot)
+        assert not jobs  # small: in this process
+        app = PdtraceViewer(indexes[1], detect_max_bytes=0)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await _findings(app, pilot)
+            assert app.findings_note == ""
+    finally:
+        for idx in indexes:
+            idx.close()
+            _remove_decompressed(idx.path)
     assert len(jobs) == 1 and jobs[0].proc.exitcode == 0  # a child ran the check and ended
     assert _key(app.findings) == _key(here.findings)
     assert {k: (c.status, c.events) for k, c in app.coverage.items()} == \
         {k: (c.status, c.events) for k, c in here.coverage.items()}
-
-
-def _opened(sample):
-    from pdtrace.commands.view import open_source  # (a single-stream .zst: its decompressed copy)
-
-    return open_source(str(SAMPLES / sample))
 
 
 def test_the_job_reports_progress_and_the_findings_of_check(tmp_path):

@@ -161,3 +161,39 @@ def test_a_single_stream_zst_is_decompressed_for_the_viewer(tmp_path, capsys):
             _remove_decompressed(idx.path)
         assert not os.path.exists(idx.path)
         assert "one stream (no seek table); decompressing to" in capsys.readouterr().err
+
+
+def test_a_refused_single_stream_zst_leaves_no_copy_and_names_the_users_file(tmp_path, monkeypatch):
+    import tempfile
+
+    from pdtrace.errors import PdtraceError
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    cases = {"foreign.jsonl.zst": b'{"hello":1}\n', "empty.jsonl.zst": b""}
+    for name, text in cases.items():
+        p = tmp_path / name
+        p.write_bytes(zstandard.ZstdCompressor().compress(text))
+        with pytest.raises(PdtraceError) as exc:
+            open_source(str(p))
+        assert str(exc.value).startswith(f"{p}:") and "pdtrace-view-" not in str(exc.value)
+    bad = tmp_path / "bad.jsonl.zst"  # not decompressible at all
+    bad.write_bytes(zstandard.ZstdCompressor().compress(b"x" * 1000)[:-6] + b"\0" * 6)
+    with pytest.raises(PdtraceError, match="cannot decompress"):
+        open_source(str(bad))
+    assert list(scratch.iterdir()) == []  # every temporary copy removed
+
+
+@pytest.mark.asyncio
+async def test_the_viewer_names_the_users_file_not_the_copy(capsys):
+    idx = open_source(str(SAMPLES / "live_gpu_pd_eagle_v2.jsonl.zst"))
+    try:
+        app = PdtraceViewer(idx, use_default_detect=False)
+        async with app.run_test(size=(100, 30)):
+            assert app.sub_title == "live_gpu_pd_eagle_v2.jsonl.zst"
+        assert idx.path.endswith("v2.jsonl")
+    finally:
+        idx.close()
+        _remove_decompressed(idx.path)
+    assert "MB decompressed" in capsys.readouterr().err

@@ -23,20 +23,33 @@ def open_source(trace: str | os.PathLike | None) -> TraceIndex:
         return load_shards(str(p))
     if not p.exists():
         raise PdtraceError(f"{p}: cannot open: No such file or directory")  # check's wording
+    shown = p
     if is_zstd(str(p)) and seek_table(str(p)) is None:
         p = _decompressed(p)  # pdtrace's own .zst (seekable) is indexed in place
+    try:
+        idx = _checked_index(p, shown)
+    except BaseException:
+        _remove_decompressed(str(p))  # (only a copy _decompressed made)
+        raise
+    idx.source = str(shown)
+    return idx
+
+
+def _checked_index(p: Path, shown: Path) -> TraceIndex:
+    """The index of ``p`` once its line 1 is a pdtrace header; errors name ``shown`` (the
+    file the user gave, where ``p`` is its decompressed copy)."""
     idx = TraceIndex(str(p), lenient=True)
     if idx.size == 0:
         idx.close()
-        raise PdtraceError(f"{p}: empty file: not a pdtrace trace")
+        raise PdtraceError(f"{shown}: empty file: not a pdtrace trace")
     try:  # refuse a foreign file before starting the UI
         first = idx.head()
     except (ValueError, OSError) as exc:  # a .zst whose first frame is damaged
         idx.close()
-        raise PdtraceError(f"{p}: cannot read: {exc}") from None
+        raise PdtraceError(f"{shown}: cannot read: {exc}") from None
     if not first.startswith(b"{") or b'"trace.header"' not in first:
         idx.close()
-        raise PdtraceError(f"{p}:1: not a pdtrace trace: line 1 is not a pdtrace 'trace.header' line")
+        raise PdtraceError(f"{shown}:1: not a pdtrace trace: line 1 is not a pdtrace 'trace.header' line")
     return idx
 
 
@@ -54,8 +67,9 @@ def _decompressed(p: Path) -> Path:
     try:
         size = decompress_to(str(p), str(out))
     except (ValueError, OSError) as exc:
+        _remove_decompressed(str(out))
         raise PdtraceError(f"{p}: cannot decompress: {exc}") from None
-    print(f"pdtrace: {size >> 20} MB decompressed", file=sys.stderr)
+    print(f"pdtrace: {size / 2**20:.1f} MB decompressed", file=sys.stderr)
     return out
 
 

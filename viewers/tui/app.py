@@ -155,7 +155,8 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         yield Footer()
 
     def on_mount(self) -> None:
-        self.sub_title = os.path.basename(self.index.path.rstrip("/")) if self.index.path else "(events)"
+        name = getattr(self.index, "source", None) or self.index.path  # (a .zst's name, not its temporary copy's)
+        self.sub_title = os.path.basename(name.rstrip("/")) if name else "(events)"
         self.query_one("#banner").display = False
         self.query_one(FindingsList).show([], "indexing..." if self.scan else "running detectors...")
         self.query_one(RequestList).border_title = "Requests"

@@ -53,7 +53,8 @@ class ExportMixin:
         if f is None:
             self.notify("no finding to copy", severity="warning")  # type: ignore[attr-defined]
             return
-        trace = os.path.basename(self.index.path.rstrip("/")) if self.index.path else ""  # type: ignore[attr-defined]
+        name = getattr(self.index, "source", None) or self.index.path  # type: ignore[attr-defined]
+        trace = os.path.basename(name.rstrip("/")) if name else ""
         md = finding_markdown(f, trace)
         self.copy_to_clipboard(md)  # type: ignore[attr-defined]
         path = os.path.join(self.export_dir, finding_filename(f))
