@@ -17,6 +17,7 @@ from typing import List, Optional
 
 import typer
 
+from .compress import stream_damage
 from .errors import EXIT_OK, EXIT_UNUSABLE, PdtraceError, TraceError, internal_error, os_error_line
 
 app = typer.Typer(
@@ -240,7 +241,8 @@ def run_cli(argv: list[str] | None = None) -> int:
     except TraceError as exc:
         hint = ""
         if exc.damaged and "--lenient" not in args and "--lenient" not in exc.reason:
-            hint = " (a damaged trace: --lenient keeps every valid event and reports the rest)"
+            hint = (" (--lenient keeps the events before it)" if stream_damage(exc.reason) else
+                    " (a damaged trace: --lenient keeps every valid event and reports the rest)")
         print(f"pdtrace: error: {exc}{hint}", file=sys.stderr)
         return exc.exit_code
     except PdtraceError as exc:

@@ -27,6 +27,18 @@ SEEKABLE_MAGIC = 0x8F92EAB1  # the seek table's last four bytes
 _TABLE_FOOTER = struct.Struct("<IBI")  # number of frames, descriptor, SEEKABLE_MAGIC
 
 
+# How a compressed stream that cannot be read on says so (``_Reader``, ``decompress_frame``):
+# the lines after it are lost to a reader, which is not a cut recording (the footer may be there).
+STREAM_DAMAGE = ("corrupt zstd", "compressed stream ends early", "the zstd frame")
+UNREAD = "the lines after it cannot be read"
+CUT_STREAM = "compressed stream ends early"
+
+
+def stream_damage(reason: str) -> bool:
+    """Whether a problem's reason is a compressed stream that stops being readable."""
+    return str(reason).startswith(STREAM_DAMAGE)
+
+
 def is_zstd(path: str) -> bool:
     try:
         with open(path, "rb") as fh:
@@ -79,7 +91,7 @@ class _Reader(io.RawIOBase):
             if not self._raw:
                 self._done = True
                 if self._obj is not None and not self._obj.eof:
-                    raise ValueError("compressed stream ends early: the file was cut inside its last zstd frame "
+                    raise ValueError(f"{CUT_STREAM}: the file was cut inside its last zstd frame "
                                      "(the lines before the cut were read)")
                 return
         if self._obj is None or self._obj.eof:
@@ -210,13 +222,14 @@ def decompress_frame(raw: bytes, at: int, dsize: int) -> bytes:
     """One frame's compressed bytes (``raw``, read from byte ``at`` of the file) decompressed;
     ValueError when they are corrupt or do not make the ``dsize`` bytes the seek table says."""
     if len(raw) == 0 and dsize:
-        raise ValueError(f"the zstd frame at byte {at} is missing: the file ends before it")
+        raise ValueError(f"the zstd frame at byte {at} of the compressed file is missing: the file ends before it")
     try:
         out = _zstd().ZstdDecompressor().decompress(raw, max_output_size=dsize)
     except _zstd().ZstdError as exc:
-        raise ValueError(f"corrupt zstd frame at byte {at}: {exc}") from None
+        raise ValueError(f"corrupt zstd frame at byte {at} of the compressed file: {exc}") from None
     if len(out) != dsize:
-        raise ValueError(f"the zstd frame at byte {at} holds {len(out)} bytes, its seek table entry {dsize}")
+        raise ValueError(f"the zstd frame at byte {at} of the compressed file holds {len(out)} bytes, its seek "
+                         f"table entry {dsize}")
     return out
 
 

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import orjson
 
 from . import schema
-from .compress import ZSTD_MAGIC, seek_table
+from .compress import UNREAD, ZSTD_MAGIC, seek_table
 from .errors import TraceError
 from .index_blocks import frame_blocks, mmap_blocks
 from .trace import _KIND_REQUIRED, Problem, _check_header
@@ -90,6 +90,7 @@ class TraceIndex:
         self.ord_to_id: dict[int, int] = {}
         self.size = 0
         self.done = False
+        self.stream_damaged = False  # a .zst frame could not be read: the lines after it are not indexed
         self._cur_step: dict[int, int] = {}
         self._newer = False
         self._fd: int | None = None
@@ -286,7 +287,8 @@ class TraceIndex:
             try:
                 got = next(blocks, None)
             except ValueError as exc:  # a damaged zstd frame: the lines before it are indexed
-                self._problem(line_no + 1, f"{exc}; the lines from here on are not indexed")
+                self._problem(line_no + 1, f"{exc}: {UNREAD}")
+                self.stream_damaged = True
                 break
             if got is None:
                 break
@@ -295,7 +297,7 @@ class TraceIndex:
             if clock() >= deadline:
                 yield self._progress(off + len(block))
                 deadline = clock() + batch_time
-        if self.footer is None:
+        if self.footer is None and not self.stream_damaged:
             self._problem(line_no + 1, "no footer: the trace ends early (recording killed, or file cut)")
         self.done = True
         yield self._progress(self.size, done=True)

@@ -18,9 +18,9 @@ from typing import Any, Callable, Iterable, Iterator
 import orjson
 
 from . import schema
+from .compress import CUT_STREAM, UNREAD, open_read
 from .errors import TraceError
 from .footer import make_footer  # noqa: F401 - part of this module's API
-from .compress import open_read
 from .segments import FastReader, NeedsScan
 from .typecheck import EventChecker
 from .eventlist import EventList, kind_code, kind_groups, select_kinds  # noqa: F401 - API
@@ -148,9 +148,11 @@ def scan(
         for raw in _lines(fh):
             line_no += 1
             if type(raw) is ValueError:  # the rest of a compressed stream cannot be read
+                reason = str(raw) if str(raw).startswith(CUT_STREAM) else f"{raw}: {UNREAD}"
                 if not lenient:
-                    raise TraceError(path, line_no, str(raw))
-                yield "problem", line_no, str(raw)
+                    raise TraceError(path, line_no, reason)
+                yield "problem", line_no, reason
+                footer_seen = None  # (its footer may be there, unread: not "no footer")
                 break
             pos += len(raw)
             if progress is not None and pos >= next_progress:
@@ -199,7 +201,7 @@ def scan(
             yield "event", line_no, obj
         if progress is not None:
             progress(total, total)
-        if not footer_seen:
+        if footer_seen is False:
             reason = FOOTER_MISSING
             if not lenient:
                 raise TraceError(path, line_no + 1, reason)

@@ -140,8 +140,8 @@ def test_a_damaged_frame_keeps_the_lines_before_it(pair):
     n = len(idx)
     assert 0 < n < len(full) and list(idx.starts) == list(full.starts)[:n]
     reasons = [p.reason for p in idx.problems]
-    assert reasons[0].startswith(f"corrupt zstd frame at byte {at}") and "not indexed" in reasons[0]
-    assert reasons[-1].startswith("no footer")
+    assert reasons == [f"corrupt zstd frame at byte {at} of the compressed file: error determining content size "
+                       "from frame header: the lines after it cannot be read"]  # (not "no footer": it is there)
     with pytest.raises(TraceError, match=f"corrupt zstd frame at byte {at}"):
         TraceIndex(str(bad), lenient=False).build()
 

@@ -134,6 +134,14 @@ def test_lenient_keeps_the_events_before_a_damaged_block(tmp_path):
     assert 0 < len(got.events) < len(tr.events) and got.footer is None
     assert "corrupt zstd stream" in got.problems[0].reason
     assert got.events == tr.events[:len(got.events)]
+    # said as what it is: a damaged compressed file whose footer is there but unread, not a cut recording
+    line = got.problems[0].line
+    assert [p.reason.endswith("the lines after it cannot be read") for p in got.problems] == [True]
+    rc, out, err = _cli("check", bad)
+    assert rc == 2 and err.strip().endswith("(--lenient keeps the events before it)"), err
+    rc, out, err = _cli("check", bad, "--lenient")
+    assert f"[INCOMPLETE: the compressed file is damaged at line {line}: the lines after it were not read]" in out
+    assert "no footer" not in out + err and "cut off" not in out + err and "damaged line(s)" not in out + err
 
 
 def test_view_deletes_its_decompressed_copy(tmp_path):
