@@ -13,7 +13,8 @@ process's ru_maxrss and its process tree's resident total, sampled every 50 ms):
   not the trace; from 64 MiB on a 2-CPU host it splits the detectors over two processes,
   ``-j 2``, each parsing only the lines of its kinds);
 - ``pdtrace check TRACE -f json -j 1``, the same in one process;
-- ``pdtrace info TRACE`` (header + footer only: goal < 1 s at any size);
+- ``pdtrace info TRACE`` (header + footer only: goal < 1 s at any size), and ``info --full``
+  (every event read and counted in segments, as for a trace without a footer);
 - with ``--report``, ``pdtrace report`` (goal < 5 MB output, peak RSS < 1 GB);
 - with ``--merge``, ``pdtrace merge P D`` of the trace split back into its P and D halves
   (written once beside it, ``-P.jsonl`` / ``-D.jsonl``; goal: peak RSS < 1 GB).
@@ -154,7 +155,8 @@ def bench_one(path: str, n: int, a: argparse.Namespace) -> None:
     print(f"bare parse, let go: {drop[0]:7.1f} s  cpu {drop[3]:7.1f} s  peak RSS {drop[1]:8,.0f} MB")
     rows = [("check", [py, "-m", "pdtrace", "check", path, "-f", "json"]),
             ("check -j 1", [py, "-m", "pdtrace", "check", path, "-f", "json", "-j", "1"]),
-            ("info", [py, "-m", "pdtrace", "info", path])]
+            ("info", [py, "-m", "pdtrace", "info", path]),
+            ("info --full", [py, "-m", "pdtrace", "info", "--full", path])]
     if a.report:
         rows.append(("report", [py, "-m", "pdtrace", "report", path, "-o", path + ".html"]))
     if a.merge and not path.endswith(".zst"):
@@ -171,6 +173,9 @@ def bench_one(path: str, n: int, a: argparse.Namespace) -> None:
                           f"(goal <= 1.5);")
             extra += (f"  to the let-go parse: wall {wall / drop[0]:.2f}, cpu {cpu / drop[3]:.2f};"
                       f"  RSS {'OK' if rss < 1000 else 'OVER'} (goal < 1 GB)")
+        elif name == "info --full":
+            extra = (f"  ratio to the let-go parse: wall {wall / drop[0]:.2f};"
+                     f"  RSS {'OK' if rss < 1000 else 'OVER'} (streamed: every event read, none kept)")
         elif name == "info":
             extra = f"  ({'OK' if wall < 1 else 'OVER'} goal < 1 s)"
         elif name == "report" and os.path.exists(path + ".html"):

@@ -175,7 +175,8 @@ def info(
     """Summarize a trace: header, versions, processes, event counts, drops, hook errors.
 
     With an intact footer the answer comes from the first and last lines alone (constant
-    time, whatever the trace's size); a trace without one is read in full."""
+    time, whatever the trace's size); a trace without one is read in full, in segments
+    (memory bounded: the events are counted, not kept)."""
     _run("info", trace=trace, lenient=lenient, full=full)
 
 

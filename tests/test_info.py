@@ -28,7 +28,7 @@ def _info(*args) -> tuple[int, str, str]:
 def test_info_reads_only_the_ends_of_a_trace_with_a_footer(monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("info read the events of a trace with an intact footer")
-    monkeypatch.setattr(info_cmd, "load", no_load)
+    monkeypatch.setattr(info_cmd, "read_through", no_load)
     rc, out, _ = _info(SAMPLE)
     footer = json.loads(SAMPLE.read_text().splitlines()[-1])
     assert rc == 0 and f"events     {footer['events']}\n" in out

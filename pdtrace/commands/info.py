@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import schema
 from ..errors import EXIT_OK, warn_problems, write_stdout
 from ..detectors.coverage import footer_damage
-from ..trace import load, make_footer
+from ..footer import FooterCounter
+from ..reading import Rescan, Sink, read_through
+from ..trace import is_complete
 from ..ends import read_ends
 from ..progress import load_progress
 
@@ -28,14 +32,14 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
         if damage:
             complete = "NO: " + "; ".join(damage)
     else:
-        tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
+        tr, counted = _read(str(trace), lenient)
         warn_problems(tr, incomplete=False)  # info says whether it is complete itself
-        h, footer, problems, n_events, path = tr.header, tr.footer, tr.problems, len(tr.events), tr.path
+        h, footer, problems, n_events, path = tr.header, tr.footer, tr.problems, counted.n, tr.path
         derived = footer is None
         if footer is None:  # lenient read of a cut trace: rebuild the summary from the events
-            footer = make_footer(tr.events)
-        complete = ("yes" if tr.complete else "NO") + (" (summary rebuilt from the events: no footer)"
-                                                       if derived else "")
+            footer = counted.footer()
+        complete = ("yes" if is_complete(footer if not derived else None, problems) else "NO") + (
+            " (summary rebuilt from the events: no footer)" if derived else "")
         damage = [] if derived else footer_damage(footer)
         if damage:
             complete = "NO: " + "; ".join(damage)
@@ -83,6 +87,36 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
                                              if len(line) > w else [line])]
     write_stdout("\n".join(out) + "\n")
     return EXIT_OK
+
+
+def _read(path: str, lenient: bool) -> tuple[Sink, FooterCounter]:
+    """Read every event (``--full``, or no intact footer) in segments, counting them as a
+    footer counts (memory bounded: nothing is kept); ``Sink``: header, footer, problems."""
+    counter = FooterCounter()
+
+    def start(fast: bool) -> tuple[Sink, Any]:
+        counter.__init__()  # (a second pass, through scan, starts over)
+        into = Sink()
+        into.path = path  # type: ignore[attr-defined]
+        add = counter.add
+
+        def consume(seg: Any) -> None:
+            try:
+                for e in seg:
+                    add(e)
+            except (KeyError, TypeError):
+                if fast:  # a value the fast path did not type-check (its digest is known at the end): scan decides
+                    raise Rescan from None
+                raise
+        return into, consume
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # (as stream.run: a segment's garbage is freed by refcount, it holds no cycles)
+    try:
+        return read_through(path, lenient, load_progress(path), start), counter
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _commands(h: dict) -> list[str]:
