@@ -158,7 +158,10 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         name = getattr(self.index, "source", None) or self.index.path  # (a .zst's name, not its temporary copy's)
         self.sub_title = os.path.basename(name.rstrip("/")) if name else "(events)"
         self.query_one("#banner").display = False
-        self.query_one(FindingsList).show([], "indexing..." if self.scan else "running detectors...")
+        if self._streamed():  # (the list is ~30 columns wide)
+            self.query_one(FindingsList).show([], "indexing + background check...")
+        else:
+            self.query_one(FindingsList).show([], "indexing..." if self.scan else "running detectors...")
         self.query_one(RequestList).border_title = "Requests"
         self._apply_layout()
         if self.scan:
