@@ -268,7 +268,10 @@ class TraceIndex:
         if self.size == 0:
             raise TraceError(path, 0, "empty file: not a pdtrace trace")
         if self._src is not None:
-            first, blocks = frame_blocks(self._src)
+            try:
+                first, blocks = frame_blocks(self._src)
+            except ValueError as exc:  # the first frame is damaged: nothing to index
+                raise TraceError(path, 1, str(exc)) from None
         else:
             self._mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
             first, blocks = mmap_blocks(self._mm, self.size)

@@ -197,3 +197,17 @@ async def test_the_viewer_names_the_users_file_not_the_copy(capsys):
         idx.close()
         _remove_decompressed(idx.path)
     assert "MB decompressed" in capsys.readouterr().err
+
+
+def test_a_damaged_first_frame_is_one_clear_error(pair):
+    from pdtrace.errors import PdtraceError
+
+    _plain, packed = pair
+    data = bytearray(packed.read_bytes())
+    data[4:12] = b"\xff" * 8  # frame 0's header (its magic kept: still a .zst); the seek table adds up
+    bad = packed.with_name("bad0.jsonl.zst")
+    bad.write_bytes(bytes(data))
+    with pytest.raises(TraceError, match="^.*bad0.jsonl.zst:1: corrupt zstd frame at byte 0"):
+        TraceIndex(str(bad)).build()
+    with pytest.raises(PdtraceError, match="bad0.jsonl.zst: cannot read: corrupt zstd frame at byte 0"):
+        open_source(str(bad))
