@@ -108,6 +108,11 @@ def main() -> int:
             shutil.copyfileobj(src, dst, 1 << 20)
         print(f"compressed to {os.path.getsize(zpath) / 2**20:.0f} MiB (seekable .jsonl.zst)")
         path = zpath
+    from pdtrace.compress import is_zstd, seek_table
+
+    if is_zstd(path):  # the viewer's sizes are those of the uncompressed text
+        frames = seek_table(path)
+        size = sum(d for _at, _c, d in frames) if frames else size
     try:
         env = dict(os.environ, PYTHONPATH=ROOT)
         r = subprocess.run([sys.executable, "-c", CHILD, path, "1" if args.detect else "0"],
