@@ -29,9 +29,9 @@ _TABLE_FOOTER = struct.Struct("<IBI")  # number of frames, descriptor, SEEKABLE_
 
 # How a compressed stream that cannot be read on says so (``_Reader``, ``decompress_frame``):
 # the lines after it are lost to a reader, which is not a cut recording (the footer may be there).
-STREAM_DAMAGE = ("corrupt zstd", "compressed stream ends early", "the zstd frame")
-UNREAD = "the lines after it cannot be read"
 CUT_STREAM = "compressed stream ends early"
+STREAM_DAMAGE = ("corrupt zstd", CUT_STREAM, "the zstd frame")
+UNREAD = "the lines after it cannot be read"
 
 
 def stream_damage(reason: str) -> bool:

@@ -92,13 +92,11 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
 def _read(path: str, lenient: bool) -> tuple[Sink, FooterCounter]:
     """Read every event (``--full``, or no intact footer) in segments, counting them as a
     footer counts (memory bounded: nothing is kept); ``Sink``: header, footer, problems."""
-    counter = FooterCounter()
-
     def start(fast: bool) -> tuple[Sink, Any]:
-        counter.__init__()  # (a second pass, through scan, starts over)
-        into = Sink()
+        into = Sink()  # (each pass its own: a second one, through scan, starts over)
         into.path = path  # type: ignore[attr-defined]
-        add = counter.add
+        into.counted = FooterCounter()  # type: ignore[attr-defined]
+        add = into.counted.add  # type: ignore[attr-defined]
 
         def consume(seg: Any) -> None:
             try:
@@ -113,7 +111,8 @@ def _read(path: str, lenient: bool) -> tuple[Sink, FooterCounter]:
     was_enabled = gc.isenabled()
     gc.disable()  # (as stream.run: a segment's garbage is freed by refcount, it holds no cycles)
     try:
-        return read_through(path, lenient, load_progress(path), start), counter
+        into = read_through(path, lenient, load_progress(path), start)
+        return into, into.counted
     finally:
         if was_enabled:
             gc.enable()
