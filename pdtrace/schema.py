@@ -296,9 +296,16 @@ _KINDS: tuple[Kind, ...] = (
         F("event", "str", "id of the CUDA event recorded after the copy"),
         F("blocking", "bool", "the copy was complete when the call returned (source tensor on CPU)",
           required=False),
+        F("moves_with_rows", "bool", "the destination is InputBatch's per-row buffer, which add_request, "
+          "swap_states and condense rewrite (false: a runner-owned snapshot, as in vLLM PR #51599)",
+          required=False),
+        F("values", "list[int]", "blocking copy: the counts it wrote, per row", required=False),
     ), hook="accepted_counts"),
     Kind("d2h.done", "The copy's event was observed complete (event.query() is True, no sync).", (
         F("event", "str", "event id"),
+        F("values", "list[int]", "the copy's own counts per row of d2h.issue's rows, read from the host "
+          "buffer when no row changed since the issue (a request's own count; in Mamba align mode 1 after "
+          "a block-boundary state copy)", required=False),
     ), hook="accepted_counts"),
     Kind("acc.read", "The CPU read num_accepted_tokens for a request row in _prepare_inputs.", (
         F("row", "int", "InputBatch row read"),
@@ -306,6 +313,8 @@ _KINDS: tuple[Kind, ...] = (
         F("event", "str", "event id of the last copy into the buffer", required=False),
         F("event_done", "bool", "event.query() at read time (None if no event)", required=False),
         F("synced", "bool", "the runner called event.synchronize() before reading", required=False),
+        F("mapping", "str", "prev: read through the previous step's row (prev_positions, async scheduling); "
+          "direct: the request's current row", required=False),
     ), hook="accepted_counts"),
     Kind("acc.device", "Model runner V2 keeps the accepted counts on the device, one entry per request slot "
                        "(no CPU copy for a step to read stale): the stale-read class does not apply to this worker.", (
@@ -325,6 +334,9 @@ _KINDS: tuple[Kind, ...] = (
     Kind("batch.add", "InputBatch.add_request put a request in a row (V2: RequestState.add_request gave it a slot).", (
         F("row", "int", "row index (V2: the RequestState slot, the block-table row)"),
         F("runner", "str", "'v2' when emitted by states_v2", required=False),
+        F("copy", "str", "event id of an accepted-count copy still in flight at this move", required=False),
+        F("landed", "str", "where that copy landed relative to this move, from event.query() just before and "
+          "after it (never a sync): after | unknown (before: d2h.done precedes the move)", required=False),
     ), hook="input_batch"),
     Kind("batch.remove", "InputBatch.remove_request emptied a row (V2: RequestState.remove_request freed a slot).", (
         F("row", "int", "row index (-1 if not present)"),
@@ -335,9 +347,15 @@ _KINDS: tuple[Kind, ...] = (
         F("i2", "int", "second row"),
         F("req1", "str", "request in i1 before the swap"),
         F("req2", "str", "request in i2 before the swap"),
+        F("copy", "str", "event id of an accepted-count copy still in flight at this move", required=False),
+        F("landed", "str", "where that copy landed relative to this move, from event.query() just before and "
+          "after it (never a sync): after | unknown (before: d2h.done precedes the move)", required=False),
     ), hook="input_batch"),
     Kind("batch.condense", "InputBatch.condense() moved requests into empty rows.", (
         F("moves", "list[list]", "[request id, old row, new row] for each moved request"),
+        F("copy", "str", "event id of an accepted-count copy still in flight at this move", required=False),
+        F("landed", "str", "where that copy landed relative to this move, from event.query() just before and "
+          "after it (never a sync): after | unknown (before: d2h.done precedes the move)", required=False),
     ), hook="input_batch"),
     # --- model runner ------------------------------------------------------------------------
     Kind("runner", "A worker built its model runner (vLLM's V1 runner or model runner V2, the GPU default). "

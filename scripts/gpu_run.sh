@@ -8,6 +8,11 @@
 # UNPACK_ONLY=1: unpack .gpu/ (and .gpuc/, vLLM's kernel library, when carried) into $SITE and stop.
 # (hybrid-*: scripts/live_cpu_hybrid.py, one tiny Mamba-2 + attention server with ngram spec decode,
 # the model for which vLLM copies accepted counts to the CPU on V1 and keeps them on the GPU on V2)
+# race: vLLM #51571's configuration (docs/live-gpu.md): the tiny hybrid model, ngram_gpu k=3,
+# --async-scheduling, prefix caching on (Mamba "align" mode), model runner V1, RACE_LOAD (480)
+# requests 16 at a time; two servers at once on the GPU: vLLM 0.32.0 as released ("bug") and the
+# same with the labelled patch scripts/patches/vllm_pr51599_approach.py ("fix"), each recorded.
+# Writes race-bug.jsonl.zst, race-fix.jsonl.zst, race-*.out (result + check) and race-logs.tgz.
 #
 # Writes under $OUT: gpu_run.log (environment, doctor, both reports), merged-<mode>.jsonl.zst
 # (the merged P+D trace) and logs-<mode>.tgz (server logs, result.json, check.json).
@@ -73,6 +78,31 @@ python3 -m pdtrace doctor
 
 EXTRA='["--attention-backend","TRITON_ATTN","--compilation-config","{\"custom_ops\":[\"none\"]}"]'
 for mode in "${MODES[@]}"; do
+  if [ "$mode" = race ]; then
+    FIXSITE=/tmp/pdtrace-site-fix51599
+    rm -rf "$FIXSITE" && cp -a "$SITE" "$FIXSITE" || exit 3
+    python3 scripts/patches/vllm_pr51599_approach.py "$FIXSITE/vllm/v1/worker/gpu_model_runner.py" || exit 3
+    say "race: vLLM 0.32.0 as released and with the PR #51599 approach, V1 runner, align mode, async"
+    export VLLM_USE_V2_MODEL_RUNNER=0 PDTRACE_LIVE_DEVICE=cuda PDTRACE_LIVE_EXTRA_ARGS=$EXTRA
+    unset PDTRACE_LIVE_RECORD_ARGS
+    HARGS=(--spec ngram_gpu --async-scheduling --prefix-caching --max-num-seqs 16 --load "${RACE_LOAD:-480}"
+           --concurrency 16)
+    rm -rf /tmp/pdtrace-live-race-bug /tmp/pdtrace-live-race-fix
+    timeout -k 10 "$PER_RUN" python3 scripts/live_cpu_hybrid.py --workdir /tmp/pdtrace-live-race-bug "${HARGS[@]}" \
+      > "$OUT/race-bug.out" 2>&1 &
+    PYTHONPATH=$FIXSITE timeout -k 10 "$PER_RUN" python3 scripts/live_cpu_hybrid.py \
+      --workdir /tmp/pdtrace-live-race-fix "${HARGS[@]}" > "$OUT/race-fix.out" 2>&1 &
+    wait
+    say "race done"
+    for side in bug fix; do
+      wd=/tmp/pdtrace-live-race-$side
+      [ -s "$wd/H.jsonl" ] && python3 -m pdtrace merge "$wd/H.jsonl" -o "$OUT/race-$side.jsonl.zst"
+      tail -c 3000 "$OUT/race-$side.out"
+    done
+    (cd /tmp && tar czf "$OUT/race-logs.tgz" --exclude=models --exclude='*.jsonl' --exclude='*.pdshard' \
+       pdtrace-live-race-bug pdtrace-live-race-fix) || true
+    continue
+  fi
   wd=/tmp/pdtrace-live-$mode
   rm -rf "$wd"
   say "live P/D + EAGLE, model runner $mode"

@@ -23,6 +23,13 @@ attention, so that copy (bug class 004's copy) never runs there. Here it does, f
 
 No NIXL here: P/D for a hybrid model would need Mamba "align" mode on the decode side (the same
 Triton kernel). Importable: run_hybrid(workdir, log) -> dict; the test is tests/test_live_hybrid_cpu.py.
+
+The accepted-count race still open upstream (vLLM #51571; docs/live-gpu.md) needs the GPU path
+vLLM takes for hybrid models by default there: Mamba "align" mode (prefix caching on), async
+scheduling, model runner V1, a batch that churns. `--load N` sends N requests of 12-160 prompt
+tokens and 3-64 output tokens, `--concurrency` at a time (deterministic plan, seed 0);
+`--spec ngram_gpu --async-scheduling --prefix-caching --max-num-seqs 16` give that path
+(scripts/gpu_run.sh hybrid-async-v1 and its fixed twin hybrid-async-v1-fix51599).
 """
 
 from __future__ import annotations
@@ -52,13 +59,17 @@ PLAN = [
 ]
 
 
-def server_cmd(model: str, port: int) -> list[str]:
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+def server_cmd(model: str, port: int, opts: argparse.Namespace | None = None) -> list[str]:
+    o = opts or argparse.Namespace(spec="ngram", async_scheduling=False, prefix_caching=False, max_num_seqs=4)
+    spec = {"method": o.spec, "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--load-format", "dummy", "--served-model-name", L.MODEL_NAME, "--host", "127.0.0.1",
-            "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "4", "--dtype", "float32",
-            "--enforce-eager", "--seed", "0", "--no-enable-prefix-caching",
-            "--num-gpu-blocks-override", "256", "--shutdown-timeout", "20",  # see live_cpu_pd.server_cmd
+            "--port", str(port), "--max-model-len", "512", "--max-num-seqs", str(o.max_num_seqs),
+            "--dtype", "float32", "--enforce-eager", "--seed", "0",
+            "--enable-prefix-caching" if o.prefix_caching else "--no-enable-prefix-caching",
+            *(["--async-scheduling"] if o.async_scheduling else []),
+            "--num-gpu-blocks-override", "256" if o.max_num_seqs <= 4 else "1024",
+            "--shutdown-timeout", "20",  # see live_cpu_pd.server_cmd
             "--speculative-config", json.dumps(spec),
             # a GPU host (scripts/gpu_run.sh hybrid-v2|hybrid-v1): fp16, a share of the GPU, and the
             # extra arguments that machine needs (PDTRACE_LIVE_EXTRA_ARGS)
@@ -87,7 +98,33 @@ def send(url: str) -> list[dict]:
     return out
 
 
-def run_hybrid(workdir: str | os.PathLike | None = None, start_timeout: float = 420.0, log=print) -> dict:
+def load_plan(n: int, seed: int = 0) -> list[dict]:
+    """``n`` requests of 12-160 prompt tokens and 3-64 output tokens (deterministic)."""
+    import random
+
+    rnd = random.Random(seed)
+    return [{"name": f"load-{i}", "len": rnd.randint(12, 160), "max_tokens": rnd.randint(3, 64),
+             "seed": 1000 + i} for i in range(n)]
+
+
+def send_load(url: str, plan: list[dict], concurrency: int) -> list[dict]:
+    """``plan`` sent ``concurrency`` at a time (a pool of senders), so the batch churns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(r: dict) -> dict:
+        t = time.monotonic()
+        try:
+            resp = pd_proxy.post_json(url + "/v1/completions", L.completion_body(r))
+            return {**r, "ok": True, "n_out": resp["usage"]["completion_tokens"], "s": round(time.monotonic() - t, 2)}
+        except Exception as exc:
+            return {**r, "ok": False, "error": str(exc)}
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(one, plan))
+
+
+def run_hybrid(workdir: str | os.PathLike | None = None, start_timeout: float = 420.0, log=print,
+               opts: argparse.Namespace | None = None) -> dict:
     workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-hybrid-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -95,13 +132,21 @@ def run_hybrid(workdir: str | os.PathLike | None = None, start_timeout: float = 
     model = make_tiny_models.build_hybrid(workdir / "models" / "hybrid")
     port = L.free_port()
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    srv = L.Server("H", server_cmd(model, port), L.server_env(L.free_port(), str(cpus[0]) if cpus else None),
+    srv = L.Server("H", server_cmd(model, port, opts), L.server_env(L.free_port(), str(cpus[0]) if cpus else None),
                    workdir / "H.log", workdir / "H.jsonl")
     try:
         L.wait_ready({"H": (srv, port)}, start_timeout)
         res["ready_s"] = round(srv.ready_s or 0, 1)
         log(f"hybrid server ready after {res['ready_s']} s")
-        res["requests"] = send(f"http://127.0.0.1:{port}")
+        if opts is not None and opts.load:
+            t_load = time.monotonic()
+            got = send_load(f"http://127.0.0.1:{port}", load_plan(opts.load), opts.concurrency)
+            res["load"] = {"requests": len(got), "ok": sum(1 for r in got if r.get("ok")),
+                           "s": round(time.monotonic() - t_load, 1),
+                           "errors": [r.get("error") for r in got if not r.get("ok")][:5]}
+            res["requests"] = [{"name": "load", "ok": res["load"]["ok"] == len(got)}]
+        else:
+            res["requests"] = send(f"http://127.0.0.1:{port}")
         time.sleep(1.0)
         res["status"] = "served" if all(r.get("ok") for r in res["requests"]) else "served-with-errors"
     except (Exception, KeyboardInterrupt) as exc:
@@ -128,14 +173,21 @@ def run_hybrid(workdir: str | os.PathLike | None = None, start_timeout: float = 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", help="where the model, log and trace go (default: a new temp dir)")
+    ap.add_argument("--spec", default="ngram", help="speculative method (ngram; ngram_gpu on a GPU)")
+    ap.add_argument("--async-scheduling", action="store_true", help="pass --async-scheduling to the server")
+    ap.add_argument("--prefix-caching", action="store_true",
+                    help="leave prefix caching on (hybrid models then get Mamba 'align' mode; needs Triton: GPU)")
+    ap.add_argument("--max-num-seqs", type=int, default=4)
+    ap.add_argument("--load", type=int, default=0, help="send N generated requests instead of the 4-request plan")
+    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight with --load")
     a = ap.parse_args(argv)
     why = L.preflight()
     if why:
         print(f"live_cpu_hybrid: cannot run: {why}", file=sys.stderr)
         return 2
-    res = run_hybrid(a.workdir, log=lambda m: print(f"live_cpu_hybrid: {m}", file=sys.stderr))
+    res = run_hybrid(a.workdir, log=lambda m: print(f"live_cpu_hybrid: {m}", file=sys.stderr), opts=a)
     s = res.get("summary") or {}
-    print(json.dumps({k: res.get(k) for k in ("status", "ready_s", "total_s", "requests", "check", "error")},
+    print(json.dumps({k: res.get(k) for k in ("status", "ready_s", "total_s", "load", "requests", "check", "error")},
                      indent=1, default=str))
     print("event counts:", json.dumps(s.get("counts", {})))
     print(f"live_cpu_hybrid: workdir {res['workdir']}", file=sys.stderr)

@@ -225,8 +225,12 @@ def window_scenario(b: EventBuilder | None = None, *, fixed: bool = False, promp
 
 def stale_read_scenario(b: EventBuilder | None = None, *, move: str | None = None, event_done: bool = True,
                         synced: bool | None = None, fixed: bool = False, inst: str = "D", step: int = 5,
-                        truths: dict[str, int] | None = None) -> EventBuilder:
+                        truths: dict[str, int] | None = None, landed: str | None = "after") -> EventBuilder:
     """Rows 0/1/2 hold r1/r2/r3 (accepted 1, 4, 2) when the D2H copy is issued at step-1.
+
+    ``landed``: where the copy landed relative to the row move, as the hooks record it:
+    "after" (the move carries ``landed: after``; d2h.done follows it), "before" (d2h.done
+    precedes the move), None (a recording from before the field: the order is unknown).
 
     ``move``: None (no row change; the request read is r1), 'swap' (swap_states(0, 1); r1
     is read), 'condense' (r2 leaves, condense moves r3 from row 2 to row 1; r3 is read).
@@ -243,14 +247,17 @@ def stale_read_scenario(b: EventBuilder | None = None, *, move: str | None = Non
     for r in order:
         b.add("acc.truth", inst=inst, req=r, step=step, value=truths[r], for_step=step - 1)
     target, row_now = "r1", 0
+    lf: dict[str, Any] = {"copy": "ev7", "landed": landed} if landed in ("after", "unknown") else {}
+    if event_done and landed == "before" and move:
+        b.add("d2h.done", inst=inst, step=step, event="ev7")
     if move == "swap":
-        b.add("batch.swap", inst=inst, step=step, i1=0, i2=1, req1="r1", req2="r2")
+        b.add("batch.swap", inst=inst, step=step, i1=0, i2=1, req1="r1", req2="r2", **lf)
         row_now = 1
     elif move == "condense":
         b.add("batch.remove", inst=inst, req="r2", step=step, row=1)
-        b.add("batch.condense", inst=inst, step=step, moves=[["r3", 2, 1]])
+        b.add("batch.condense", inst=inst, step=step, moves=[["r3", 2, 1]], **lf)
         target, row_now = "r3", 1
-    if event_done:
+    if event_done and not (landed == "before" and move):
         b.add("d2h.done", inst=inst, step=step, event="ev7")
     row = order.index(target) if fixed else row_now
     fields: dict[str, Any] = {"event": "ev7", "event_done": event_done}

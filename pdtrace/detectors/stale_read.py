@@ -1,21 +1,29 @@
-"""stale-accepted-count-read (vLLM thread 004).
+"""stale-accepted-count-read (vLLM thread 004, and the remainder open upstream as #51571).
 
 Async spec decode copies ``num_accepted_tokens`` GPU->CPU with a non-blocking copy and
-records a CUDA event. ``_prepare_inputs`` then reads the CPU copy per InputBatch row. The
-read is stale when (a) the row it reads held another request when the copy was issued
-(``swap_states`` / ``condense`` moved rows in between), or (b) the copy's event had not
-completed and the runner did not synchronize.
+records a CUDA event. ``_prepare_inputs`` then reads the host buffer per request: under async
+scheduling through the request's row of the previous step (``prev_positions``), otherwise its
+current row. ``_update_states`` moves InputBatch rows in between (add_request, condense,
+swap_states), and those moves rewrite the same buffer.
 
-Per worker process, events are replayed in trace order: ``d2h.issue`` (rows at issue
-time), ``d2h.done``, ``batch.*`` (row moves, kept as history), ``acc.read``, ``acc.truth``.
-A wrong value (differs from ``acc.truth``) is an error; a race whose value happened to be
-right is a warning. A read is judged only against a copy that covered its row: a row past
-the copy's rows that ``batch.add`` gave the reading request after the copy holds the value
-``InputBatch.add_request`` set, not a stale one. ``swap_states`` and ``condense`` move
-``num_accepted_tokens_cpu`` with their rows (vLLM 0.32.0 ``v1/worker/gpu_input_batch.py``), so
-a copy known complete before every row change after it (a ``blocking`` copy, as on CPU, or
-an observed ``d2h.done``) follows its requests: a read of the row the moves carried the
-request's value to is right.
+The detector follows the data (``acc_rows``): per worker process it replays what each buffer
+row holds after the copy lands and after every move, with the copy's landing point placed from
+the trace (``d2h.done`` before a move, a move's ``landed`` field, a blocking copy). A read is
+right when its row holds the reading request's count from the latest copy that covered it (or
+add_request's 1 for a request added since). Otherwise:
+
+- another request's count, or a new request's 1, is there: the copy landed before a row move
+  that the read's mapping does not follow (vLLM #51571: the copy lands, then add_request /
+  condense / swap_states move the values, and the gather through ``prev_positions`` reads the
+  old rows), or after moves that a direct read assumed it followed (seed 004, 0.19.0-0.23.0);
+- the request's count from an older copy is there: the copy had not landed (no sync);
+- the possible landing points disagree about the row: inconclusive, never clean.
+
+Severity compares the value read with the request's own count: the copy's own values
+(``d2h.done`` / blocking ``d2h.issue`` ``values``) where recorded, else ``acc.truth`` (in Mamba
+align mode the copy carries 1 after a block-boundary state copy, where ``acc.truth`` does not:
+a right row read against the copy's values is never a finding). A wrong row whose value is
+nevertheless the request's own is a warning; a wrong value an error.
 """
 
 from __future__ import annotations
@@ -25,16 +33,14 @@ from itertools import compress, repeat
 from operator import eq, itemgetter
 from typing import Any
 
-from .base import SEVERITY_ERROR, SEVERITY_WARNING, STALE_ACCEPTED_COUNT_READ, Finding
+from .acc_rows import INITIAL, UNKNOWN, Rows
+from .base import SEVERITY_ERROR, SEVERITY_INCONCLUSIVE, SEVERITY_WARNING, STALE_ACCEPTED_COUNT_READ, Finding
 from .index import feed_all, kind_code
 
 Event = dict[str, Any]
 
-_pid = itemgetter("pid")
-_row = itemgetter("row")
-_req = itemgetter("req")
-_pid_event_done = itemgetter("pid", "event", "event_done")
 _KINDS = ("d2h.issue", "d2h.done", "acc.read", "batch.add", "batch.remove", "batch.swap", "batch.condense")
+UPSTREAM = "vLLM #51571"
 
 
 def _truth_for(truths: list[Event], read: Event) -> Event | None:
@@ -60,6 +66,7 @@ def _truth_for(truths: list[Event], read: Event) -> Event | None:
 MAX_ISSUES = 1024
 MAX_DONE = 4096
 MAX_MOVES_NO_ISSUE = 65536
+MAX_LATEST = 65536  # requests whose latest copy a process's buffer remembers
 TRUTHS_KEPT = 16384  # the latest acc.truth events kept, for a stale read found later
 TRUTHS_PER_READ = 4096  # acc.truth events kept per stale read's request
 
@@ -79,7 +86,7 @@ class Stream:
         self.done: dict[Any, dict[str, None]] = {}  # pid -> copy events known complete
         self.done_at: dict[Any, dict[str, int]] = {}  # pid -> copy event -> trace id when known complete
         self.moves: dict[Any, list[Event]] = {}  # pid -> batch events in order (row history)
-        self.added: dict[Any, dict[int, Event]] = {}  # pid -> row -> its latest batch.add
+        self.rows: dict[Any, Rows] = {}  # pid -> what its accepted-count buffer rows hold (acc_rows)
         self.stale: list[tuple] = []  # the stale reads, one per dedup key, in trace order
         self.seen: dict[tuple, list] = {}  # dedup key -> ranks of that read
         self.recent: deque[Event] = deque(maxlen=TRUTHS_KEPT)  # the latest acc.truth events
@@ -93,90 +100,78 @@ class Stream:
     def _replay(self, idx: Any) -> None:
         if not any(idx.kind(k) for k in _KINDS):
             return
-        issues, last_issue, done, done_at = self.issues, self.last_issue, self.done, self.done_at
-        moves, added, stale, seen = self.moves, self.added, self.stale, self.seen
-        READ, ISSUE, DONE = kind_code("acc.read"), kind_code("d2h.issue"), kind_code("d2h.done")
-        no_issues: dict[str, Event] = {}
+        issues, done, done_at, moves, rows_of = self.issues, self.done, self.done_at, self.moves, self.rows
+        READ, ISSUE, DONE, REMOVE = (kind_code("acc.read"), kind_code("d2h.issue"), kind_code("d2h.done"),
+                                     kind_code("batch.remove"))
         seq, codes = idx.ordered_codes(_KINDS)
-        # Reads come in runs between the state changes (issues, completions, row moves): a run
-        # whose reads all agree with the issue they read is cleared at once by C-level passes;
-        # any other run goes through the exact per-read check.
-        not_read = codes.translate(bytes(c != READ for c in range(256)))
-        i, n = 0, len(seq)
-        while i < n:
-            if not_read[i]:
-                e = seq[i]
-                code = codes[i]
-                if code == ISSUE:
-                    issues.setdefault(e["pid"], {})[e["event"]] = e
-                    last_issue[e["pid"]] = e
-                    if e.get("blocking") is True:
-                        done_at.setdefault(e["pid"], {})[e["event"]] = e["id"]
-                elif code == DONE:
-                    done.setdefault(e["pid"], {})[e["event"]] = None
-                    done_at.setdefault(e["pid"], {}).setdefault(e["event"], e["id"])
-                else:  # batch.*
-                    moves.setdefault(e["pid"], []).append(e)
-                    if e["ev"] == "batch.add":
-                        added.setdefault(e["pid"], {})[e["row"]] = e
-                i += 1
-                continue
-            j = not_read.find(1, i)
-            if j < 0:
-                j = n
-            run = seq[i:j]
-            i = j
-            if _run_clean(run, issues, last_issue):
-                continue
-            for e in run:
-                pid = e["pid"]
-                ev_id = e.get("event")
-                issue = issues.get(pid, no_issues).get(ev_id) if ev_id is not None else None
-                if issue is None:
-                    issue = last_issue.get(pid)
-                # the common read: its row held the request at issue time, and the copy was done
-                row = e["row"]
-                req = e.get("req")
-                if issue is not None:
-                    rows = issue["rows"]
-                    moved = (rows[row] if 0 <= row < len(rows) else None) != req
-                else:
-                    moved = False
-                if not moved and (e.get("event_done") is not False or e.get("synced") is True
-                                  or (ev_id is not None and ev_id in done.get(pid, ()))):
-                    continue
-                if issue is not None and not 0 <= row < len(issue["rows"]):
-                    fresh = added.get(pid, {}).get(row)
-                    if fresh is not None and fresh.get("req") == req and fresh["id"] > issue["id"]:
-                        continue  # the copy never wrote this row: it holds what add_request set
-                if moved and issue is not None:
-                    complete = done_at.get(pid, {}).get(issue["event"])
-                    if complete is not None and _followed(moves.get(pid, ()), issue, complete, row, req):
-                        continue  # the copy landed before any row change; the changes carried its values
-                reasons = []
-                row_req_at_issue = None
-                if issue is not None:
-                    rows = issue["rows"]
-                    row_req_at_issue = rows[row] if 0 <= row < len(rows) else None
-                    if row_req_at_issue != req:
-                        reasons.append("row-moved")
-                not_done = e.get("event_done") is False and e.get("synced") is not True
-                if not_done and ev_id is not None and ev_id in done.get(pid, ()):
-                    not_done = False  # observed complete before the read
-                if not_done:
-                    reasons.append("copy-not-complete")
-                if not reasons:
-                    continue
-                dkey = (e.get("inst"), req, e.get("step"), row, e["value"])
-                if dkey in seen:  # another TP rank read the same thing
-                    seen[dkey].append(e.get("rank"))
-                    continue
-                ranks = seen[dkey] = [e.get("rank")]
-                stale.append((e, pid, row, req, ev_id, issue, reasons, row_req_at_issue,
-                              _history(moves.get(pid, ()), issue, row, req), ranks))
-                key = (e.get("inst"), req)
-                if key not in self.truths:  # the truths of it kept so far (those after it follow)
-                    self.truths[key] = self._kept_truths(key)
+        for e, code in zip(seq, codes):
+            pid = e.get("pid")
+            buf = rows_of.get(pid)
+            if buf is None:
+                buf = rows_of[pid] = Rows()
+            if code == READ:
+                self._read(e, pid, buf)
+            elif code == ISSUE:
+                issues.setdefault(pid, {})[e.get("event")] = e
+                self.last_issue[pid] = e
+                buf.issue(e)
+                if e.get("blocking") is True:
+                    done_at.setdefault(pid, {})[e.get("event")] = e["id"]
+            elif code == DONE:
+                done.setdefault(pid, {})[e.get("event")] = None
+                done_at.setdefault(pid, {}).setdefault(e.get("event"), e["id"])
+                buf.done(e)
+            else:  # batch.*
+                moves.setdefault(pid, []).append(e)
+                if code != REMOVE:
+                    buf.move(e)
+
+    def _read(self, e: Event, pid: Any, buf: Rows) -> None:
+        row, req, ev_id = e.get("row"), e.get("req"), e.get("event")
+        known_done = ev_id is not None and ev_id in self.done.get(pid, ())
+        landed = e.get("synced") is True or e.get("event_done") is True or known_done
+        if landed:
+            buf.synced()
+        pts = buf.points(landed)
+        outcomes = []
+        for pt in pts:
+            labels, writer = buf.replay(pt)
+            lab = labels.get(row, INITIAL)
+            outcomes.append((lab, writer.get(row)))
+        labs = {o[0] for o in outcomes}
+        own_ev = buf.latest.get(req)
+        if own_ev is not None:
+            if labs == {("c", req, own_ev)}:
+                return
+        elif all(lb[0] in ("a", "i") for lb in labs):
+            return  # no copy covered it since it joined: every such row holds the same 1
+        right = ("c", req, own_ev) if own_ev is not None else ("a", req)
+        issue = buf.pending if buf.pending is not None else self.last_issue.get(pid)
+        if not landed and buf.pending is not None:
+            # event.query() False, no synchronize: the read raced the copy, whichever way it went
+            verdict = "copy-not-complete"
+            lab, writer = outcomes[-1]  # the copy not landed yet
+        elif len(labs) > 1 or UNKNOWN in labs:
+            verdict = "inconclusive"
+            lab, writer = next(((lb, w) for lb, w in outcomes if lb != right), outcomes[0])
+        else:
+            lab, writer = outcomes[0]
+            verdict = "copy-not-complete" if (lab[0] == "c" and lab[1] == req) else "row-moved"
+        dkey = (e.get("inst"), req, e.get("step"), row, e.get("value"))
+        if dkey in self.seen:  # another TP rank read the same thing
+            self.seen[dkey].append(e.get("rank"))
+            return
+        ranks = self.seen[dkey] = [e.get("rank")]
+        mapping = e.get("mapping")
+        if mapping is None and issue is not None:  # a trace from before the field: the row tells
+            mapping = "prev" if req in issue["rows"] and issue["rows"].index(req) == row else "direct"
+        own = buf.own.get(req) if own_ev is not None and issue is not None and issue.get("event") == own_ev else None
+        self.stale.append((e, pid, row, req, ev_id, issue, verdict, lab, writer, own,
+                           _history(self.moves.get(pid, ()), issue, row, req), ranks,
+                           [pt for pt in pts], mapping))
+        key = (e.get("inst"), req)
+        if key not in self.truths:  # the truths of it kept so far (those after it follow)
+            self.truths[key] = self._kept_truths(key)
 
     def _kept_truths(self, key: tuple) -> list[Event]:
         """The kept truths of ``key`` (inst, req): picked by request at C level, then by instance."""
@@ -223,6 +218,10 @@ class Stream:
         for pid, mv in self.moves.items():
             if pid not in self.issues and len(mv) > MAX_MOVES_NO_ISSUE + MAX_MOVES_NO_ISSUE // 4:
                 del mv[:len(mv) - MAX_MOVES_NO_ISSUE]
+        for buf in self.rows.values():  # requests long gone: only those of the copy in flight can be read
+            if len(buf.latest) > MAX_LATEST and buf.pending is not None:
+                ev = buf.pending.get("event")
+                buf.latest = {q: ev for q in buf.pending.get("rows") or () if q}
 
     def finish(self) -> list[Finding]:
         truths: dict[tuple, list[Event]] = {}
@@ -237,62 +236,6 @@ _by_id = itemgetter("id")
 
 def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     return feed_all(Stream(header), events)
-
-
-def _run_clean(run: list[Event], issues: dict[Any, dict[str, Event]], last_issue: dict[Any, Event]) -> bool:
-    """True when no read of ``run`` (consecutive reads, no state change between them) is
-    stale: one process, one copy event, every row held its reader at issue time, and no read
-    saw the copy unfinished. False means "look at each read" (also on anything unusual,
-    such as a read without ``req``, ``event`` or ``event_done``)."""
-    try:
-        heads = list(map(_pid_event_done, run))  # KeyError without event / event_done
-        first = heads[0]
-        if heads.count(first) != len(heads) or first[2] is False:
-            return False
-        pid, ev_id, _done = first
-        issue = issues.get(pid, {}).get(ev_id) if ev_id is not None else None
-        if issue is None:
-            issue = last_issue.get(pid)
-        if issue is not None:
-            rows_read = list(map(_row, run))
-            if min(rows_read) < 0:
-                return False
-            # IndexError past the issue's rows
-            return list(map(issue["rows"].__getitem__, rows_read)) == list(map(_req, run))
-        return True
-    except Exception:  # odd field values: the per-read check raises or decides
-        return False
-
-
-def _followed(pid_moves: Any, issue: Event, complete: int, row: Any, req: Any) -> bool:
-    """True when the copy was complete (trace id ``complete``) before every row change after
-    it, and replaying those changes (swap, condense, or ``add_request`` giving ``req`` a row,
-    which sets the count to 1) puts ``req``'s value in ``row``."""
-    rows = issue["rows"]
-    r = rows.index(req) if req in rows else None
-    lo = issue["id"]
-    for m in pid_moves:
-        if m["id"] <= lo:
-            continue
-        mk = m["ev"]
-        if mk == "batch.remove":
-            continue
-        if m["id"] < complete:
-            return False  # a row changed while the copy could still land in the old layout
-        if mk == "batch.add":
-            if m.get("req") == req:
-                r = m["row"]
-        elif mk == "batch.swap":
-            if r == m["i1"]:
-                r = m["i2"]
-            elif r == m["i2"]:
-                r = m["i1"]
-        elif mk == "batch.condense":
-            for q, old, new in m["moves"]:
-                if old == r:
-                    r = new
-                    break
-    return r is not None and r == row
 
 
 def _history(pid_moves: Any, issue: Event | None, row: Any, req: Any) -> list[dict]:
@@ -317,44 +260,90 @@ def _history(pid_moves: Any, issue: Event | None, row: Any, req: Any) -> list[di
     return hist
 
 
+def _label_text(lab: tuple) -> str:
+    if lab[0] == "c":
+        return f"{lab[1] or 'an empty row'}'s count from copy {lab[2]!r}"
+    if lab[0] == "a":
+        return f"the 1 that add_request wrote for {lab[1]}"
+    if lab[0] == "i":
+        return "the buffer's initial 1 (no copy or add_request wrote it in the trace)"
+    return "a value the trace cannot tell"
+
+
+def _writer_text(w: Event | None) -> str:
+    if w is None:
+        return "a write before the trace's window"
+    k = w.get("ev")
+    if k == "d2h.issue":
+        return f"the D2H copy {w.get('event')!r} (trace event {w.get('id')})"
+    if k == "batch.add":
+        return f"add_request({w.get('req')}) into row {w.get('row')} (trace event {w.get('id')})"
+    if k == "batch.swap":
+        return (f"swap_states({w['i1']}, {w['i2']}) ({w.get('req1')}<->{w.get('req2')}, trace event {w.get('id')})")
+    if k == "batch.condense":
+        return "condense (" + ", ".join(f"{q} {a}->{b}" for q, a, b in w["moves"][:4]) + f", trace event {w.get('id')})"
+    return f"{k} (trace event {w.get('id')})"
+
+
 def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req: Any, ev_id: Any,
-             issue: Event | None, reasons: list[str], row_req_at_issue: Any, hist: list[dict],
-             ranks: list) -> Finding:
+             issue: Event | None, verdict: str, lab: tuple, writer: Event | None, own: Any,
+             hist: list[dict], ranks: list, points: list, mapping: Any) -> Finding:
     truth = _truth_for(truths.get((e.get("inst"), req), []), e)
     tval = truth["value"] if truth is not None else None
-    if tval is not None:
-        severity = SEVERITY_ERROR if tval != e["value"] else SEVERITY_WARNING
+    ref, ref_name = (own, "the copy's own count") if own is not None else (tval, "authoritative value")
+    if verdict == "inconclusive":
+        severity = SEVERITY_INCONCLUSIVE
+    elif ref is not None:
+        severity = SEVERITY_ERROR if ref != e["value"] else SEVERITY_WARNING
     else:
-        severity = SEVERITY_ERROR if "row-moved" in reasons else SEVERITY_WARNING
-    issue_row_of_req = None
-    if issue is not None and req in issue["rows"]:
-        issue_row_of_req = issue["rows"].index(req)
+        severity = SEVERITY_ERROR if verdict == "row-moved" else SEVERITY_WARNING
+    reasons = {"row-moved": ["row-moved"], "copy-not-complete": ["copy-not-complete"],
+               "inconclusive": ["landing-unknown"]}[verdict]
+    rows = issue["rows"] if issue is not None else []
+    row_req_at_issue = rows[row] if isinstance(row, int) and 0 <= row < len(rows) else None
+    issue_row_of_req = rows.index(req) if req in rows else None
     ids = [x for x in (issue["id"] if issue is not None else None, e["id"],
+                       writer.get("id") if writer is not None else None,
                        truth["id"] if truth is not None else None) if x is not None]
     ids += [h["event"] for h in hist]
-    parts = []
-    if "row-moved" in reasons:
-        assert issue is not None
-        parts.append(
-            f"the last D2H copy (event {issue.get('event')!r}, trace event {issue['id']}) was issued when row "
-            f"{row} held {row_req_at_issue!r}" + (f" and {req} was in row {issue_row_of_req}" if issue_row_of_req is not None else f" and {req} was in no row")
-            + (f"; then {len(hist)} row move(s): " + ", ".join(_fmt_move(h) for h in hist[:6]) if hist else ""))
-    if "copy-not-complete" in reasons:
-        parts.append(f"the copy's CUDA event {ev_id!r} had not completed (event.query() False) and the "
-                     f"runner did not synchronize")
-    vtxt = (f"read {e['value']}, authoritative value {tval}" if tval is not None
-            else f"read {e['value']} (no acc.truth recorded)")
-    title = (f"request {req} step {e.get('step')}: accepted count read from row {row} "
-             f"{'is another row' + chr(39) + 's' if 'row-moved' in reasons else 'raced the D2H copy'} ({vtxt})")
-    expl = (f"_prepare_inputs read num_accepted_tokens for {req} from row {row} on {e.get('inst')} "
-            f"(pid {pid}, step {e.get('step')}), but " + "; and ".join(parts) + f". It {vtxt}. "
-            + ("The request used a wrong accepted count (wrong recurrent-state slot / positions)."
-               if severity == SEVERITY_ERROR else
-               "The value happened to be right, but the read is a race that can return another count."))
+    how = " through its previous-step row (prev_positions)" if mapping == "prev" else (
+        " from its current row" if mapping == "direct" else "")
+    vtxt = (f"read {e['value']}, {ref_name} {ref}" if ref is not None
+            else f"read {e['value']} (no count of its own recorded)")
+    where = f"row {row} held {_label_text(lab)}"
+    if verdict == "row-moved":
+        cause = (f"{_writer_text(writer)} put it there after the copy"
+                 + (f" {issue.get('event')!r} landed" if issue is not None else ""))
+        title = f"request {req} step {e.get('step')}: accepted count read from row {row} is another row's ({vtxt})"
+        expl = (f"_prepare_inputs read num_accepted_tokens for {req}{how} on {e.get('inst')} (pid {pid}, "
+                f"step {e.get('step')}), but {where}: {cause}. It {vtxt}. "
+                + ("The request used a wrong accepted count (wrong recurrent-state slot / positions). "
+                   if severity == SEVERITY_ERROR else
+                   "The value happened to be the request's own, but the row held another request's count. ")
+                + (f"The copy landed before this row move and the gather through the previous rows does not "
+                   f"follow it: {UPSTREAM} (open; fix proposed in #51599, a snapshot buffer rows do not move)."
+                   if mapping == "prev" else
+                   "The read takes the current row, which the copy (landing after the move) filled with the "
+                   "request that sat there at issue: vLLM thread 004 (fixed in 0.24.0)."))
+    elif verdict == "copy-not-complete":
+        title = f"request {req} step {e.get('step')}: accepted count read from row {row} raced the D2H copy ({vtxt})"
+        expl = (f"_prepare_inputs read num_accepted_tokens for {req}{how} on {e.get('inst')} (pid {pid}, "
+                f"step {e.get('step')}) before the copy {ev_id!r} landed (event.query() False, no synchronize): "
+                f"{where}. It {vtxt}.")
+    else:
+        title = (f"request {req} step {e.get('step')}: accepted count read from row {row}: the copy's landing "
+                 f"relative to the row moves is not in the trace")
+        expl = (f"_prepare_inputs read num_accepted_tokens for {req}{how} on {e.get('inst')} (pid {pid}, "
+                f"step {e.get('step')}). Depending on where the copy {ev_id!r} landed among the "
+                f"{len(hist)} row move(s) after its issue, row {row} held the request's own count or "
+                f"{_label_text(lab)} ({_writer_text(writer)}). The trace does not say which (a recording "
+                f"without the moves' landed field): not a claim of a bug, and not clean. It {vtxt}.")
     return Finding(
         kind=STALE_ACCEPTED_COUNT_READ, severity=severity, req=req, step=e.get("step"),
         inst=e.get("inst"), event_ids=sorted(set(ids)), title=title, explanation=expl,
-        data={"row": row, "value": e["value"], "truth": tval, "reasons": reasons,
+        data={"row": row, "value": e["value"], "truth": tval, "own": own, "reasons": reasons,
+              "held": list(lab), "moved_by": writer.get("id") if writer is not None else None,
+              "mapping": mapping, "upstream": UPSTREAM if verdict == "row-moved" and mapping == "prev" else None,
               "d2h_event": ev_id if ev_id is not None else (issue or {}).get("event"),
               "event_done": e.get("event_done"), "synced": e.get("synced"),
               "row_req_at_issue": row_req_at_issue, "req_row_at_issue": issue_row_of_req,
