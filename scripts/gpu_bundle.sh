@@ -32,6 +32,10 @@ PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
 "$PIP" download -q --no-deps "${PLAT[@]}" -d "$TMP" "vllm==$VLLM" nixl-cu13==1.5.1
 
 mkdir "$TMP/v" && (cd "$TMP/v" && unzip -q "$TMP"/vllm-*.whl)
+# .gpuc/cstable.xz: vLLM's kernel library alone, for a second call (it does not fit beside .gpu/):
+# the hybrid (Mamba) runs need it, since model inspection imports torch.ops._C ops.
+grep -qx '/.gpuc/' .git/info/exclude 2>/dev/null || echo '/.gpuc/' >> .git/info/exclude
+rm -rf .gpuc && mkdir -p .gpuc && xz -T2 -9 -c "$TMP/v/vllm/_C_stable_libtorch.abi3.so" > .gpuc/cstable.xz
 find "$TMP/v" \( -name '*.so' -o -name vllm-rs -o -name '*.cu' -o -name '*.cuh' -o -name '*.hpp' \) -delete
 rm -rf "$TMP/v/vllm/third_party/deep_gemm/include" "$TMP/v/vllm/third_party/fmha_sm100/cutlass"
 (cd "$TMP/v" && tar cf - vllm vllm-*.dist-info) | xz -T2 -6 > "$OUT/vllm.tar.xz"
@@ -50,4 +54,4 @@ mkdir "$TMP/n" && (cd "$TMP/n" && unzip -q "$TMP"/nixl_cu13-*.whl && rm -rf nixl
   python-json-logger==4.2.0 pyzmq==27.3.0 referencing==0.37.0 rpds-py==2026.9.1 setproctitle==1.3.8 \
   sniffio==1.3.1 starlette==1.10.0 supervisor==4.3.0 truststore==0.10.5 typing-inspection==0.4.5 \
   uvicorn==0.54.0 watchfiles==1.3.0 xgrammar==0.2.8 zstandard==0.25.0 platformdirs==4.14.8 shellingham==1.5.4
-du -sh "$OUT"/* | sed 's/^/gpu_bundle: /'
+du -sh "$OUT"/* .gpuc/* | sed 's/^/gpu_bundle: /'

@@ -13,6 +13,8 @@
 # requests 16 at a time; two servers at once on the GPU: vLLM 0.32.0 as released ("bug") and the
 # same with the labelled patch scripts/patches/vllm_pr51599_approach.py ("fix"), each recorded.
 # Writes race-bug.jsonl.zst, race-fix.jsonl.zst, race-*.out (result + check) and race-logs.tgz.
+# The hybrid model needs vLLM's kernel library (model inspection imports torch.ops._C ops): carry
+# .gpu with UNPACK_ONLY=1 in a first call, then .gpuc (gpu_bundle.sh) in the call that runs.
 #
 # Writes under $OUT: gpu_run.log (environment, doctor, both reports), merged-<mode>.jsonl.zst
 # (the merged P+D trace) and logs-<mode>.tgz (server logs, result.json, check.json).
@@ -90,9 +92,13 @@ for mode in "${MODES[@]}"; do
     rm -rf /tmp/pdtrace-live-race-bug /tmp/pdtrace-live-race-fix
     timeout -k 10 "$PER_RUN" python3 scripts/live_cpu_hybrid.py --workdir /tmp/pdtrace-live-race-bug "${HARGS[@]}" \
       > "$OUT/race-bug.out" 2>&1 &
+    pid_bug=$!
     PYTHONPATH=$FIXSITE timeout -k 10 "$PER_RUN" python3 scripts/live_cpu_hybrid.py \
       --workdir /tmp/pdtrace-live-race-fix "${HARGS[@]}" > "$OUT/race-fix.out" 2>&1 &
-    wait
+    pid_fix=$!
+    # the two runs only: a bare `wait` also waits for the tee of this script's own output (exec above),
+    # which never ends (a GPU call of 2026-11-26 hung here until its time limit)
+    wait "$pid_bug" "$pid_fix"
     say "race done"
     for side in bug fix; do
       wd=/tmp/pdtrace-live-race-$side

@@ -81,11 +81,12 @@ def test_fresh_row_after_batch_growth_is_not_stale():
     b.add("batch.add", inst="D", req="r4", step=5, row=3)  # the batch grew after the copy
     b.add("acc.read", inst="D", req="r4", step=5, row=3, value=1, event="ev7", event_done=True)
     assert [f for f in run_all(b.events) if f.kind == STALE_ACCEPTED_COUNT_READ] == []
-    # the same read without the add: row 3 was never written for r4 -> still reported
+    # r4 reading a row the copy filled for r3 -> reported, naming the copy that wrote it
     b2 = E.stale_read_scenario(fixed=True)
-    b2.add("acc.read", inst="D", req="r4", step=5, row=3, value=1, event="ev7", event_done=True)
+    b2.add("batch.add", inst="D", req="r4", step=5, row=3)
+    b2.add("acc.read", inst="D", req="r4", step=5, row=2, value=2, event="ev7", event_done=True)
     (f,) = [f for f in run_all(b2.events) if f.kind == STALE_ACCEPTED_COUNT_READ]
-    assert f.req == "r4" and "row-moved" in f.data["reasons"]
+    assert f.req == "r4" and "row-moved" in f.data["reasons"] and f.data["held"][:2] == ["c", "r3"]
 
 
 def test_a_push_mode_trim_on_p_maps_d_s_request():

@@ -145,8 +145,10 @@ def test_stale_read_state_is_bounded_by_its_limits():
     TRUTHS_KEPT truths; a row swap read unsynchronized is still found at the end."""
     def step(s):
         evs = [{"ev": "d2h.issue", "pid": 1, "inst": "D", "step": s, "event": f"e{s}", "rows": ["a", "b"]},
-               {"ev": "batch.swap", "pid": 1, "inst": "D", "i1": 0, "i2": 1, "req1": "a", "req2": "b"},
-               {"ev": "batch.swap", "pid": 1, "inst": "D", "i1": 0, "i2": 1, "req1": "b", "req2": "a"},
+               {"ev": "batch.swap", "pid": 1, "inst": "D", "i1": 0, "i2": 1, "req1": "a", "req2": "b",
+                "copy": f"e{s}", "landed": "after"},
+               {"ev": "batch.swap", "pid": 1, "inst": "D", "i1": 0, "i2": 1, "req1": "b", "req2": "a",
+                "copy": f"e{s}", "landed": "after"},
                {"ev": "d2h.done", "pid": 1, "inst": "D", "event": f"e{s}"},
                {"ev": "acc.read", "pid": 1, "inst": "D", "step": s, "req": "a", "row": 0, "value": 1,
                 "event": f"e{s}", "event_done": True},

@@ -145,16 +145,18 @@ class Stream:
                 return
         elif all(lb[0] in ("a", "i") for lb in labs):
             return  # no copy covered it since it joined: every such row holds the same 1
-        right = ("c", req, own_ev) if own_ev is not None else ("a", req)
+        def is_right(lb: tuple) -> bool:
+            return lb == ("c", req, own_ev) if own_ev is not None else lb[0] in ("a", "i")
+
         issue = buf.pending if buf.pending is not None else self.last_issue.get(pid)
         if not landed and buf.pending is not None:
             # event.query() False, no synchronize: the read raced the copy, whichever way it went
             verdict = "copy-not-complete"
             lab, writer = outcomes[-1]  # the copy not landed yet
-        elif len(labs) > 1 or UNKNOWN in labs:
-            verdict = "inconclusive"
-            lab, writer = next(((lb, w) for lb, w in outcomes if lb != right), outcomes[0])
-        else:
+        elif any(map(is_right, labs)) or UNKNOWN in labs:
+            verdict = "inconclusive"  # right at some possible landing point, wrong at another
+            lab, writer = next(((lb, w) for lb, w in outcomes if not is_right(lb)), outcomes[0])
+        else:  # wrong wherever the copy landed
             lab, writer = outcomes[0]
             verdict = "copy-not-complete" if (lab[0] == "c" and lab[1] == req) else "row-moved"
         dkey = (e.get("inst"), req, e.get("step"), row, e.get("value"))

@@ -1,0 +1,125 @@
+"""vLLM #51571 (open): the accepted-count copy lands before InputBatch row moves, and the gather
+through ``prev_positions`` reads the moved rows.
+
+Real parts: vLLM's InputBatch and its reorder function (pdtrace.testing.race_sim; whichever vLLM
+the suite runs on, 0.32.0 or 0.33.0). Simulated (GPU-only): the copy, its CUDA event, and the
+read branch of ``_prepare_inputs`` as 0.32.0 / 0.33.0 write it. The oracle is the real buffer:
+the value each decode read against its own count, not the detector.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from pdtrace.detectors import STALE_ACCEPTED_COUNT_READ
+from pdtrace.detectors.stale_read import detect
+
+pytest.importorskip("vllm")
+
+EVIDENCE = Path(__file__).resolve().parents[2] / "shared" / "evidence" / "live_h200_hybrid_async_align_v1.jsonl.zst"
+
+
+def _run(order, fix):
+    from pdtrace.testing import pd_harness as pd
+    from pdtrace.testing import race_sim
+
+    rec = pd.new_recorder()
+    rec.set_role(role="worker", inst="D", why="race_sim")
+    res = race_sim.run(rec, order, fix)
+    rec.flush()
+    events = [dict(e, id=i) for i, e in enumerate(rec.events)]
+    return res, [f for f in detect(events) if f.kind == STALE_ACCEPTED_COUNT_READ], events
+
+
+@pytest.mark.parametrize("fix", [False, True], ids=["vllm-as-released", "pr51599-approach-LABELLED"])
+@pytest.mark.parametrize("order", ["before", "after", "during"])
+def test_where_the_copy_lands_decides_the_read(order, fix):
+    """Rows [A, B, C] hold [1, 3, 4]; B finishes, N takes its row, the real reorder swaps C
+    before N. As released: landed before the moves, C reads N's 1 (flagged, naming the swap);
+    after them, C reads 4 (clean); during the swap, the trace cannot order them (inconclusive,
+    never clean). With the snapshot of PR #51599 (labelled): no wrong read, no finding."""
+    res, found, events = _run(order, fix)
+    assert res["rows"] == ["A", "C", "N"]
+    errors = sorted(f.req for f in found if f.severity == "error")
+    assert errors == res["wrong"]  # exactly the reads the real buffer got wrong
+    if fix or order == "after":
+        assert res["wrong"] == [] and found == []
+    elif order == "before":
+        (f,) = found
+        swap = next(e for e in events if e["ev"] == "batch.swap")
+        assert (f.req, f.severity, f.data["value"], f.data["own"], f.data["moved_by"]) == ("C", "error", 1, 4, swap["id"])
+        assert f.data["held"][:2] == ["a", "N"] and "#51571" in f.explanation and "swap_states" in f.explanation
+    else:
+        assert res["wrong"] == [] and [(f.req, f.severity) for f in found] == [("C", "inconclusive")]
+        assert any(e.get("landed") == "unknown" for e in events if e["ev"] == "batch.swap")
+
+
+def test_hooks_record_the_landing_and_the_copy_destination():
+    """What decides it is recorded without a sync: each move while the copy is in flight says
+    where it landed; d2h.done carries the copy's own values; the #51599 snapshot is named."""
+    _res, _f, ev = _run("after", False)
+    moves = [e for e in ev if e["ev"] in ("batch.add", "batch.swap") and e.get("step") == 2]
+    assert [e.get("landed") for e in moves] == ["after", "after"]
+    (issue,) = [e for e in ev if e["ev"] == "d2h.issue"]
+    assert issue["moves_with_rows"] is True
+    _res, _f, ev = _run("before", False)
+    (done,) = [e for e in ev if e["ev"] == "d2h.done"]
+    assert done["values"] == [1, 3, 4]
+    _res, _f, ev = _run("before", True)
+    (issue,) = [e for e in ev if e["ev"] == "d2h.issue"]
+    assert issue["moves_with_rows"] is False
+    assert all("landed" not in e for e in ev if e["ev"].startswith("batch."))
+
+
+def _evidence_events():
+    import zstandard
+
+    with open(EVIDENCE, "rb") as fh:
+        text = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(fh)).read()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_live_h200_evidence_reads_that_disagree_are_findings():
+    """../shared/evidence (vLLM 0.32.0 on an H200, V1 runner, align mode, async, ngram_gpu): of
+    the reads that disagree with their request's acc.truth, those the align postprocess explains
+    (its kernel writes 1 when the accepted tokens cross a block boundary: mamba_utils.py
+    postprocess_mamba_fused_kernel, ``src_block_idx == dest_block_idx``) are not findings, and
+    every other one is an error. Oracle: each request's own prompt length and accepted counts
+    (block size 48 from sched.config), not the detector."""
+    if not EVIDENCE.exists():
+        pytest.fail(f"{EVIDENCE} is missing (CI lays ../shared beside the clone)")
+    events = _evidence_events()
+    bs = next(e for e in events if e["ev"] == "sched.config")["block_sizes"][0]
+    plen = {e["req"]: e["prompt_len"] for e in events if e["ev"] == "req.add"}
+    truths = collections.defaultdict(dict)
+    for e in events:
+        if e["ev"] == "acc.truth":
+            truths[e["req"]][e["for_step"]] = e["value"]
+
+    def crosses(req, step):  # tokens computed before the step: prompt + the counts accepted so far
+        c = plen[req] + sum(v for s, v in truths[req].items() if s < step)
+        return (c + truths[req][step]) // bs * bs >= c + 1
+
+    disagree, align_reset = set(), set()
+    for e in events:
+        if e["ev"] != "acc.read":
+            continue
+        t = truths[e["req"]].get(e["step"] - 1)
+        if t is not None and t != e["value"]:
+            disagree.add((e["req"], e["step"]))
+            if e["value"] == 1 and crosses(e["req"], e["step"] - 1):
+                align_reset.add((e["req"], e["step"]))
+    assert len(disagree) == 42
+    found = [f for f in detect([e for e in events if "id" in e]) if f.kind == STALE_ACCEPTED_COUNT_READ]
+    errors = {(f.req, f.step) for f in found if f.severity == "error"}
+    # a row another request's value sat in, read as the request's own: errors; an align reset read
+    # from the request's own row: not a finding
+    assert errors <= disagree and not errors & align_reset
+    assert errors | align_reset == disagree, sorted(disagree - errors - align_reset)
+    assert all("#51571" in f.explanation for f in found if f.severity == "error")
+    assert not [f for f in found if f.severity == "inconclusive"]
