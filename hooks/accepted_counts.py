@@ -40,6 +40,13 @@ Verified against vLLM 0.32.0 ``v1/worker/gpu_model_runner.py`` (GPUModelRunner):
   and the backend's ``swap_states`` reorder.  -> ``d2h.done`` when ``query()`` shows the last
   copy complete before this step's row moves (row moves then carry the copied values).
 
+- ``mamba_utils.postprocess_mamba_align_gpu(*, ..., num_accepted_tokens_cpu_tensor, input_batch, ...)``:
+  the align branch's copy destination. ``d2h.issue`` says ``moves_with_rows`` (false when it is
+  not the InputBatch buffer: a runner-owned snapshot, vLLM PR #51599's approach to #51571).
+  While a copy into the InputBatch buffer is in flight, the InputBatch hooks query its event at
+  each row move (``landed``: where it landed relative to the move); ``d2h.done`` carries the
+  copy's own values (host rows read once it is complete, when no row moved since the issue).
+
 Hooks never call ``synchronize()``; ``d2h.done`` is emitted when a later ``query()`` (or the
 runner's own synchronize) shows the copy's event complete. A copy whose source tensor is on
 the CPU is complete when ``copy_()`` returns: ``d2h.issue`` says ``blocking: true``. vLLM's CPU worker replaces
