@@ -143,13 +143,13 @@ class Stream:
         if own_ev is not None:
             if labs == {("c", req, own_ev)}:
                 return
-        elif all(lb[0] in ("a", "i") for lb in labs):
+        elif all(lb[0] in ("a", "i") for lb in labs) and (landed or not ev_id):
             return  # no copy covered it since it joined: every such row holds the same 1
         def is_right(lb: tuple) -> bool:
             return lb == ("c", req, own_ev) if own_ev is not None else lb[0] in ("a", "i")
 
         issue = buf.pending if buf.pending is not None else self.last_issue.get(pid)
-        if not landed and buf.pending is not None:
+        if not landed and (buf.pending is not None or ev_id):
             # event.query() False, no synchronize: the read raced the copy, whichever way it went
             verdict = "copy-not-complete"
             lab, writer = outcomes[-1]  # the copy not landed yet
