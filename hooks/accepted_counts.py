@@ -82,7 +82,8 @@ def drafter_write_len(method: str, k: int) -> int | None:
 
 
 class _AccState:
-    __slots__ = ("records", "event_id", "done", "wstep", "dest", "n", "moved", "event", "align_dest", "blocking")
+    __slots__ = ("records", "event_id", "done", "wstep", "dest", "n", "moved", "event", "align_dest", "blocking",
+                 "with_rows")
 
     def __init__(self) -> None:
         self.records = 0  # record() calls seen on the event
@@ -95,6 +96,7 @@ class _AccState:
         self.event: Any = None  # the runner's event object (queried at row moves, never synchronized)
         self.align_dest: Any = None  # destination the align postprocess was last given (this step)
         self.blocking = False  # the last copy was complete when issued (a CPU source)
+        self.with_rows = False  # the last copy went into the InputBatch buffer (moved with its rows)
 
 
 def _state(runner: Any) -> _AccState:
@@ -117,27 +119,39 @@ def _observe_done(rec: Any, st: _AccState, event: Any) -> bool | None:
     InputBatch row changed since the copy was issued, the destination's rows are the copy's own
     values (a host read of pinned memory the copy has finished writing: no sync): ``values``."""
     done = _query(event)
-    if done and not st.done and st.event_id:
-        st.done = True
-        fields: dict[str, Any] = {"event": st.event_id}
-        if not st.moved and st.dest is not None:
-            fields["values"] = [int(v) for v in st.dest[:st.n].tolist()]
-        rec.put("d2h.done", None, None, fields)
+    if done:
+        report_done(rec, st)
     return done
 
 
-def outstanding(ib: Any) -> tuple[_AccState, Any] | None:
-    """For the InputBatch hooks: (state, event) of an accepted-count copy into a buffer that
-    moves with ``ib``'s rows and whose completion has not been observed yet; else None."""
-    c = ib.__dict__.get("_pdtrace_copy")
-    if c is None or c.done or c.blocking:
+def report_done(rec: Any, st: _AccState) -> None:
+    """Emit d2h.done once for the last recorded copy, known complete (from a query just made)."""
+    if st.done or not st.event_id:
+        return
+    st.done = True
+    fields: dict[str, Any] = {"event": st.event_id}
+    if not st.moved and st.dest is not None:
+        fields["values"] = [int(v) for v in st.dest[:st.n].tolist()]
+    rec.put("d2h.done", None, None, fields)
+
+
+# The runner's copy state, on its InputBatch (``_issue_before`` puts it there): the InputBatch
+# hooks reach the copy in flight through it, the align-postprocess hook its destination.
+IB_ATTR = "_pdtrace_acc"
+
+
+def outstanding(ib: Any) -> _AccState | None:
+    """For the InputBatch hooks: the state of an accepted-count copy into a buffer that moves
+    with ``ib``'s rows and whose completion has not been observed yet; else None."""
+    c = ib.__dict__.get(IB_ATTR)
+    if c is None or c.done or c.blocking or not c.with_rows:
         return None
-    return c, c.event
+    return c
 
 
-def note_move(rec: Any, ib: Any) -> None:
+def note_move(ib: Any) -> None:
     """A row of ``ib`` changed: later completions no longer give the copy's own values."""
-    c = ib.__dict__.get("_pdtrace_copy")
+    c = ib.__dict__.get(IB_ATTR)
     if c is not None:
         c.moved = True
 
@@ -169,7 +183,7 @@ def _issue_before(rec: Any, self: Any, *a: Any, **kw: Any) -> None:
         st.align_dest = None
         ib = getattr(self, "input_batch", None)
         if ib is not None:
-            ib.__dict__["_pdtrace_acc_owner"] = st
+            ib.__dict__[IB_ATTR] = st
 
 
 def _issue_after(rec: Any, _s: Any, result: Any, self: Any, output_token_ids: Any, *a: Any, **kw: Any) -> None:
@@ -197,16 +211,12 @@ def _issue_after(rec: Any, _s: Any, result: Any, self: Any, output_token_ids: An
     dest = st.align_dest if st.align_dest is not None else ib_buf
     st.align_dest = None
     with_rows = _same_storage(dest, ib_buf)
-    st.dest, st.n, st.moved, st.event, st.blocking = dest, n, False, ev, blocking
+    st.dest, st.n, st.moved, st.event, st.blocking, st.with_rows = dest, n, False, ev, blocking, with_rows
     fields: dict[str, Any] = {"buf": BUF if with_rows else SNAPSHOT_BUF, "rows": [r or "" for r in ids],
                               "event": st.event_id, "blocking": blocking, "moves_with_rows": with_rows}
     if blocking:
         fields["values"] = [int(v) for v in dest[:n].tolist()]
     rec.put("d2h.issue", None, None, fields)
-    if with_rows:
-        ib.__dict__["_pdtrace_copy"] = st
-    else:
-        ib.__dict__.pop("_pdtrace_copy", None)
 
 
 def _same_storage(a: Any, b: Any) -> bool:
@@ -219,10 +229,10 @@ def _same_storage(a: Any, b: Any) -> bool:
 def _align_dest_before(rec: Any, *a: Any, **kw: Any) -> None:
     # mamba_utils.postprocess_mamba_align_gpu(*, bufs, num_reqs, num_accepted_tokens_gpu,
     # num_accepted_tokens_cpu_tensor, input_batch, ...): keyword-only; the runner's copy state
-    # lives on the InputBatch's owner, reached through the state the issue hook left there.
+    # is reached through the InputBatch (IB_ATTR).
     ib = kw.get("input_batch")
     dest = kw.get("num_accepted_tokens_cpu_tensor")
-    owner = getattr(ib, "_pdtrace_acc_owner", None) if ib is not None else None
+    owner = getattr(ib, IB_ATTR, None) if ib is not None else None
     if owner is not None and dest is not None:
         owner.align_dest = dest
 

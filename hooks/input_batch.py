@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from pdtrace.hooks import after, around, register
-from pdtrace.hooks.accepted_counts import _observe_done, _query, note_move, outstanding
+from pdtrace.hooks.accepted_counts import _observe_done, _query, note_move, outstanding, report_done
 
 MODULE = "vllm.v1.worker.gpu_input_batch"
 
@@ -29,33 +29,24 @@ MODULE = "vllm.v1.worker.gpu_input_batch"
 # the move carries the fresh counts with the rows). Not done after: it lands later, into the
 # rows as they were at issue. Neither: it landed while the move ran ("unknown").
 def _landed_before(rec: Any, ib: Any) -> Any:
-    o = outstanding(ib)
-    if o is None:
-        return None
-    st, ev = o
-    if _observe_done(rec, st, ev):
-        return None  # d2h.done already in the trace, before this move
-    return o
+    st = outstanding(ib)
+    if st is None or _observe_done(rec, st, st.event):
+        return None  # no copy in flight, or d2h.done now in the trace, before this move
+    return st
 
 
-def _landed_fields(rec: Any, o: Any, fields: dict) -> bool:
-    """Add ``copy`` / ``landed`` to a move's fields; True when the copy is now observed done."""
-    if o is None:
-        return False
-    st, ev = o
-    fields["copy"] = st.event_id
-    q = _query(ev)
-    fields["landed"] = "after" if q is False else "unknown"
-    return bool(q)
-
-
-def _finish_move(rec: Any, ib: Any, o: Any, kind: str, req: Any, fields: dict) -> None:
-    done = _landed_fields(rec, o, fields)
-    note_move(rec, ib)
+def _finish_move(rec: Any, ib: Any, st: Any, kind: str, req: Any, fields: dict) -> None:
+    """Record a move; with ``st`` (a copy in flight before it), where the copy landed."""
+    done = False
+    if st is not None:
+        q = _query(st.event)  # None: an event without query(): the order cannot be told
+        done = bool(q)
+        fields["copy"] = st.event_id
+        fields["landed"] = "after" if q is False else "unknown"
+    note_move(ib)
     rec.put(kind, req, None, fields)
     if done:
-        st, ev = o
-        _observe_done(rec, st, ev)
+        report_done(rec, st)
 
 
 def _add_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> Any:

@@ -175,7 +175,7 @@ class Rows:
                 rows = set().union(*outs)
                 first = {r: (first.get(r, INITIAL) if all(o.get(r, INITIAL) == first.get(r, INITIAL) for o in outs)
                              else UNKNOWN) for r in rows}
-            self.base = dict(first)
+            self.base = first  # (a fresh dict: the replay cache is dropped below)
         self.pending = None
         self.moves = []
         self._cache = {}

@@ -84,7 +84,6 @@ class Stream:
         self.issues: dict[Any, dict[str, Event]] = {}  # pid -> event id -> d2h.issue
         self.last_issue: dict[Any, Event] = {}
         self.done: dict[Any, dict[str, None]] = {}  # pid -> copy events known complete
-        self.done_at: dict[Any, dict[str, int]] = {}  # pid -> copy event -> trace id when known complete
         self.moves: dict[Any, list[Event]] = {}  # pid -> batch events in order (row history)
         self.rows: dict[Any, Rows] = {}  # pid -> what its accepted-count buffer rows hold (acc_rows)
         self.stale: list[tuple] = []  # the stale reads, one per dedup key, in trace order
@@ -100,7 +99,7 @@ class Stream:
     def _replay(self, idx: Any) -> None:
         if not any(idx.kind(k) for k in _KINDS):
             return
-        issues, done, done_at, moves, rows_of = self.issues, self.done, self.done_at, self.moves, self.rows
+        issues, done, moves, rows_of = self.issues, self.done, self.moves, self.rows
         READ, ISSUE, DONE, REMOVE = (kind_code("acc.read"), kind_code("d2h.issue"), kind_code("d2h.done"),
                                      kind_code("batch.remove"))
         seq, codes = idx.ordered_codes(_KINDS)
@@ -115,11 +114,8 @@ class Stream:
                 issues.setdefault(pid, {})[e.get("event")] = e
                 self.last_issue[pid] = e
                 buf.issue(e)
-                if e.get("blocking") is True:
-                    done_at.setdefault(pid, {})[e.get("event")] = e["id"]
             elif code == DONE:
                 done.setdefault(pid, {})[e.get("event")] = None
-                done_at.setdefault(pid, {}).setdefault(e.get("event"), e["id"])
                 buf.done(e)
             else:  # batch.*
                 moves.setdefault(pid, []).append(e)
@@ -140,14 +136,17 @@ class Stream:
             outcomes.append((lab, writer.get(row)))
         labs = {o[0] for o in outcomes}
         own_ev = buf.latest.get(req)
-        if own_ev is not None:
-            if labs == {("c", req, own_ev)}:
-                return
-        elif all(lb[0] in ("a", "i") for lb in labs) and (landed or not ev_id):
-            return  # no copy covered it since it joined: every such row holds the same 1
+
         def is_right(lb: tuple) -> bool:
+            # its count from the latest copy that covered it; if none did since it joined, any
+            # add_request / initial 1 (every such row holds the same 1)
             return lb == ("c", req, own_ev) if own_ev is not None else lb[0] in ("a", "i")
 
+        # a racy read naming a copy the trace never issued (cut off by a ring window, or not
+        # recorded) cannot be cleared from the rows replayed without that copy
+        unseen_copy = bool(ev_id) and ev_id not in self.issues.get(pid, ())
+        if all(map(is_right, labs)) and (own_ev is not None or landed or not unseen_copy):
+            return
         issue = buf.pending if buf.pending is not None else self.last_issue.get(pid)
         if not landed and (buf.pending is not None or ev_id):
             # event.query() False, no synchronize: the read raced the copy, whichever way it went
@@ -169,8 +168,7 @@ class Stream:
             mapping = "prev" if req in issue["rows"] and issue["rows"].index(req) == row else "direct"
         own = buf.own.get(req) if own_ev is not None and issue is not None and issue.get("event") == own_ev else None
         self.stale.append((e, pid, row, req, ev_id, issue, verdict, lab, writer, own,
-                           _history(self.moves.get(pid, ()), issue, row, req), ranks,
-                           [pt for pt in pts], mapping))
+                           _history(self.moves.get(pid, ()), issue, row, req), ranks, mapping))
         key = (e.get("inst"), req)
         if key not in self.truths:  # the truths of it kept so far (those after it follow)
             self.truths[key] = self._kept_truths(key)
@@ -211,12 +209,11 @@ class Stream:
             mv = self.moves.get(pid)
             if mv and mv[0]["id"] <= oldest:
                 self.moves[pid] = [m for m in mv if m["id"] > oldest]
-        for table in (self.done, self.done_at):
-            for pid, d in table.items():
-                if len(d) > MAX_DONE + MAX_DONE // 4:
-                    for ev in list(d)[:len(d) - MAX_DONE]:
-                        del d[ev]
-                    table[pid] = dict(d)
+        for pid, d in self.done.items():
+            if len(d) > MAX_DONE + MAX_DONE // 4:
+                for ev in list(d)[:len(d) - MAX_DONE]:
+                    del d[ev]
+                self.done[pid] = dict(d)
         for pid, mv in self.moves.items():
             if pid not in self.issues and len(mv) > MAX_MOVES_NO_ISSUE + MAX_MOVES_NO_ISSUE // 4:
                 del mv[:len(mv) - MAX_MOVES_NO_ISSUE]
@@ -289,7 +286,7 @@ def _writer_text(w: Event | None) -> str:
 
 def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req: Any, ev_id: Any,
              issue: Event | None, verdict: str, lab: tuple, writer: Event | None, own: Any,
-             hist: list[dict], ranks: list, points: list, mapping: Any) -> Finding:
+             hist: list[dict], ranks: list, mapping: Any) -> Finding:
     truth = _truth_for(truths.get((e.get("inst"), req), []), e)
     tval = truth["value"] if truth is not None else None
     ref, ref_name = (own, "the copy's own count") if own is not None else (tval, "authoritative value")
