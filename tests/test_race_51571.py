@@ -126,3 +126,17 @@ def test_live_h200_evidence_reads_that_disagree_are_findings():
     assert len(errors) == 14 and len(disagree - errors) == 28
     assert all("#51571" in f.explanation for f in found if f.severity == "error")
     assert not [f for f in found if f.severity == "inconclusive"]
+
+
+def test_a_read_without_query_result_is_not_a_race():
+    """event_done None (an event without query(), as vLLM's CPU worker has) and no sync: taken
+    as landed, as the detector always did; only a query() that said False is a race."""
+    evs = [{"ev": "batch.add", "pid": 1, "inst": "D", "req": "a", "row": 0},
+           {"ev": "d2h.issue", "pid": 1, "inst": "D", "rows": ["a"], "event": "e1"},
+           {"ev": "acc.read", "pid": 1, "inst": "D", "step": 2, "req": "a", "row": 0, "value": 2,
+            "event": "e1", "event_done": None, "synced": False}]
+    evs = [dict(e, id=i) for i, e in enumerate(evs)]
+    assert detect(evs) == []
+    evs[-1]["event_done"] = False
+    (f,) = detect(evs)
+    assert f.data["reasons"] == ["copy-not-complete"]
