@@ -77,17 +77,21 @@ def server_cmd(model: str, port: int, opts: argparse.Namespace | None = None) ->
             *L.EXTRA_ARGS]
 
 
+def _complete(url: str, r: dict) -> dict:
+    """One completion request of the plan ``r``: its outcome and seconds."""
+    t = time.monotonic()
+    try:
+        resp = pd_proxy.post_json(url + "/v1/completions", L.completion_body(r))
+        return {**r, "ok": True, "n_out": resp["usage"]["completion_tokens"], "s": round(time.monotonic() - t, 2)}
+    except Exception as exc:
+        return {**r, "ok": False, "error": str(exc)}
+
+
 def send(url: str) -> list[dict]:
     out: list[dict] = [{} for _ in PLAN]
 
     def one(i: int, r: dict) -> None:
-        t = time.monotonic()
-        try:
-            resp = pd_proxy.post_json(url + "/v1/completions", L.completion_body(r))
-            out[i] = {**r, "ok": True, "n_out": resp["usage"]["completion_tokens"],
-                      "s": round(time.monotonic() - t, 2)}
-        except Exception as exc:
-            out[i] = {**r, "ok": False, "error": str(exc)}
+        out[i] = _complete(url, r)
 
     threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(PLAN)]
     for th in threads:
@@ -111,16 +115,8 @@ def send_load(url: str, plan: list[dict], concurrency: int) -> list[dict]:
     """``plan`` sent ``concurrency`` at a time (a pool of senders), so the batch churns."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def one(r: dict) -> dict:
-        t = time.monotonic()
-        try:
-            resp = pd_proxy.post_json(url + "/v1/completions", L.completion_body(r))
-            return {**r, "ok": True, "n_out": resp["usage"]["completion_tokens"], "s": round(time.monotonic() - t, 2)}
-        except Exception as exc:
-            return {**r, "ok": False, "error": str(exc)}
-
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        return list(pool.map(one, plan))
+        return list(pool.map(lambda r: _complete(url, r), plan))
 
 
 def run_hybrid(workdir: str | os.PathLike | None = None, start_timeout: float = 420.0, log=print,
