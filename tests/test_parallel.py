@@ -120,15 +120,22 @@ def test_what_the_line_filter_cannot_judge_falls_back_to_one_process(tmp_path, c
     assert got.jobs == (2 if case == "cut" else 1) and _outcome(got) == _outcome(want)
 
 
+def _unsigned_lines() -> list[bytes]:
+    """The sample's lines with its footer's digest removed: an unsigned trace (the samples are
+    written by a recorder that signs)."""
+    lines = SAMPLE.read_bytes().splitlines(keepends=True)
+    footer = json.loads(lines[-1])
+    footer.pop("digest", None)
+    lines[-1] = json.dumps(footer, separators=(",", ":")).encode() + b"\n"
+    return lines
+
+
 def test_an_unsigned_trace_with_reordered_keys_still_gives_the_same_findings(tmp_path):
     """No digest to catch it (the footer's digest removed): a line whose "ev" is not
     first is told by the filter of the last part (it starts with no kind), and the check
     falls back."""
     dst = tmp_path / "unsigned.jsonl"
-    lines = SAMPLE.read_bytes().splitlines(keepends=True)
-    footer = json.loads(lines[-1])
-    footer.pop("digest", None)  # unsigned (samples written by a recorder that signs carry one)
-    lines[-1] = json.dumps(footer, separators=(",", ":")).encode() + b"\n"
+    lines = _unsigned_lines()
     i = next(j for j, ln in enumerate(lines) if b'"ev":"acc.read"' in ln)
     e = json.loads(lines[i])
     lines[i] = json.dumps({"id": e.pop("id"), **e}).encode() + b"\n"
@@ -241,10 +248,7 @@ def test_a_damaged_line_goes_straight_to_scan(tmp_path, monkeypatch):
     calls = []
     real = stream._run
     monkeypatch.setattr(stream, "_run", lambda *a, **k: calls.append(a[6]) or real(*a, **k))
-    lines = SAMPLE.read_bytes().splitlines(keepends=True)
-    footer = json.loads(lines[-1])
-    footer.pop("digest", None)  # unsigned, as the sample was when this was written (a digest fails it first)
-    lines[-1] = json.dumps(footer, separators=(",", ":")).encode() + b"\n"
+    lines = _unsigned_lines()  # (a digest would fail the damaged trace first)
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b"".join(lines[:40] + [b'{"ev":"acc.read", oops\n'] + lines[41:]))
     got = parallel.run(str(bad), jobs=2, lenient=True)
