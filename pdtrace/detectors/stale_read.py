@@ -124,21 +124,23 @@ class Stream:
 
     def _read(self, e: Event, pid: Any, buf: Rows) -> None:
         row, req, ev_id = e.get("row"), e.get("req"), e.get("event")
-        known_done = ev_id is not None and ev_id in self.done.get(pid, ())
         # a race only where query() said False and the runner did not synchronize (an event
         # without query(), event_done None, is taken as landed, as before the replay)
-        raced = e.get("event_done") is False and e.get("synced") is not True and not known_done
+        raced = (e.get("event_done") is False and e.get("synced") is not True
+                 and not (ev_id is not None and ev_id in self.done.get(pid, ())))
         landed = not raced or (buf.pending is not None and buf.hi is not None)
         if landed:
             buf.synced()
         pts = buf.points(landed)
+        own_ev = buf.latest.get(req)
+        if own_ev is not None and len(pts) == 1 and buf.replay(pts[0])[0].get(row) == ("c", req, own_ev):
+            return  # the common read: one possible landing point, and the row holds its own count
         outcomes = []
         for pt in pts:
             labels, writer = buf.replay(pt)
             lab = labels.get(row, INITIAL)
             outcomes.append((lab, writer.get(row)))
         labs = {o[0] for o in outcomes}
-        own_ev = buf.latest.get(req)
 
         def is_right(lb: tuple) -> bool:
             # its count from the latest copy that covered it; if none did since it joined, any
