@@ -140,3 +140,18 @@ def test_a_read_without_query_result_is_not_a_race():
     evs[-1]["event_done"] = False
     (f,) = detect(evs)
     assert f.data["reasons"] == ["copy-not-complete"]
+
+
+def test_a_damaged_condense_makes_the_rows_unknown_not_a_crash():
+    """A condense record whose moves are not [req, old, new] (a damaged trace read with
+    --lenient passes the schema's list[list]): the rows it touched are unknown, so a read of
+    them is inconclusive, never clean and never a crash."""
+    evs = [{"ev": "batch.add", "pid": 1, "inst": "D", "req": r, "row": i} for i, r in enumerate("abc")]
+    evs += [{"ev": "d2h.issue", "pid": 1, "inst": "D", "rows": ["a", "b", "c"], "event": "e1"},
+            {"ev": "d2h.done", "pid": 1, "inst": "D", "event": "e1"},
+            {"ev": "batch.remove", "pid": 1, "inst": "D", "req": "b", "row": 1},
+            {"ev": "batch.condense", "pid": 1, "inst": "D", "moves": [[1]]},
+            {"ev": "acc.read", "pid": 1, "inst": "D", "step": 2, "req": "c", "row": 2, "value": 4,
+             "event": "e1", "event_done": True, "synced": True}]
+    (f,) = detect([dict(e, id=i) for i, e in enumerate(evs)])
+    assert (f.req, f.severity) == ("c", "inconclusive")

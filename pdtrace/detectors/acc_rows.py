@@ -49,10 +49,24 @@ def apply_move(labels: dict[int, Label], writer: dict[int, Event] | None, m: Eve
         if writer is not None:
             writer[a] = writer[b] = m
     elif k == "batch.condense":
-        for _req, old, new in m["moves"]:
+        moves = m["moves"]
+        if not all(valid_condense_move(x) for x in moves):
+            # a damaged record (read with --lenient): what the rows hold is no longer known
+            for r in list(labels):
+                labels[r] = UNKNOWN
+            for x in moves:
+                if isinstance(x, list) and len(x) == 3 and isinstance(x[2], int):
+                    labels[x[2]] = UNKNOWN
+            return
+        for _req, old, new in moves:
             labels[new] = labels.get(old, INITIAL)
             if writer is not None:
                 writer[new] = m
+
+
+def valid_condense_move(x: Any) -> bool:
+    """[request id, old row, new row], as hooks/input_batch.py records it."""
+    return isinstance(x, list) and len(x) == 3 and isinstance(x[1], int) and isinstance(x[2], int)
 
 
 def land(labels: dict[int, Label], writer: dict[int, Event] | None, issue: Event) -> None:

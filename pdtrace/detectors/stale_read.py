@@ -33,7 +33,7 @@ from itertools import compress, repeat
 from operator import eq, itemgetter
 from typing import Any
 
-from .acc_rows import INITIAL, UNKNOWN, Rows
+from .acc_rows import INITIAL, UNKNOWN, Rows, valid_condense_move
 from .base import SEVERITY_ERROR, SEVERITY_INCONCLUSIVE, SEVERITY_WARNING, STALE_ACCEPTED_COUNT_READ, Finding
 from .index import feed_all, kind_code
 
@@ -255,7 +255,7 @@ def _history(pid_moves: Any, issue: Event | None, row: Any, req: Any) -> list[di
                 hist.append({"event": m["id"], "op": "swap", "rows": [m["i1"], m["i2"]],
                              "reqs": [m["req1"], m["req2"]]})
         elif mk == "batch.condense":
-            mv = [list(x) for x in m["moves"] if x[0] == req or row in (x[1], x[2])]
+            mv = [list(x) for x in m["moves"] if valid_condense_move(x) and (x[0] == req or row in (x[1], x[2]))]
             if mv:
                 hist.append({"event": m["id"], "op": "condense", "moves": mv})
         elif m.get("row") == row or m.get("req") == req:
