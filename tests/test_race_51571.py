@@ -155,3 +155,31 @@ def test_a_damaged_condense_makes_the_rows_unknown_not_a_crash():
              "event": "e1", "event_done": True, "synced": True}]
     (f,) = detect([dict(e, id=i) for i, e in enumerate(evs)])
     assert (f.req, f.severity) == ("c", "inconclusive")
+
+
+@pytest.mark.parametrize("order", ["before", "after"])
+def test_the_viewer_acc_pane_gives_the_detector_verdict(tmp_path, order):
+    """The Accepted counts pane (viewers/tui/model_acc.py) on the recorded race, once the
+    detectors have run: C's read through its previous row is wrong when the copy landed before
+    the swap and right when it landed after; the pane's first look (rows at copy time, owner
+    now) would call both wrong, since C moved."""
+    from pdtrace.commands.view import open_source
+    from pdtrace.writer import write_trace
+    from viewers.tui import model
+
+    res, found, events = _run(order, False)
+    path = tmp_path / f"race-{order}.jsonl"
+    write_trace(str(path), {"ev": "trace.header", "schema": "pdtrace", "schema_version": 2, "origin": "scenario"},
+                [{k: v for k, v in e.items() if k != "id"} for e in events])
+    idx = open_source(path)
+    idx.build()
+    try:
+        (view,) = model.accepted(idx, 2, findings=found)
+        c = next(r for r in view.rows if r.req == "C")
+        assert (c.status == "ok") == (order == "after") == ("C" not in res["wrong"])
+        if order == "before":
+            assert c.status == "wrong-row,wrong-value" and c.finding is found[0]
+        (first_look,) = model.accepted(idx, 2)
+        assert "wrong-row" in next(r for r in first_look.rows if r.req == "C").status
+    finally:
+        idx.close()

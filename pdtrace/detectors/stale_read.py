@@ -153,10 +153,12 @@ class Stream:
         if all(map(is_right, labs)) and (own_ev is not None or landed or not unseen_copy):
             return
         issue = buf.pending if buf.pending is not None else self.last_issue.get(pid)
+        raced_other = False
         if not landed and (buf.pending is not None or ev_id):
             # event.query() False, no synchronize: the read raced the copy, whichever way it went
             verdict = "copy-not-complete"
             lab, writer = outcomes[-1]  # the copy not landed yet
+            raced_other = any(lb[0] in ("c", "a") and lb[1] != req for lb, _w in outcomes)
         elif any(map(is_right, labs)) or UNKNOWN in labs:
             verdict = "inconclusive"  # right at some possible landing point, wrong at another
             lab, writer = next(((lb, w) for lb, w in outcomes if not is_right(lb)), outcomes[0])
@@ -172,7 +174,7 @@ class Stream:
         if mapping is None and issue is not None:  # a trace from before the field: the row tells
             mapping = "prev" if req in issue["rows"] and issue["rows"].index(req) == row else "direct"
         own = buf.own.get(req) if own_ev is not None and issue is not None and issue.get("event") == own_ev else None
-        self.stale.append((e, pid, row, req, ev_id, issue, verdict, lab, writer, own,
+        self.stale.append((e, pid, row, req, ev_id, issue, verdict, raced_other, lab, writer, own,
                            _history(self.moves.get(pid, ()), issue, row, req), ranks, mapping))
         key = (e.get("inst"), req)
         if key not in self.truths:  # the truths of it kept so far (those after it follow)
@@ -290,7 +292,7 @@ def _writer_text(w: Event | None) -> str:
 
 
 def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req: Any, ev_id: Any,
-             issue: Event | None, verdict: str, lab: tuple, writer: Event | None, own: Any,
+             issue: Event | None, verdict: str, raced_other: bool, lab: tuple, writer: Event | None, own: Any,
              hist: list[dict], ranks: list, mapping: Any) -> Finding:
     truth = _truth_for(truths.get((e.get("inst"), req), []), e)
     tval = truth["value"] if truth is not None else None
@@ -303,6 +305,8 @@ def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req
         severity = SEVERITY_ERROR if verdict == "row-moved" else SEVERITY_WARNING
     reasons = {"row-moved": ["row-moved"], "copy-not-complete": ["copy-not-complete"],
                "inconclusive": ["landing-unknown"]}[verdict]
+    if raced_other:
+        reasons = ["row-moved", *reasons]  # raced, and had the copy landed the row held another request's count
     rows = issue["rows"] if issue is not None else []
     row_req_at_issue = rows[row] if isinstance(row, int) and 0 <= row < len(rows) else None
     issue_row_of_req = rows.index(req) if req in rows else None

@@ -378,7 +378,8 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
             else:
                 self.query_one(WindowPane).show(ws, req, self.step, fs, sel)
         elif tab == "acc":
-            views = model.accepted(index, self.step, self._trackers) if self.indexed else []
+            views = (model.accepted(index, self.step, self._trackers, self.findings if self.findings_done else None)
+                     if self.indexed else [])
             self.query_one(AcceptedPane).show(views, self.step, self._selection_findings("acc"), sel)
         elif tab == "meta":
             self.query_one(MetadataPane).show(model.metadata(index, self.step), self.step,

@@ -29,6 +29,7 @@ class AccRow:
     status: str  # ok, or a comma list of: stale, wrong-row, wrong-value
     event_ids: list[int]
     history: list[tuple[int, str]]  # (step, owner) changes of this row up to the read
+    finding: Any = None  # the stale-read finding on this read, once the detectors have run
 
     @property
     def bad(self) -> bool:
@@ -109,9 +110,31 @@ def acc_insts(index: TraceIndex) -> list[str]:
     return [name for ic, name in enumerate(index.inst_names) if (ic, code) in index.first_of_kind]
 
 
-def accepted(index: TraceIndex, step: int | None, trackers: dict[str, RowTracker] | None = None) -> list[AccView]:
+# the stale-read detector's reasons, as this pane's status tags
+_REASON_TAG = {"row-moved": "wrong-row", "copy-not-complete": "stale", "landing-unknown": "inconclusive"}
+
+
+def _verdicts(findings: list[Any]) -> dict[tuple, tuple[list[str], Any]]:
+    """(inst, req, step, row) -> (status tags, the finding) of the stale-read findings."""
+    out: dict[tuple, tuple[list[str], Any]] = {}
+    for f in findings:
+        if f.kind != "stale-accepted-count-read":
+            continue
+        tags = [_REASON_TAG.get(r, r) for r in f.data.get("reasons", ())]
+        if f.severity == "error":
+            tags.append("wrong-value")
+        out[(f.inst, f.req, f.step, f.data.get("row"))] = (tags, f)
+    return out
+
+
+def accepted(index: TraceIndex, step: int | None, trackers: dict[str, RowTracker] | None = None,
+             findings: list[Any] | None = None) -> list[AccView]:
+    """The reads at ``step``. With ``findings`` (the detectors have run), each read's verdict
+    is the stale-read detector's (it replays where each copy landed among the row moves); without,
+    a first look from the rows at copy time and the truth, until the detectors' findings arrive."""
     if step is None:
         return []
+    verdicts = _verdicts(findings) if findings is not None else None
     trackers = trackers if trackers is not None else {}
     views = []
     for inst in acc_insts(index):
@@ -136,19 +159,23 @@ def accepted(index: TraceIndex, step: int | None, trackers: dict[str, RowTracker
                 at_issue = rr[e["row"]] if 0 <= e["row"] < len(rr) else ""
             truth_ev = _truth(index, req, step)
             truth = truth_ev["value"] if truth_ev else None
-            bad = []
-            if e.get("event_done") is False and not e.get("synced"):
-                bad.append("stale")
-            if (at_issue is not None and at_issue != req) or owners.get(e["row"], req) != req:
-                bad.append("wrong-row")
-            if truth is not None and e["value"] != truth:
-                bad.append("wrong-value")
+            found = None
+            if verdicts is not None:
+                bad, found = verdicts.get((inst, req, step, e["row"]), ([], None))
+            else:
+                bad = []
+                if e.get("event_done") is False and not e.get("synced"):
+                    bad.append("stale")
+                if (at_issue is not None and at_issue != req) or owners.get(e["row"], req) != req:
+                    bad.append("wrong-row")
+                if truth is not None and e["value"] != truth:
+                    bad.append("wrong-value")
             status = ",".join(bad) or "ok"
             ids = [e["id"]] + [x["id"] for x in (iss, done, truth_ev) if x]
             rows.append(AccRow(e["row"], req, e["value"], truth, at_issue, owners.get(e["row"]),
                                iss["t"] if iss else None, done["t"] if done else None, e["t"],
                                e.get("event_done"), e.get("synced"), status, ids,
-                               [(s, o) for (r, s, o) in hist if r == e["row"]][-6:]))
+                               [(s, o) for (r, s, o) in hist if r == e["row"]][-6:], found))
         end = max(ords) + 1 if ords else 0
         owners_end, _ = tr.state_before(end)
         views.append(AccView(step, inst, rows, owners_end))

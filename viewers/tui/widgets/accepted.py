@@ -15,7 +15,7 @@ from rich.text import Text
 from .. import model
 from .base import BAD, OK, Pane, finding_footer, para
 
-TAGS = {"stale": "STALE", "wrong-row": "WRONG ROW", "wrong-value": "WRONG VALUE"}
+TAGS = {"stale": "STALE", "wrong-row": "WRONG ROW", "wrong-value": "WRONG VALUE", "inconclusive": "INCONCLUSIVE"}
 
 
 def _ns(t: int | None, base: int | None) -> str:
@@ -50,11 +50,22 @@ def reasons(r: model.AccRow) -> list[str]:
     out = []
     if "stale" in tags:
         out.append(f"STALE: read before the copy's event completed (event_done={r.event_done}, synced={r.synced})")
+    f = r.finding
     if "wrong-row" in tags:
-        held = r.owner_at_issue or r.owner_now
-        out.append(f"WRONG ROW: row {r.row} held {held} at copy time, not {r.req}")
+        held = (f.data.get("held") or []) if f is not None else []
+        if len(held) > 1 and held[1] != r.req:  # the detector's replay: whose count the row held when read
+            whose = f"{held[1]}'s 1 from add_request" if held[0] == "a" else f"{held[1]}'s count"
+            out.append(f"WRONG ROW: row {r.row} held {whose} when read, not {r.req}'s"
+                       + (f" (moved there by trace event {f.data['moved_by']})" if f.data.get("moved_by") else ""))
+        else:  # a read that raced its copy: the copy lands the count of the row's owner at copy time
+            out.append(f"WRONG ROW: row {r.row} held {r.owner_at_issue or r.owner_now} at copy time, not {r.req}")
+    if "inconclusive" in tags:
+        out.append("INCONCLUSIVE: the trace does not say whether the copy landed before or after a row move "
+                   "that decides this read")
     if "wrong-value" in tags:
-        out.append(f"WRONG VALUE: read {r.value}, authoritative value {r.truth}")
+        own = f.data.get("own") if f is not None else None
+        out.append(f"WRONG VALUE: read {r.value}, " + (f"the copy's own count {own}" if own is not None
+                                                       else f"authoritative value {r.truth}"))
     return out
 
 
