@@ -165,7 +165,7 @@ def test_the_viewer_acc_pane_gives_the_detector_verdict(tmp_path, order):
     now) would call both wrong, since C moved."""
     from pdtrace.commands.view import open_source
     from pdtrace.writer import write_trace
-    from viewers.tui import model
+    from pdtrace.viewers.tui import model
 
     res, found, events = _run(order, False)
     path = tmp_path / f"race-{order}.jsonl"
