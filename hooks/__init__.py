@@ -49,23 +49,36 @@ class HookSpec:
     # which model runner's code the target lives in: "v1" (vllm/v1/worker/gpu_model_runner.py and
     # what only it calls), "v2" (vllm/v1/worker/gpu/), "" (not runner code: it fires whichever runs)
     runner: str = ""
+    # other releases' forms of the same target, tried in order after (module, qualname, params):
+    # each (module, qualname, params) with a note of the releases it is; the hook's body reads only
+    # what every form passes in the same position. The first form that resolves is patched.
+    layouts: tuple[tuple[str, str, tuple[str, ...], str], ...] = ()
     # runtime state
     status: str = "pending"  # pending | applied | skipped
     reason: str = ""
     original: Any = None
     owner: Any = None
+    applied_form: "tuple[str, str, tuple[str, ...]] | None" = None  # the form patched (module, qualname, params)
+
+    def forms(self) -> list[tuple[str, str, tuple[str, ...]]]:
+        """(module, qualname, params) for the primary target, then each other release's layout."""
+        return [(self.module, self.qualname, self.params)] + [tuple(f[:3]) for f in self.layouts]  # type: ignore[misc]
 
 
 REGISTRY: dict[str, HookSpec] = {}
 _lock = threading.RLock()
-_armed: dict[str, list[HookSpec]] = {}  # module name -> specs waiting for its import
+_armed: dict[str, list[tuple[HookSpec, tuple]]] = {}  # module name -> (spec, form) waiting for its import
 _finder: "_PostImportFinder | None" = None
 
 
 def register(name: str, module: str, qualname: str, params: tuple[str, ...], wrap: Callable[[Callable], Callable],
-             *, doc: str = "", optional: bool = False, runner: str = "") -> HookSpec:
+             *, doc: str = "", optional: bool = False, runner: str = "",
+             layouts: tuple[tuple[str, str, tuple[str, ...], str], ...] = ()) -> HookSpec:
+    """Declare a hook. ``layouts``: the same target as other vLLM releases lay it out, each
+    ``(module, qualname, params, releases)``; tried in order after the primary one."""
     sub = name.split(".", 1)[0]
-    spec = HookSpec(name, module, qualname, tuple(params), wrap, sub, doc, optional, runner)
+    spec = HookSpec(name, module, qualname, tuple(params), wrap, sub, doc, optional, runner,
+                    tuple((m, q, tuple(p), r) for m, q, p, r in layouts))
     REGISTRY[name] = spec
     return spec
 
@@ -378,26 +391,26 @@ def _generate_exact(hook: str, orig: Callable, template: str, fns: dict[str, Any
 # resolving, checking and applying
 # ---------------------------------------------------------------------------------------
 
-def _resolve(spec: HookSpec, mod: Any) -> tuple[Any, str, Any]:
+def _resolve(module: str, qualname: str, mod: Any) -> tuple[Any, str, Any]:
     owner: Any = mod
-    parts = spec.qualname.split(".")
+    parts = qualname.split(".")
     for p in parts[:-1]:
         owner = getattr(owner, p, None)
         if owner is None:
-            raise LookupError(f"{spec.module} has no {'.'.join(parts[:-1])}")
+            raise LookupError(f"{module} has no {'.'.join(parts[:-1])}")
     attr = parts[-1]
     # look the attribute up in the class's own dict or its bases (patch where it is defined)
     if isinstance(owner, type):
         for klass in owner.__mro__:
             if attr in vars(klass):
                 return klass, attr, vars(klass)[attr]
-        raise LookupError(f"{spec.module}.{spec.qualname} does not exist")
+        raise LookupError(f"{module}.{qualname} does not exist")
     if not hasattr(owner, attr):
-        raise LookupError(f"{spec.module}.{spec.qualname} does not exist")
+        raise LookupError(f"{module}.{qualname} does not exist")
     return owner, attr, getattr(owner, attr)
 
 
-def _signature_problem(spec: HookSpec, fn: Any) -> str | None:
+def _signature_problem(params: tuple[str, ...], fn: Any) -> str | None:
     target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
     try:
         sig = inspect.signature(target)
@@ -406,41 +419,64 @@ def _signature_problem(spec: HookSpec, fn: Any) -> str | None:
     names = [p.name for p in sig.parameters.values()]
     if names and names[0] in ("self", "cls"):
         names = names[1:]
-    expected = list(spec.params)
+    expected = list(params)
     if names[: len(expected)] != expected:
         return f"signature drift: expected ({', '.join(expected)}, ...) got ({', '.join(names)})"
     return None
 
 
-def check(spec: HookSpec) -> tuple[str, str]:
-    """(status, reason) for a spec without patching: 'ok' | 'skipped'. Imports the target module."""
+# how far a form got before it failed: a later stage's reason says more than an earlier one's
+_IMPORT, _MISSING, _DRIFT = 0, 1, 2
+
+
+def _check_form(form: tuple[str, str, tuple[str, ...]]) -> tuple[int, str]:
+    module, qualname, params = form
     try:
-        mod = importlib.import_module(spec.module)
+        mod = importlib.import_module(module)
     except Exception as exc:
-        return "skipped", f"import {spec.module} failed: {type(exc).__name__}: {exc}"[:300]
+        return _IMPORT, f"import {module} failed: {type(exc).__name__}: {exc}"[:300]
     try:
-        _owner, _attr, fn = _resolve(spec, mod)
+        _owner, _attr, fn = _resolve(module, qualname, mod)
     except LookupError as exc:
-        return "skipped", f"missing target: {exc}"
-    prob = _signature_problem(spec, fn)
-    if prob:
-        return "skipped", prob
-    return "ok", ""
+        return _MISSING, f"missing target: {exc}"
+    prob = _signature_problem(params, fn)
+    return (_DRIFT, prob) if prob else (3, "")
 
 
-def _apply(spec: HookSpec, mod: Any) -> None:
+def check_form(spec: HookSpec) -> tuple[str, str, "tuple[str, str, tuple[str, ...]] | None"]:
+    """(status, reason, form) without patching: the first of the spec's forms (primary, then
+    ``layouts``) that resolves with a matching signature; else 'skipped' with the reason of the
+    form that got furthest (a signature drift says more than a module this release lacks)."""
+    best: tuple[int, str] | None = None
+    for form in spec.forms():
+        stage, reason = _check_form(form)
+        if stage == 3:
+            return "ok", "", form
+        if best is None or stage > best[0]:
+            best = (stage, reason)
+    return "skipped", best[1] if best else "no target", None
+
+
+def check(spec: HookSpec) -> tuple[str, str]:
+    """(status, reason) for a spec without patching: 'ok' | 'skipped'. Imports the target modules."""
+    status, reason, _form = check_form(spec)
+    return status, reason
+
+
+def _apply(spec: HookSpec, mod: Any, form: "tuple[str, str, tuple[str, ...]] | None" = None) -> None:
+    module, qualname, params = form or (spec.module, spec.qualname, spec.params)
     with _lock:
         if spec.status == "applied":
             return
         try:
-            owner, attr, fn = _resolve(spec, mod)
+            owner, attr, fn = _resolve(module, qualname, mod)
         except LookupError as exc:
             spec.status, spec.reason = "skipped", f"missing target: {exc}"
             return
         if getattr(fn, "__pdtrace_hook__", None):
-            spec.status, spec.reason = "applied", ""
+            spec.status, spec.reason, spec.applied_form = "applied", "", (module, qualname, params)
             return
-        prob = _signature_problem(spec, fn)
+        prob = _signature_problem(params, fn)
         if prob:
             spec.status, spec.reason = "skipped", prob
             return
@@ -450,7 +486,7 @@ def _apply(spec: HookSpec, mod: Any) -> None:
             spec.status, spec.reason = "skipped", f"cannot patch: {exc}"
             return
         spec.owner, spec.original = owner, fn
-        spec.status, spec.reason = "applied", ""
+        spec.status, spec.reason, spec.applied_form = "applied", "", (module, qualname, params)
     _report_status()
 
 
@@ -492,8 +528,8 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
             def exec_module(self, module: Any) -> None:
                 orig_exec(module)
-                for spec in _armed.pop(fullname, []):
-                    _apply(spec, module)
+                for spec, form in _armed.pop(fullname, []):
+                    _apply(spec, module, form)
 
         mspec.loader = _Loader()
         return mspec
@@ -515,15 +551,16 @@ def install_all() -> dict[str, Any]:
     load_subsystems()
     with _lock:
         for spec in REGISTRY.values():
-            if spec.status == "applied":
-                continue
-            mod = sys.modules.get(spec.module)
-            if mod is not None:
-                _apply(spec, mod)
-            else:
-                bucket = _armed.setdefault(spec.module, [])
-                if spec not in bucket:
-                    bucket.append(spec)
+            for form in spec.forms():
+                if spec.status == "applied":
+                    break
+                mod = sys.modules.get(form[0])
+                if mod is not None:
+                    _apply(spec, mod, form)
+                else:
+                    bucket = _armed.setdefault(form[0], [])
+                    if (spec, form) not in bucket:
+                        bucket.append((spec, form))
         if _armed and _finder is None:
             _finder = _PostImportFinder()
             sys.meta_path.insert(0, _finder)
@@ -537,12 +574,11 @@ def install_now() -> dict[str, Any]:
     for spec in REGISTRY.values():
         if spec.status == "applied":
             continue
-        try:
-            mod = importlib.import_module(spec.module)
-        except Exception as exc:
-            spec.status, spec.reason = "skipped", f"import {spec.module} failed: {type(exc).__name__}: {exc}"[:300]
+        _st, reason, form = check_form(spec)
+        if form is None:
+            spec.status, spec.reason = "skipped", reason
             continue
-        _apply(spec, mod)
+        _apply(spec, importlib.import_module(form[0]), form)
     _report_status()
     return status()
 
@@ -552,8 +588,10 @@ def uninstall_all() -> None:
     with _lock:
         for spec in REGISTRY.values():
             if spec.status == "applied" and spec.owner is not None:
-                setattr(spec.owner, spec.qualname.split(".")[-1], spec.original)
+                qual = (spec.applied_form or (spec.module, spec.qualname))[1]
+                setattr(spec.owner, qual.split(".")[-1], spec.original)
             spec.status, spec.reason, spec.owner, spec.original = "pending", "", None, None
+            spec.applied_form = None
         _armed.clear()
         if _finder is not None and _finder in sys.meta_path:
             sys.meta_path.remove(_finder)

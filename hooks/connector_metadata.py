@@ -263,10 +263,12 @@ _PROPOSE_PARAMS = ("num_speculative_tokens", "target_token_ids", "target_positio
 DRAFTER_SPEC = register(
     "connector_metadata.drafter_propose", PROPOSER_MODULE, "SpecDecodeBaseProposer.propose", _PROPOSE_PARAMS,
     around("connector_metadata.drafter_propose", _drafter_before, _phase_end(schema.PHASE_DRAFTER)),
-    doc="spec.phase drafter begin/end (EAGLE, DFlash, draft model)", runner="v1")
+    doc="spec.phase drafter begin/end (EAGLE, DFlash, draft model)", runner="v1",
+    layouts=((PROPOSER_MODULE, "SpecDecodeBaseProposer.propose", _PROPOSE_PARAMS[1:], "0.22.1-0.23.0 (no k)"),))
 DRAFTER_STEP3P5_SPEC = register(
     "connector_metadata.drafter_propose_step3p5", STEP3P5_MODULE, "Step3p5MTPProposer.propose", _PROPOSE_PARAMS,
     around("connector_metadata.drafter_propose_step3p5", _drafter_before, _phase_end(schema.PHASE_DRAFTER)),
-    doc="spec.phase drafter begin/end (Step3p5 MTP overrides propose)", optional=True, runner="v1")
+    doc="spec.phase drafter begin/end (Step3p5 MTP overrides propose)", optional=True, runner="v1",
+    layouts=((STEP3P5_MODULE, "Step3p5MTPProposer.propose", _PROPOSE_PARAMS[1:], "0.22.1-0.23.0 (no k)"),))
 
 SPECS = (*BASE_SPECS.values(), INIT_SPEC, TARGET_SPEC, DRAFTER_SPEC, DRAFTER_STEP3P5_SPEC)

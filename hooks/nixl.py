@@ -23,6 +23,7 @@ absent in 0.32.0, skipped without counting as a failure.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -35,6 +36,9 @@ BASE_WORKER_MOD = PKG + ".base_worker"
 PULL_WORKER_MOD = PKG + ".pull_worker"
 PUSH_WORKER_MOD = PKG + ".push_worker"
 OLD_MOD = "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"
+# vLLM 0.20.0-0.23.0: the nixl/ package before the pull/push split (one NixlConnector, one worker class)
+MID_WORKER_MOD = PKG + ".worker"
+MID = "0.20.0-0.23.0 (nixl/ package before the pull/push split)"
 
 
 def _groups(ids: Any) -> list[list[int]]:
@@ -132,10 +136,12 @@ def _rf_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any, 
 register("nixl.request_finished", CONN_MOD, "NixlBaseConnector.request_finished_all_groups",
          ("request", "block_ids"),
          around("nixl.request_finished", _rf_before, _rf_after, skip=_NO_TRANSFER),
+         layouts=((CONN_MOD, "NixlConnector.request_finished_all_groups", ("request", "block_ids"), MID),),
          doc="nixl.request_finished (HMA path, all KV cache groups)")
 register("nixl.request_finished_1g", CONN_MOD, "NixlBaseConnector.request_finished",
          ("request", "block_ids"),
          around("nixl.request_finished_1g", _rf_before, _rf_after, skip=_NO_TRANSFER),
+         layouts=((CONN_MOD, "NixlConnector.request_finished", ("request", "block_ids"), MID),),
          doc="nixl.request_finished (single-group path)")
 register("nixl.request_finished_old", OLD_MOD, "NixlConnector.request_finished",
          ("request", "block_ids"),
@@ -180,6 +186,8 @@ def _usa_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any,
 register("nixl.remote_alloc", CONN_MOD, "NixlBaseConnector.update_state_after_alloc",
          ("request", "blocks", "num_external_tokens"),
          around("nixl.remote_alloc", _usa_before, _usa_after, skip=_NO_TRANSFER),
+         layouts=((CONN_MOD, "NixlConnector.update_state_after_alloc", ("request", "blocks", "num_external_tokens"),
+                   MID),),
          doc="nixl.remote_alloc: D's local blocks vs P's reported blocks")
 
 
@@ -216,6 +224,12 @@ _trim_plain_before, _trim_region_before = _trim_before(False), _trim_before(True
 register("nixl.trim", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching",
          ("decode_block_ids", "prefill_block_ids", "decode_physical_per_logical", "prefill_physical_per_logical"),
          around("nixl.trim", _trim_plain_before, _trim_after),
+         # before 0.26 the trim took (local_block_ids, remote_block_ids, remote_physical_per_logical): the
+         # same two lists first (D's blocks, P's blocks), so the same before/after halves read them
+         layouts=((BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching",
+                   ("local_block_ids", "remote_block_ids"), "0.24.0-0.25.x"),
+                  (MID_WORKER_MOD, "NixlConnectorWorker._apply_prefix_caching",
+                   ("local_block_ids", "remote_block_ids"), "0.22.0-0.23.0 (the method appears in 0.22.0)")),
          doc="nixl.trim: which local/remote blocks pair up after prefix-cache trimming")
 register("nixl.trim_by_region", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching_by_region",
          ("decode_block_ids", "prefill_block_ids"),
@@ -301,6 +315,8 @@ def _read_after(rec: Any, st: Any, ok: Any, self: Any, read_spec: Any, dst_engin
 register("nixl.read", PULL_WORKER_MOD, "NixlPullConnectorWorker._read_blocks",
          ("read_spec", "dst_engine_id", "request_id", "remote_request_id"),
          around("nixl.read", _read_before, _read_after),
+         layouts=((MID_WORKER_MOD, "NixlConnectorWorker._read_blocks",
+                   ("read_spec", "dst_engine_id", "request_id", "remote_request_id"), MID),),
          doc="nixl.read: a READ was posted (local <- remote pairs after trimming)")
 register("nixl.read_old", OLD_MOD, "NixlConnectorWorker._read_blocks", (),
          around("nixl.read_old", lambda rec, self, *a, **kw: None, lambda rec, st, r, *a, **kw: None),
@@ -309,6 +325,13 @@ register("nixl.read_old", OLD_MOD, "NixlConnectorWorker._read_blocks", (),
 
 # --- get_transfer_results (completion, both sides) ---------------------------------------------------
 
+@dataclasses.dataclass
+class _Finished:
+    finished_sending: Any = None
+    finished_recving: Any = None
+    failed_recving: Any = None  # get_finished() reports failed loads through get_block_ids_with_load_errors
+
+
 def _tr_before(rec: Any, self: Any, *a: Any, **kw: Any) -> None:
     return None
 
@@ -316,6 +339,8 @@ def _tr_before(rec: Any, self: Any, *a: Any, **kw: Any) -> None:
 def _tr_after(rec: Any, _st: Any, res: Any, self: Any, *a: Any, **kw: Any) -> None:
     if res is None:
         return
+    if isinstance(res, tuple) and len(res) == 2:  # get_finished() (before 0.26): (done_sending, done_recving)
+        res = _Finished(finished_sending=res[0], finished_recving=res[1])
     inst = _worker_where(self, rec)
     now = time.monotonic_ns()
     issued = getattr(self, "_pdtrace_issue", None) or {}
@@ -333,4 +358,6 @@ def _tr_after(rec: Any, _st: Any, res: Any, self: Any, *a: Any, **kw: Any) -> No
 
 register("nixl.transfer_results", BASE_WORKER_MOD, "NixlBaseConnectorWorker.get_transfer_results", (),
          around("nixl.transfer_results", _tr_before, _tr_after),
+         layouts=((BASE_WORKER_MOD, "NixlBaseConnectorWorker.get_finished", (), "0.24.0-0.25.x"),
+                  (MID_WORKER_MOD, "NixlConnectorWorker.get_finished", (), MID)),
          doc="nixl.read_done (D) and nixl.send_done (P)")

@@ -261,6 +261,7 @@ def _free_before(rec: Any, self: Any, request: Any, *a: Any, **kw: Any) -> None:
 
 register("scheduler.free", SCHED_MOD, "Scheduler._free_request_blocks", ("request",),
          before("scheduler.free", _free_before),
+         layouts=((SCHED_MOD, "Scheduler._free_blocks", ("request",), "0.22.1-0.23.0: the free is inline there"),),
          doc="sched.free: blocks held just before the free")
 
 

@@ -181,10 +181,22 @@ def _propose_name(module: str, cls: str) -> str:
     return f"spec_v2.propose.{cls}"  # run-time ones (below) are "spec_v2.propose[module.Class]"
 
 
+# Where a release lays the same speculator out elsewhere (same propose parameters): EAGLE / MTP
+# were AutoRegressiveSpeculator (0.23.0-0.31.x) and EagleSpeculator (0.22.x) before the rename.
+_SPECULATOR_LAYOUTS: dict[str, tuple[tuple[str, str, tuple[str, ...], str], ...]] = {
+    "TargetDependentARSpeculator": (
+        (f"{SPEC_PKG}.autoregressive.speculator", "AutoRegressiveSpeculator.propose", PROPOSE_PARAMS,
+         "0.23.0-0.31.x"),
+        (f"{SPEC_PKG}.eagle.speculator", "EagleSpeculator.propose", PROPOSE_PARAMS, "0.22.x")),
+}
+# Only the EAGLE/MTP family is in every release with V2 speculative decoding; each other class is
+# in some releases only (DFlash from 0.24.0, ...): absent, it is optional, and whatever
+# init_speculator builds is patched at run time anyway (spec_v2.init_speculator below).
 PROPOSE: dict[str, HookSpec] = {
     cls: register(_propose_name(mod, cls), mod, f"{cls}.propose", PROPOSE_PARAMS,
                   _propose_wrap(_propose_name(mod, cls)),
-                  doc=f"spec.window per request + spec.phase drafter begin/end ({cls}, V2)", runner="v2")
+                  doc=f"spec.window per request + spec.phase drafter begin/end ({cls}, V2)", runner="v2",
+                  optional=cls not in _SPECULATOR_LAYOUTS, layouts=_SPECULATOR_LAYOUTS.get(cls, ()))
     for mod, cls in SPECULATORS
 }
 
@@ -227,7 +239,8 @@ def _patch_speculator(result: Any, *args: Any, **kwargs: Any) -> None:
 
 INIT_SPECULATOR = register(
     "spec_v2.init_speculator", RUNNER_MODULE, "init_speculator", ("vllm_config", "device", "req_states"),
-    patch_after("spec_v2.init_speculator", _patch_speculator), doc="patch the propose of a speculator class not listed in SPECULATORS", runner="v2")
+    patch_after("spec_v2.init_speculator", _patch_speculator), doc="patch the propose of a speculator class not listed in SPECULATORS", runner="v2",
+    layouts=((RUNNER_MODULE, "init_speculator", ("vllm_config", "device"), "0.22.1-0.25.x"),))
 
 
 def dynamic_specs() -> list[HookSpec]:

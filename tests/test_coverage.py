@@ -195,3 +195,18 @@ def test_findings_still_exit_1_when_classes_are_not_checked(tmp_path):
     assert r.exit_code == 1 and "1 finding(s)" in r.output and "2 bug class(es) not checked" in r.output
     tr = load(path)
     assert coverage(tr.events, tr.header, tr.footer)[LOOKAHEAD_MISALIGNMENT].status == CHECKED
+
+
+def test_class_blind_when_its_hook_module_failed_to_import():
+    """A hook module that does not import registers nothing: doctor must not call the classes it feeds
+    "recorded" (it did: the lookahead class read "recorded" with every nixl hook missing)."""
+    from pdtrace import hooks
+    from pdtrace.commands.doctor_coverage import class_coverage
+
+    hooks.load_subsystems()
+    rows = [{"hook": s.name, "status": "ok"} for s in hooks.REGISTRY.values() if not s.name.startswith("nixl.")]
+    rows.append({"hook": "nixl.*", "subsystem": "nixl", "status": "skipped"})
+    by_class = {c["class"]: c for c in class_coverage(rows)}
+    look = by_class["lookahead-block-misalignment"]
+    assert look["v1"].startswith("not checked") and "nixl.*" in look["v1"]
+    assert by_class["stale-accepted-count-read"]["v1"].startswith("recorded")

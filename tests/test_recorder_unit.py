@@ -97,7 +97,7 @@ def test_post_import_hook_patches_a_module_imported_later(tmp_path, monkeypatch)
     rec = Recorder.in_memory()
     prev = recorder.set_current(rec)
     try:
-        hooks._armed.setdefault("pdtrace_late_mod", []).append(spec)
+        hooks._armed.setdefault("pdtrace_late_mod", []).append((spec, spec.forms()[0]))
         finder = hooks._PostImportFinder()
         sys.meta_path.insert(0, finder)
         import pdtrace_late_mod  # noqa: F401  (the import applies the hook)

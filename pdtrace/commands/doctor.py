@@ -35,8 +35,9 @@ def _rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
                            "status": "skipped", "optional": False,
                            "reason": f"hook module failed to import: {type(exc).__name__}: {exc}"[:300]})
     for spec in hooks.REGISTRY.values():
-        status, reason = hooks.check(spec)
-        rows.append({"hook": spec.name, "subsystem": spec.subsystem, "target": f"{spec.module}:{spec.qualname}",
+        status, reason, form = hooks.check_form(spec)
+        module, qualname = form[:2] if form else (spec.module, spec.qualname)
+        rows.append({"hook": spec.name, "subsystem": spec.subsystem, "target": f"{module}:{qualname}",
                      "status": status, "optional": spec.optional, "reason": reason})
     order = {s: i for i, s in enumerate(hooks.SUBSYSTEMS)}
     rows.sort(key=lambda r: (order.get(r["subsystem"], 99), r["optional"], r["hook"]))

@@ -41,6 +41,8 @@ def class_coverage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from pdtrace.detectors.coverage import CLASSES, RUNNER_NAMES
 
     by_name = {r["hook"]: r for r in rows}
+    # a hook module that failed to import registered nothing: every class it would feed is blind
+    dead_subs = {r["subsystem"] for r in rows if r["hook"].endswith(".*") and r["status"] != "ok"}
     specs = {n: s for n, s in hooks.REGISTRY.items() if "[" not in n}  # no per-subclass dynamic specs
     out = []
     for kind, cls in CLASSES.items():
@@ -54,7 +56,8 @@ def class_coverage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                  **{r: _ok(by_name, n) and s.runner in ("", r) for r in RUNNERS}}
         for r in RUNNERS:
             broken = [n for n in feeding if n not in runner_side and not specs[n].optional
-                      and not _ok(by_name, n)]
+                      and specs[n].runner in ("", r) and not _ok(by_name, n)]
+            broken += sorted({f"{p.split('.', 1)[0]}.*" for p in cls.hooks if p.split(".", 1)[0] in dead_subs})
             fires = [n for n in runner_side if entry["hooks"][n][r]]
             rname = RUNNER_NAMES.get(r, r)
             if broken:

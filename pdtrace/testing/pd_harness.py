@@ -196,12 +196,11 @@ def install_scheduler_hooks() -> dict[str, str]:
         if spec.subsystem not in ("scheduler", "nixl"):
             continue
         if spec.status != "applied":
-            try:
-                mod = importlib.import_module(spec.module)
-            except Exception as exc:
-                spec.status, spec.reason = "skipped", f"import {spec.module} failed: {type(exc).__name__}"
+            _st, reason, form = hooks.check_form(spec)  # this release's layout of the target
+            if form is None:
+                spec.status, spec.reason = "skipped", reason
             else:
-                hooks._apply(spec, mod)
+                hooks._apply(spec, importlib.import_module(form[0]), form)
         out[spec.name] = spec.status
     return out
 
