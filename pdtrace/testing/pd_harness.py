@@ -1,4 +1,5 @@
-"""A P/D + speculative-decoding harness on REAL vLLM 0.32.0 scheduler code, on CPU.
+"""A P/D + speculative-decoding harness on REAL vLLM scheduler code, on CPU (0.32.0 in the main
+venv; 0.22.1-0.33.0 each in its own venv, ``pdtrace.testing.real_release``).
 
 What is real: ``vllm.v1.core.sched.scheduler.Scheduler`` (or ``AsyncScheduler``) for a
 prefill instance (kv_role ``kv_producer``) and a decode instance (``kv_consumer``), each
@@ -307,6 +308,10 @@ class PDResult:
     trim_remote: list[list[int]]  # _apply_prefix_caching output: P blocks (trim_local[g][i] <- trim_remote[g][i])
     d_first_alloc: dict | None  # sched.alloc event of D's first run step after the load
     faults: tuple[str, ...]
+    # read from vLLM's own KV cache managers, not from any hook (oracles): P's blocks when it
+    # finished (per group, in token order), D's blocks for the request after its allocation
+    p_blocks: list[list[int]] = dataclasses.field(default_factory=list)
+    d_blocks: list[list[int]] = dataclasses.field(default_factory=list)
 
     def of(self, kind: str, inst: str | None = None) -> list[dict]:
         return [e for e in self.events if e["ev"] == kind and (inst is None or e.get("inst") == inst)]
@@ -388,6 +393,9 @@ def _tokens_for(sched_out: Any, req_id: str, next_tok: int) -> dict[str, list[in
 def _step(sched: Any, req_id: str | None, next_tok: int, **kvo: Any) -> tuple[Any, dict]:
     out = sched.schedule()
     toks = _tokens_for(out, req_id, next_tok) if req_id else {}
+    req = sched.requests.get(req_id) if req_id else None
+    if toks and req is not None and req.num_computed_tokens < req.num_prompt_tokens:
+        toks = {req_id: []}  # a partial prefill chunk (schedule() already counted it): nothing sampled
     eco = sched.update_from_output(out, _mro(out, toks, **kvo))
     return out, eco
 
@@ -402,15 +410,29 @@ def _kv_params_from(eco: dict, req_id: str) -> dict | None:
 
 def _worker_for_trim(cfg: PDConfig, kv_cache_config: Any) -> Any:
     """A NixlPullConnectorWorker with only what ``_apply_prefix_caching`` reads."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    w = object.__new__(NixlPullConnectorWorker)
+    try:  # 0.24.0 on: the pull/push split
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker as cls
+    except ImportError:  # 0.22.0-0.23.0: one worker class in nixl/worker.py
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker as cls
+    w = object.__new__(cls)
+    w._physical_blocks_per_logical_kv_block = 1  # read by the hybrid branch of the pre-0.26 trim
     specs = [type(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
     w._has_mamba = any(issubclass(s, MambaSpec) for s in specs)
     w._group_spec_types = tuple(specs)
     w._pdtrace_inst = "D"  # read by the nixl.trim hook (a real worker takes the process's instance)
     return w
+
+
+def _trim(worker: Any, local: list, remote: list) -> tuple:
+    """The real ``_apply_prefix_caching`` of the installed release, one physical block per logical block:
+    (decode_block_ids, prefill_block_ids, decode_ppl, prefill_ppl) from 0.26, (local_block_ids,
+    remote_block_ids, remote_ppl) in 0.22.0-0.25.x."""
+    import inspect
+
+    n_extra = len(inspect.signature(worker._apply_prefix_caching).parameters) - 2
+    return worker._apply_prefix_caching(local, remote, *([1] * n_extra))
 
 
 def run_pd_request(
@@ -476,6 +498,7 @@ def run_pd_request(
                 break
         if params is None:
             raise RuntimeError("P did not finish the request / produced no kv_transfer_params")
+        p_blocks = [list(g) for g in pair.p.kv_cache_manager.get_block_ids(p_req)]  # held until send_done
 
         # --- D: add with P's params, schedule: remote alloc
         dr = _make_request(d_req, prompt, max(decode_steps + 1, 2), dict(params), cfg.block_size)
@@ -484,6 +507,7 @@ def run_pd_request(
         meta = out_d.kv_connector_metadata
         rmeta = getattr(meta, "reqs_to_recv", {}).get(d_req)
         pair.d.update_from_output(out_d, _mro(out_d, {}))
+        d_blocks = [list(g) for g in pair.d.kv_cache_manager.get_block_ids(d_req)]
         d_local = [list(g) for g in rmeta.local_block_ids] if rmeta is not None else []
         remote = [list(g) for g in rmeta.remote.block_ids] if rmeta is not None and rmeta.remote else \
             [list(g) for g in params.get("remote_block_ids") or []]
@@ -491,7 +515,7 @@ def run_pd_request(
         # --- D worker: the real _apply_prefix_caching (nixl.trim), simulated read
         worker = _worker_for_trim(cfg, pair.d.kv_cache_config)
         worker._pdtrace_cur_req = d_req
-        trim_local, trim_remote = worker._apply_prefix_caching(d_local, remote, 1, 1)
+        trim_local, trim_remote = _trim(worker, d_local, remote)
         trim_local = [list(g) for g in trim_local]
         trim_remote = [list(g) for g in trim_remote]
         worker._pdtrace_cur_req = None
@@ -529,7 +553,7 @@ def run_pd_request(
         p_allocated=rf[0]["allocated_block_ids"] if rf else [],
         p_reported=[list(g) for g in params.get("remote_block_ids") or []],
         d_local=d_local, trim_local=trim_local, trim_remote=trim_remote,
-        d_first_alloc=d_allocs[0] if d_allocs else None, faults=tuple(faults),
+        d_first_alloc=d_allocs[0] if d_allocs else None, faults=tuple(faults), p_blocks=p_blocks, d_blocks=d_blocks,
     )
 
 

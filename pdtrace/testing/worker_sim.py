@@ -338,12 +338,27 @@ class FakeCudaEvent:
 
 def make_input_batch(max_num_reqs: int = 16, *, k: int = 3, block_size: int = 16, max_model_len: int = 1024) -> Any:
     """A real vLLM ``InputBatch`` on CPU (device cpu, pin_memory as vLLM decides on CPU)."""
+    import inspect
+
     import torch
     from vllm.v1.worker.gpu_input_batch import InputBatch
 
+    import vllm.v1.worker.gpu_input_batch as gib
+
+    if getattr(gib, "PIN_MEMORY", False) and not torch.cuda.is_available():
+        # vLLM 0.22-0.25 fix PIN_MEMORY at import from the platform, which this CPU host's CUDA wheel
+        # leaves unresolved (pinned memory needs an accelerator): the InputBatch gets plain CPU tensors
+        gib.PIN_MEMORY = False
+    extra: dict = {}
+    params = inspect.signature(InputBatch.__init__).parameters
+    if "kernel_block_sizes" in params:  # vLLM 0.22-0.25
+        extra["kernel_block_sizes"] = [block_size]  # the attention kernel's block = the KV cache block
+    if "pin_memory" in params:  # vLLM 0.22-0.23: the caller says (the runner passes is_pin_memory_available())
+        extra["pin_memory"] = False
     return InputBatch(max_num_reqs=max_num_reqs, max_model_len=max_model_len, max_num_batched_tokens=max_model_len,
                       device=torch.device("cpu"), vocab_size=1000, block_sizes=[block_size],
-                      max_num_blocks_per_req=[(max_model_len + block_size - 1) // block_size], num_spec_tokens=k)
+                      max_num_blocks_per_req=[(max_model_len + block_size - 1) // block_size], num_spec_tokens=k,
+                      **extra)
 
 
 def make_request_state(req_id: str, prompt_len: int, block_ids: list[int] | None = None) -> Any:
