@@ -366,3 +366,34 @@ def test_packed_step_tokens_and_spec_come_back_as_the_schema_dicts(tmp_path):
         assert [e["spec"] for e in evs] == [{"a": 3, "b": 1}, {"c": 3}, {"a": 1}]
     assert events[2]["odd"] == "<odd>"
     assert recorder.unpack_step({"tokens": {"a": 1}}) == {"tokens": {"a": 1}}  # a dict stays as it is
+
+
+def test_a_hook_takes_another_releases_layout_when_its_own_is_absent(fake_target):
+    """HookSpec.layouts: the primary target is missing here (as NixlBaseConnector is before 0.24),
+    an older release's form (other class, other parameter names in the same positions) is patched,
+    check()/check_form() say so, and uninstall restores it."""
+    seen = []
+    spec = hooks.register("test.layout", fake_target.__name__, "NewEngine.step", ("count", "factor"),
+                          hooks.after("test.layout", lambda rec, result, self, n, *a, **kw: seen.append((n, result))),
+                          layouts=((fake_target.__name__, "Engine.step", ("n", "scale"), "older releases"),))
+    rec = Recorder.in_memory()
+    prev = recorder.set_current(rec)
+    orig = fake_target.Engine.step
+    try:
+        assert hooks.check_form(spec) == ("ok", "", (fake_target.__name__, "Engine.step", ("n", "scale")))
+        assert hooks.check(spec) == ("ok", "")
+        hooks.install_now()
+        assert spec.status == "applied" and spec.applied_form[1] == "Engine.step"
+        assert fake_target.Engine().step(3, scale=2) == 6 and seen == [(3, 6)]
+        # neither form fits: the reason is the furthest one's (a signature drift beats a missing class)
+        bad = hooks.register("test.layout_bad", fake_target.__name__, "NewEngine.step", ("count",),
+                             hooks.after("test.layout_bad", lambda *a, **kw: None),
+                             layouts=((fake_target.__name__, "Engine.step", ("m",), "older"),))
+        status, why = hooks.check(bad)
+        assert status == "skipped" and why.startswith("signature drift: expected (m, ...)")
+    finally:
+        hooks.uninstall_all()
+        recorder.set_current(prev)
+        hooks.REGISTRY.pop("test.layout", None)
+        hooks.REGISTRY.pop("test.layout_bad", None)
+    assert fake_target.Engine.step is orig
