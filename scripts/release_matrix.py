@@ -73,6 +73,8 @@ def _family(res: dict, name: str) -> str:
     fam = (res.get("families") or {}).get(name)
     if fam is None:
         return "not run"
+    if "not_run" in fam:
+        return "not run here (docs/releases.md)"
     n, fl, ex = fam["scenarios"], len(fam["flagged"]), len(fam["expected"])
     mark = "" if fam["flagged"] == fam["expected"] else " **MISMATCH**"
     return f"{fl} of {n} flagged, {ex} expected{mark}"
@@ -127,7 +129,9 @@ def document(runs: list[tuple[str, dict, dict]]) -> str:
             parts += ["", "| seed scenarios | scenarios | flagged | expected |", "| --- | --- | --- | --- |"]
             for name in FAMILIES:
                 fam = (res.get("families") or {}).get(name)
-                if fam:
+                if fam and "not_run" in fam:
+                    parts.append(f"| {name} | not run: {fam['not_run']} | | |")
+                elif fam:
                     parts.append(f"| {name} | {fam['scenarios']} | {', '.join(fam['flagged']) or '-'} | "
                                  f"{', '.join(fam['expected']) or '-'} |")
     return "\n".join(parts) + "\n"

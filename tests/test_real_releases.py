@@ -39,6 +39,18 @@ CARRIES = {
 }
 FIXED_FROM = (0, 25, 0)  # every seed fixed from 0.25.0 on
 
+# What pdtrace cannot see on a release, said here rather than skipped. 0.20-0.21 trim inline in
+# NixlConnectorWorker._read_blocks(local_block_ids, remote_block_ids, ...): no method returns the
+# trimmed pairs, so nixl.trim / nixl.read do not apply and the lookahead class is "not checked"
+# there (its older form only hits chunked prefills on those releases). Their V2 runner has no
+# MambaHybridModelState, so the V2 stale-read class has no hook to say it does not apply.
+GAPS = {
+    "0.20.0": {"skipped": {"nixl.read", "nixl.trim", "states_v2.acc_device"},
+               "classes": {("lookahead-block-misalignment", "v1"), ("lookahead-block-misalignment", "v2"),
+                           ("stale-accepted-count-read", "v2")},
+               "not_run": {"seed000-lookahead"}},
+}
+
 
 def _version() -> str:
     return real_release.vllm_version().split("+")[0]
@@ -57,15 +69,22 @@ def result(tmp_path_factory):
     return real_release.run(str(tmp_path_factory.mktemp("real_release")))
 
 
+def _gaps() -> dict:
+    return GAPS.get(_version(), {"skipped": set(), "classes": set(), "not_run": set()})
+
+
 def test_flagged_is_exactly_what_the_release_gets_wrong(result):
     for name, fam in result["families"].items():
         assert fam["flagged"] == fam["expected"], (name, fam)
+        assert ("not_run" in fam) == (name in _gaps()["not_run"]), (name, fam)
 
 
 def test_the_release_carries_the_seed_bugs_its_sources_say(result):
     carries = _carries(_version())
     for name, fam in result["families"].items():
-        if name in carries:
+        if "not_run" in fam:
+            assert name not in carries and fam["not_run"], (name, fam)  # never a carried bug left unrun
+        elif name in carries:
             assert fam["expected"], f"{name}: vLLM {_version()} carries it but no scenario hit it"
         else:
             assert fam["expected"] == [] and fam["flagged"] == [], (name, fam)
@@ -74,21 +93,28 @@ def test_the_release_carries_the_seed_bugs_its_sources_say(result):
 def test_doctor_records_every_class_here(result):
     """No required hook skipped on this release, and every bug class recorded under V1 (the
     runner these scenarios and every CPU host use) and recorded or not applicable under V2."""
-    assert result["doctor_skipped"] == []
+    gaps = _gaps()
+    assert set(result["doctor_skipped"]) == gaps["skipped"]
     from pdtrace.commands.doctor import _rows
     from pdtrace.commands.doctor_coverage import class_coverage
 
     rows, _broken = _rows()
     for c in class_coverage(rows):
-        assert c["v1"].startswith("recorded"), (c["class"], c["v1"])
-        assert c["v2"].startswith(("recorded", "does not apply")), (c["class"], c["v2"])
+        for runner, ok in (("v1", ("recorded",)), ("v2", ("recorded", "does not apply"))):
+            if (c["class"], runner) in gaps["classes"]:
+                assert c[runner].startswith("not checked"), (c["class"], runner, c[runner])
+            else:
+                assert c[runner].startswith(ok), (c["class"], runner, c[runner])
 
 
 def test_lookahead_oracle_counts_shifted_blocks(result):
     """The oracle itself: a D request is shifted exactly when P reported more blocks than its
     prompt fills (its lookahead blocks: a prompt ending within k tokens of a block boundary, on a
     release that reports them; never on a release that reports only computed blocks)."""
-    with open(result["families"]["seed000-lookahead"]["trace"].replace(".jsonl", ".cases.json")) as fh:
+    fam = result["families"]["seed000-lookahead"]
+    if "not_run" in fam:  # asserted above: only where GAPS says the release's trim cannot run here
+        return
+    with open(fam["trace"].replace(".jsonl", ".cases.json")) as fh:
         cases = json.load(fh)["cases"]
     for c in cases:
         f = c["facts"]

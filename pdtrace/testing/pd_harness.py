@@ -425,6 +425,18 @@ def _worker_for_trim(cfg: PDConfig, kv_cache_config: Any) -> Any:
     return w
 
 
+def has_trim_method() -> bool:
+    """Whether this vLLM's NIXL worker has ``_apply_prefix_caching`` (0.22.0 on)."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker as cls
+    except ImportError:
+        try:
+            from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker as cls
+        except ImportError:
+            return False
+    return hasattr(cls, "_apply_prefix_caching")
+
+
 def _trim(worker: Any, local: list, remote: list) -> tuple:
     """The real ``_apply_prefix_caching`` of the installed release, one physical block per logical block:
     (decode_block_ids, prefill_block_ids, decode_ppl, prefill_ppl) from 0.26, (local_block_ids,
@@ -514,17 +526,23 @@ def run_pd_request(
 
         # --- D worker: the real _apply_prefix_caching (nixl.trim), simulated read
         worker = _worker_for_trim(cfg, pair.d.kv_cache_config)
-        worker._pdtrace_cur_req = d_req
-        trim_local, trim_remote = _trim(worker, d_local, remote)
-        trim_local = [list(g) for g in trim_local]
-        trim_remote = [list(g) for g in trim_remote]
-        worker._pdtrace_cur_req = None
         d_step = getattr(pair.d, "_pdtrace_step", None)
-        rec.emit("nixl.read", req=d_req, step=d_step, inst="D", sim=True, local_block_ids=trim_local,
-                 remote_block_ids=trim_remote, bytes=0, handle=f"sim-{n}",
-                 remote_engine=str(params.get("remote_engine_id")), remote_req=p_req)
-        rec.emit("nixl.read_done", req=d_req, step=d_step, inst="D", sim=True, status="DONE",
-                 handle=f"sim-{n}", dur_ns=0)
+        trim_local, trim_remote = [], []
+        if has_trim_method():
+            worker._pdtrace_cur_req = d_req
+            trim_local, trim_remote = _trim(worker, d_local, remote)
+            trim_local = [list(g) for g in trim_local]
+            trim_remote = [list(g) for g in trim_remote]
+            worker._pdtrace_cur_req = None
+            rec.emit("nixl.read", req=d_req, step=d_step, inst="D", sim=True, local_block_ids=trim_local,
+                     remote_block_ids=trim_remote, bytes=0, handle=f"sim-{n}",
+                     remote_engine=str(params.get("remote_engine_id")), remote_req=p_req)
+            rec.emit("nixl.read_done", req=d_req, step=d_step, inst="D", sim=True, status="DONE",
+                     handle=f"sim-{n}", dur_ns=0)
+        else:  # 0.20-0.21 trim inline in _read_blocks, which needs a NIXL agent: no read is simulated
+            rec.emit("mark", label="no-trim", sim=True,
+                     detail="this vLLM has no _apply_prefix_caching (the trim is inline in _read_blocks): D's read "
+                            "is not simulated")
 
         # --- D: load finished, run, decode with spec tokens
         _step(pair.d, None, 0, finished_recving={d_req})

@@ -355,10 +355,11 @@ def make_input_batch(max_num_reqs: int = 16, *, k: int = 3, block_size: int = 16
         extra["kernel_block_sizes"] = [block_size]  # the attention kernel's block = the KV cache block
     if "pin_memory" in params:  # vLLM 0.22-0.23: the caller says (the runner passes is_pin_memory_available())
         extra["pin_memory"] = False
+    if "num_spec_tokens" in params:  # not in 0.20-0.21
+        extra["num_spec_tokens"] = k
     return InputBatch(max_num_reqs=max_num_reqs, max_model_len=max_model_len, max_num_batched_tokens=max_model_len,
                       device=torch.device("cpu"), vocab_size=1000, block_sizes=[block_size],
-                      max_num_blocks_per_req=[(max_model_len + block_size - 1) // block_size], num_spec_tokens=k,
-                      **extra)
+                      max_num_blocks_per_req=[(max_model_len + block_size - 1) // block_size], **extra)
 
 
 def make_request_state(req_id: str, prompt_len: int, block_ids: list[int] | None = None) -> Any:
