@@ -217,3 +217,21 @@ def test_lenient_check_of_a_cut_trace_calls_no_class_clean(tmp_path):
     warn = [ln for ln in r.stderr.splitlines() if ln.startswith("pdtrace: warning:")]
     assert warn and any("incomplete trace (" in ln and "no footer" in ln for ln in warn), r.stderr
     assert [ln for ln in rep.stderr.splitlines() if ln.startswith("pdtrace: warning:")] == warn
+
+
+def test_text_and_markdown_list_errors_before_warnings():
+    """A trace's errors come first in the text and markdown reports (on the H200 evidence, 14
+    errors were numbered among 79 warnings in step order); JSON keeps (step, kind)."""
+    from pdtrace.commands.check import by_severity
+    from pdtrace.detectors.base import Finding
+
+    def f(sev, step):
+        return Finding("stale-accepted-count-read", sev, f"r{step}", step, "D", [step], f"{sev} at {step}", "x")
+
+    found = [f("warning", 1), f("inconclusive", 2), f("error", 3), f("warning", 4), f("error", 5)]
+    assert [(x.severity, x.step) for x in by_severity(found)] == [
+        ("error", 3), ("error", 5), ("warning", 1), ("warning", 4), ("inconclusive", 2)]
+    trace = pathlib.Path(__file__).resolve().parent.parent / "sample_traces" / "stale_read_rowmoves_buggy.jsonl"
+    text = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(trace)], capture_output=True, text=True).stdout
+    heads = [ln.split()[1] for ln in text.splitlines() if ln.startswith("[")]
+    assert heads and heads == sorted(heads, key=["ERROR", "WARNING", "INCONCLUSIVE"].index), heads

@@ -33,7 +33,8 @@ checked and why (``pdtrace.detectors.coverage``). Formats:
       "coverage": {kind: {"kind", "status": "checked" | "not-applicable" | "not-checked",
                           "reason": str, "events": int, "hook_errors": {hook: int}}},
       "findings": [{"kind", "severity", "req", "step", "inst", "event_ids", "title",
-                    "explanation", "data"}, ...],   # sorted by (step, kind)
+                    "explanation", "data"}, ...],   # sorted by (step, kind); text and markdown
+                                                # list errors, then warnings, then inconclusive
       "what_if": {"rule": str, "requests": [...]}   # only with --what-if (see pdtrace.whatif)
     }
 
@@ -247,6 +248,16 @@ def text_width() -> int | None:
     return max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
 
 
+_SEVERITY_ORDER = {"error": 0, "warning": 1}
+
+
+def by_severity(findings: list[Finding]) -> list[Finding]:
+    """Errors first, then warnings, then inconclusive findings; each in trace order (step, kind).
+    The text and markdown reports read this way (a live trace's 14 errors were numbered among 79
+    warnings); JSON keeps (step, kind)."""
+    return sorted(findings, key=lambda f: _SEVERITY_ORDER.get(f.severity, 2))
+
+
 def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
                 cov: dict[str, Coverage] | None = None, width: int | None = None) -> str:
     """The text report: every line wrapped at ``width`` columns (``text_width()``: a
@@ -272,7 +283,7 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
             out += line(f"{k:<{kw}}  {c.line()}", width, "  ", " " * (2 + kw + 2))
         else:  # too narrow for the column: the verdict under the class
             out += ["  " + k] + _wrap(c.line(), width, "      ")
-    for n, f in enumerate(findings, 1):
+    for n, f in enumerate(by_severity(findings), 1):
         where = " ".join(x for x in (f"step{_NBSP}{f.step}" if f.step is not None else "",
                                       f"inst{_NBSP}{f.inst}" if f.inst else "", f"req{_NBSP}{f.req}" if f.req else "") if x)
         out.append("")
@@ -296,6 +307,7 @@ def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request:
     h = tr.header
     out = [f"## pdtrace check: {_summary_line(findings, cov)}", ""]
     if findings:
+        findings = by_severity(findings)
         out += ["| # | severity | kind | step | instance | request | summary |",
                 "| --- | --- | --- | --- | --- | --- | --- |"]
         for n, f in enumerate(findings, 1):
