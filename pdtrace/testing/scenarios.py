@@ -228,6 +228,31 @@ def _stale(fault: bool, row_moves: bool, grow: bool = False) -> Callable[[], Sce
     return build
 
 
+def _race(order: str, fix: bool) -> Callable[[], Scenario]:
+    """vLLM #51571 (open upstream): the align-mode copy lands before / after the step's row moves
+    (pdtrace.testing.race_sim: real InputBatch and reorder); oracle: each decode's value read against
+    its own count in the real buffer."""
+    def build() -> Scenario:
+        from pdtrace.testing import race_sim
+
+        pd = _pd()
+        rec = pd.new_recorder()
+        rec.set_role(role="worker", inst="D", why="worker simulation")
+        out = race_sim.run(rec, order, fix=fix)
+        rec.flush()
+        expected = [STALE_ACCEPTED_COUNT_READ] if out["wrong"] else []
+        return Scenario("", "", list(rec.events), expected, {
+            "real": ["InputBatch add_request/remove_request/condense/swap_states and "
+                     "reorder_batch_to_split_decodes_and_prefills on CPU"],
+            "simulated": ["the align postprocess's D2H copy and its CUDA event (landing " + order + " the row "
+                          "moves), the accepted-count branch of _prepare_inputs as vLLM 0.32.0 has it"],
+            "faults": ["#51599 approach (labelled, not merged upstream): the copy goes to a runner-owned "
+                       "snapshot rows do not move"] if fix else [],
+            "facts": {"order": order, "rows": out["rows"], "reads": out["reads"], "wrong": out["wrong"]},
+        }, _unrecorded(STALE_ACCEPTED_COUNT_READ, hybrid=True) + [LOOKAHEAD_MISALIGNMENT])
+    return build
+
+
 SCHED_KINDS = ("sched.config", "sched.step", "req.add", "req.finish", "sched.alloc", "sched.free")
 NIXL_HOOK_KINDS = ("nixl.request_finished", "nixl.remote_alloc", "nixl.trim")
 
@@ -406,6 +431,14 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
                                       _stale(True, True, grow=True)),
     "stale_read_batch_growth_fixed": ("the same batch growth on the synchronized path (vLLM 0.32.0): the fresh rows "
                                       "are not stale reads", _stale(False, True, grow=True)),
+    # vLLM #51571, open upstream (0.23-0.33 align mode): where the copy lands decides the read
+    "race_51571_lands_before_moves_buggy": ("hybrid align mode, async: the accepted-count copy lands before the "
+                                            "reorder swaps a decode with a new request; the decode reads the new "
+                                            "request's 1 through its previous row", _race("before", False)),
+    "race_51571_lands_after_moves_fixed": ("the same step when the copy lands after the row moves (at the "
+                                           "synchronize): every read is its own count", _race("after", False)),
+    "race_51571_snapshot_fixed": ("the same step with vLLM PR #51599's approach (labelled): the copy lands in a "
+                                  "runner-owned snapshot; the read is right", _race("before", True)),
     # issue 19: two schedulers per role in one process reusing request ids
     "reused_ids_two_pairs_buggy": ("two P/D pairs in one process (block 16 and 32), both with request id "
                                    "'id-1'; pair 1 under the pre-fix P rule", _reused_ids(True)),
