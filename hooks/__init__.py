@@ -53,6 +53,8 @@ class HookSpec:
     # each (module, qualname, params) with a note of the releases it is; the hook's body reads only
     # what every form passes in the same position. The first form that resolves is patched.
     layouts: tuple[tuple[str, str, tuple[str, ...], str], ...] = ()
+    # a layout whose arguments differ in position has its own recording wrap: (module, qualname) -> wrap
+    layout_wraps: dict = dataclasses.field(default_factory=dict)
     # runtime state
     status: str = "pending"  # pending | applied | skipped
     reason: str = ""
@@ -73,12 +75,14 @@ _finder: "_PostImportFinder | None" = None
 
 def register(name: str, module: str, qualname: str, params: tuple[str, ...], wrap: Callable[[Callable], Callable],
              *, doc: str = "", optional: bool = False, runner: str = "",
-             layouts: tuple[tuple[str, str, tuple[str, ...], str], ...] = ()) -> HookSpec:
+             layouts: tuple[tuple, ...] = ()) -> HookSpec:
     """Declare a hook. ``layouts``: the same target as other vLLM releases lay it out, each
-    ``(module, qualname, params, releases)``; tried in order after the primary one."""
+    ``(module, qualname, params, releases)`` or ``(..., releases, wrap)`` when that form's
+    arguments need their own recording wrap; tried in order after the primary one."""
     sub = name.split(".", 1)[0]
     spec = HookSpec(name, module, qualname, tuple(params), wrap, sub, doc, optional, runner,
-                    tuple((m, q, tuple(p), r) for m, q, p, r in layouts))
+                    tuple((lay[0], lay[1], tuple(lay[2]), lay[3]) for lay in layouts),
+                    {(lay[0], lay[1]): lay[4] for lay in layouts if len(lay) > 4})
     REGISTRY[name] = spec
     return spec
 
@@ -481,7 +485,7 @@ def _apply(spec: HookSpec, mod: Any, form: "tuple[str, str, tuple[str, ...]] | N
             spec.status, spec.reason = "skipped", prob
             return
         try:
-            setattr(owner, attr, spec.wrap(fn))
+            setattr(owner, attr, spec.layout_wraps.get((module, qualname), spec.wrap)(fn))
         except Exception as exc:
             spec.status, spec.reason = "skipped", f"cannot patch: {exc}"
             return

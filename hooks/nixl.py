@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from types import SimpleNamespace
 from typing import Any
 
 from . import around, register
@@ -39,6 +40,7 @@ OLD_MOD = "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"
 # vLLM 0.20.0-0.23.0: the nixl/ package before the pull/push split (one NixlConnector, one worker class)
 MID_WORKER_MOD = PKG + ".worker"
 MID = "0.20.0-0.23.0 (nixl/ package before the pull/push split)"
+INLINE = "0.20.0-0.21.x (the trim is inline in _read_blocks)"
 
 
 def _groups(ids: Any) -> list[list[int]]:
@@ -221,6 +223,30 @@ def _trim_before(by_region: bool):
 _trim_plain_before, _trim_region_before = _trim_before(False), _trim_before(True)
 
 
+def _descs_before(rec: Any, self: Any, engine_id: str, block_ids: Any, *a: Any, **kw: Any) -> Any:
+    if getattr(self, "_pdtrace_read_in", None) is None:
+        return None  # not inside _read_blocks (registration, other callers)
+    return engine_id, _groups(block_ids)
+
+
+def _descs_after(rec: Any, st: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
+    if st is None or result is None:
+        return
+    engine_id, blocks = st
+    if engine_id != getattr(self, "engine_id", None):
+        self._pdtrace_descs_remote = blocks  # the remote list, trimmed
+        return
+    remote = getattr(self, "_pdtrace_descs_remote", None)
+    local_in, remote_in = self._pdtrace_read_in
+    if remote is None:
+        return
+    self._pdtrace_descs_remote = None
+    self._pdtrace_last_trim = (blocks, remote)
+    rec.emit("nixl.trim", req=getattr(self, "_pdtrace_cur_req", None), inst=_worker_where(self, rec),
+             local_in=local_in, remote_in=remote_in, local_out=blocks, remote_out=remote,
+             mamba=bool(getattr(self, "_has_mamba", False)), inline=True)
+
+
 register("nixl.trim", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching",
          ("decode_block_ids", "prefill_block_ids", "decode_physical_per_logical", "prefill_physical_per_logical"),
          around("nixl.trim", _trim_plain_before, _trim_after),
@@ -229,7 +255,10 @@ register("nixl.trim", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_ca
          layouts=((BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching",
                    ("local_block_ids", "remote_block_ids"), "0.24.0-0.25.x"),
                   (MID_WORKER_MOD, "NixlConnectorWorker._apply_prefix_caching",
-                   ("local_block_ids", "remote_block_ids"), "0.22.0-0.23.0 (the method appears in 0.22.0)")),
+                   ("local_block_ids", "remote_block_ids"), "0.22.0-0.23.0 (the method appears in 0.22.0)"),
+                  (MID_WORKER_MOD, "NixlConnectorWorker._get_block_descs_ids", ("engine_id", "block_ids"),
+                   INLINE + ": the trimmed lists reach the descriptor ids", around("nixl.trim", _descs_before,
+                                                                                   _descs_after))),
          doc="nixl.trim: which local/remote blocks pair up after prefix-cache trimming")
 register("nixl.trim_by_region", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching_by_region",
          ("decode_block_ids", "prefill_block_ids"),
@@ -312,11 +341,34 @@ def _read_after(rec: Any, st: Any, ok: Any, self: Any, read_spec: Any, dst_engin
              remote_engine=str(st["eng"]), remote_req=str(st["rreq"]))
 
 
+# vLLM 0.20.0-0.21.x: _read_blocks(local_block_ids, remote_block_ids, dst_engine_id, request_id,
+# remote_request_id, ...) trims inline (no _apply_prefix_caching yet); the trimmed lists are what it
+# hands _get_block_descs_ids, remote first (dst_engine_id), then local (its own engine id).
+
+
+def _read_before_inline(rec: Any, self: Any, local_block_ids: Any, remote_block_ids: Any, dst_engine_id: str,
+                        request_id: str, remote_request_id: str, *a: Any, **kw: Any) -> dict:
+    spec = SimpleNamespace(local_block_ids=local_block_ids, remote_block_ids=remote_block_ids)
+    self._pdtrace_read_in = (_groups(local_block_ids), _groups(remote_block_ids))
+    self._pdtrace_descs_remote = None
+    return _read_before(rec, self, spec, dst_engine_id, request_id, remote_request_id)
+
+
+def _read_after_inline(rec: Any, st: Any, ok: Any, self: Any, local_block_ids: Any, remote_block_ids: Any,
+                       dst_engine_id: str, request_id: str, *a: Any, **kw: Any) -> None:
+    self._pdtrace_read_in = None
+    spec = st["spec"] if st else None
+    _read_after(rec, st, ok, self, spec, dst_engine_id, request_id)
+
+
 register("nixl.read", PULL_WORKER_MOD, "NixlPullConnectorWorker._read_blocks",
          ("read_spec", "dst_engine_id", "request_id", "remote_request_id"),
          around("nixl.read", _read_before, _read_after),
          layouts=((MID_WORKER_MOD, "NixlConnectorWorker._read_blocks",
-                   ("read_spec", "dst_engine_id", "request_id", "remote_request_id"), MID),),
+                   ("read_spec", "dst_engine_id", "request_id", "remote_request_id"), MID),
+                  (MID_WORKER_MOD, "NixlConnectorWorker._read_blocks",
+                   ("local_block_ids", "remote_block_ids", "dst_engine_id", "request_id", "remote_request_id"),
+                   INLINE, around("nixl.read", _read_before_inline, _read_after_inline))),
          doc="nixl.read: a READ was posted (local <- remote pairs after trimming)")
 register("nixl.read_old", OLD_MOD, "NixlConnectorWorker._read_blocks", (),
          around("nixl.read_old", lambda rec, self, *a, **kw: None, lambda rec, st, r, *a, **kw: None),

@@ -239,6 +239,8 @@ _KINDS: tuple[Kind, ...] = (
           required=False),
         F("remote_req", "str", "push mode: D's request id (req is P's)", required=False),
         F("by_region", "bool", "true: the region-layout trim (per KV region, not per group)", required=False),
+        F("inline", "bool", "true: vLLM 0.20-0.21, whose _read_blocks trims inline: the out lists are the ones "
+          "it handed _get_block_descs_ids", required=False),
     ), hook="nixl"),
     Kind("nixl.read", "D side: a NIXL read was issued.", (
         F("local_block_ids", "list[list[int]]", "destination (local) blocks"),

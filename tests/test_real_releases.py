@@ -28,27 +28,23 @@ pytest.importorskip("vllm")
 from pdtrace.testing import real_release  # noqa: E402
 
 # From the released sources (../shared/vllm-releases.md), not from a run: the families a release's
-# code gets wrong. seed000 in 0.22.1 is the chunked-prefill form (a later chunk allocates lookahead
-# while the first schedule's zeroing covers single-chunk prompts); found by this suite, not listed
-# there as tested.
+# code gets wrong. seed000 in 0.20.0 and 0.22.1 is the chunked-prefill form (a later chunk
+# allocates lookahead while the first schedule's zeroing covers single-chunk prompts): that file
+# lists 0.16.0-0.22.1 as partial, "not tested"; this suite found it.
 CARRIES = {
-    "0.20.0": {"seed003-dflash", "seed004-stale"},
+    "0.20.0": {"seed000-lookahead", "seed003-dflash", "seed004-stale"},
     "0.22.1": {"seed000-lookahead", "seed003-dflash", "seed004-stale"},
     "0.23.0": {"seed000-lookahead", "seed004-stale"},
     "0.24.0": {"seed000-lookahead"},
 }
 FIXED_FROM = (0, 25, 0)  # every seed fixed from 0.25.0 on
 
-# What pdtrace cannot see on a release, said here rather than skipped. 0.20-0.21 trim inline in
-# NixlConnectorWorker._read_blocks(local_block_ids, remote_block_ids, ...): no method returns the
-# trimmed pairs, so nixl.trim / nixl.read do not apply and the lookahead class is "not checked"
-# there (its older form only hits chunked prefills on those releases). Their V2 runner has no
-# MambaHybridModelState, so the V2 stale-read class has no hook to say it does not apply.
+# What pdtrace cannot see on a release, said here rather than skipped. 0.20-0.21's V2 runner has
+# no MambaHybridModelState (the hook that says the stale-read class does not apply on V2), so that
+# class is "not checked" under V2 there.
 GAPS = {
-    "0.20.0": {"skipped": {"nixl.read", "nixl.trim", "states_v2.acc_device"},
-               "classes": {("lookahead-block-misalignment", "v1"), ("lookahead-block-misalignment", "v2"),
-                           ("stale-accepted-count-read", "v2")},
-               "not_run": {"seed000-lookahead"}},
+    "0.20.0": {"skipped": {"states_v2.acc_device"}, "classes": {("stale-accepted-count-read", "v2")},
+               "not_run": set()},
 }
 
 

@@ -437,6 +437,60 @@ def has_trim_method() -> bool:
     return hasattr(cls, "_apply_prefix_caching")
 
 
+def has_inline_trim() -> bool:
+    """Whether this vLLM's NIXL worker trims inside ``_read_blocks(local_block_ids, remote_block_ids, ...)``
+    (0.20.0-0.21.x)."""
+    import inspect
+
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker as cls
+    except ImportError:
+        return False
+    return list(inspect.signature(cls._read_blocks).parameters)[1:3] == ["local_block_ids", "remote_block_ids"]
+
+
+def _inline_read(cfg: PDConfig, kv_cache_config: Any, local: list, remote: list, d_req: str, p_req: str,
+                 remote_engine: str, rec: Recorder) -> tuple[list, list]:
+    """Run the release's real ``NixlConnectorWorker._read_blocks`` (0.20-0.21), hooks on, on a worker
+    built with ``object.__new__`` and given what that method reads; the NIXL agent is a stand-in that
+    keeps the descriptor ids the release computed (one region: a descriptor id is the block id) and
+    posts nothing. Returns the (local, remote) block lists the release read, per group, as it
+    handed them to NIXL, not as any hook saw them."""
+    import collections
+    from types import SimpleNamespace
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker
+
+    from pdtrace.testing import worker_sim as ws
+
+    posted: list[tuple] = []
+
+    def make_prepped_xfer(op: str, local_handle: Any, local_descs: Any, remote_handle: Any, remote_descs: Any,
+                          notif_msg: Any = None) -> int:
+        posted.append(([int(x) for x in local_descs], [int(x) for x in remote_descs]))
+        return len(posted)
+
+    n_groups = len(kv_cache_config.kv_cache_groups)
+    w = object.__new__(NixlConnectorWorker)
+    w.__dict__.update(
+        transfer_topo=SimpleNamespace(get_engine_info=lambda e: SimpleNamespace(remote_block_size=cfg.block_size),
+                                      block_size_ratio=lambda b: 1),
+        world_size=1, kv_cache_config=kv_cache_config, _is_mamba_group=[False] * n_groups, _is_hma_required=False,
+        _has_mamba=False, num_regions=1, engine_id="pdtrace-D-local",
+        dst_num_blocks={remote_engine: cfg.num_blocks, "pdtrace-D-local": cfg.num_blocks},
+        nixl_wrapper=SimpleNamespace(make_prepped_xfer=make_prepped_xfer, transfer=lambda h: None,
+                                     send_notif=lambda *a, **k: None, release_xfer_handle=lambda h: None),
+        _recving_transfers=collections.defaultdict(list), _pdtrace_inst="D")
+    with ws._simulated(rec):  # the READ itself is not real: its events are marked sim
+        w._read_blocks(local, remote, remote_engine, d_req, p_req, 0, 0, 0)
+    if not posted:
+        return [[] for _ in local], [[] for _ in remote]
+    loc, rem = posted[-1]
+    if n_groups != 1:
+        raise RuntimeError("the inline-trim harness handles one KV cache group")
+    return [loc], [rem]
+
+
 def _trim(worker: Any, local: list, remote: list) -> tuple:
     """The real ``_apply_prefix_caching`` of the installed release, one physical block per logical block:
     (decode_block_ids, prefill_block_ids, decode_ppl, prefill_ppl) from 0.26, (local_block_ids,
@@ -539,10 +593,15 @@ def run_pd_request(
                      remote_engine=str(params.get("remote_engine_id")), remote_req=p_req)
             rec.emit("nixl.read_done", req=d_req, step=d_step, inst="D", sim=True, status="DONE",
                      handle=f"sim-{n}", dur_ns=0)
-        else:  # 0.20-0.21 trim inline in _read_blocks, which needs a NIXL agent: no read is simulated
+        elif has_inline_trim():  # 0.20-0.21: the release's own _read_blocks, trimming inline
+            trim_local, trim_remote = _inline_read(cfg, pair.d.kv_cache_config, d_local, remote, d_req, p_req,
+                                                   str(params.get("remote_engine_id")), rec)
+            rec.emit("nixl.read_done", req=d_req, step=d_step, inst="D", sim=True, status="DONE",
+                     handle=f"sim-{n}", dur_ns=0)
+        else:
             rec.emit("mark", label="no-trim", sim=True,
-                     detail="this vLLM has no _apply_prefix_caching (the trim is inline in _read_blocks): D's read "
-                            "is not simulated")
+                     detail="this vLLM has neither _apply_prefix_caching nor the inline trim of _read_blocks: D's "
+                            "read is not simulated")
 
         # --- D: load finished, run, decode with spec tokens
         _step(pair.d, None, 0, finished_recving={d_req})

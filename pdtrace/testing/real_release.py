@@ -11,7 +11,8 @@ flagged: the requests ``check`` reports (errors); expected: the requests the rel
 wrong, from an oracle that never looks at a trace or a detector:
 
 - seed 000/001 (lookahead blocks, P/D + EAGLE): real Scheduler / KVCacheManager / NIXL connector
-  scheduler side on a P and a D instance, the release's own ``_apply_prefix_caching``. Oracle:
+  scheduler side on a P and a D instance, the release's own ``_apply_prefix_caching`` (0.20-0.21:
+  its ``_read_blocks``, which trims inline, with the NIXL agent a stand-in). Oracle:
   P block i holds tokens [i*B, (i+1)*B) (P's block list read from P's KVCacheManager when it
   finished), D's local block j holds tokens [j*B, ...) (D's list from D's manager); a D request is
   wrong when the release's trim pairs some D block with a P block of other tokens. Prompts
@@ -92,9 +93,9 @@ def lookahead_family() -> tuple[list[dict], list[dict]]:
     """(events, cases): every run of LOOKAHEAD_RUNS; a case per D request."""
     from pdtrace.testing import pd_harness as pd
 
-    if not pd.has_trim_method():
-        raise NotRunnable("this release trims inline in NixlConnectorWorker._read_blocks (0.20-0.21: no "
-                          "_apply_prefix_caching), which needs a NIXL agent and registered KV caches to run")
+    if not (pd.has_trim_method() or pd.has_inline_trim()):
+        raise NotRunnable("this release has neither _apply_prefix_caching (0.22 on) nor the inline trim of "
+                          "NixlConnectorWorker._read_blocks (0.20-0.21) that the harness runs")
     events: list[dict] = []
     cases = []
     for k, mnbt, prompts in LOOKAHEAD_RUNS:
