@@ -264,7 +264,9 @@ DRAFTER_SPEC = register(
     "connector_metadata.drafter_propose", PROPOSER_MODULE, "SpecDecodeBaseProposer.propose", _PROPOSE_PARAMS,
     around("connector_metadata.drafter_propose", _drafter_before, _phase_end(schema.PHASE_DRAFTER)),
     doc="spec.phase drafter begin/end (EAGLE, DFlash, draft model)", runner="v1",
-    layouts=((PROPOSER_MODULE, "SpecDecodeBaseProposer.propose", _PROPOSE_PARAMS[1:], "0.22.1-0.23.0 (no k)"),))
+    layouts=((PROPOSER_MODULE, "SpecDecodeBaseProposer.propose", _PROPOSE_PARAMS[1:], "0.22.1-0.23.0 (no k)"),
+             ("vllm.v1.spec_decode.eagle", "EagleProposer.propose", _PROPOSE_PARAMS[1:],
+              "0.19.x-0.21.x (no llm_base_proposer yet)")))
 DRAFTER_STEP3P5_SPEC = register(
     "connector_metadata.drafter_propose_step3p5", STEP3P5_MODULE, "Step3p5MTPProposer.propose", _PROPOSE_PARAMS,
     around("connector_metadata.drafter_propose_step3p5", _drafter_before, _phase_end(schema.PHASE_DRAFTER)),

@@ -17,8 +17,10 @@ minimal caller, see tests/test_hooks_nixl.py):
 - ``base_worker.NixlBaseConnectorWorker.get_transfer_results``  -> ``nixl.read_done`` / ``nixl.send_done``
   (push mode's override calls it through ``super()``; ``get_finished`` calls it too).
 
-Older vLLM layouts (single-file ``nixl_connector.py``) are registered as optional hooks:
-absent in 0.32.0, skipped without counting as a failure.
+Older vLLM layouts are other forms of the same hooks (``HookSpec.layouts``): the nixl/ package
+before the pull/push split (0.20-0.23), the trim's older signature (0.22-0.25), the inline trim of
+``_read_blocks`` observed at its ``_get_block_descs_ids`` calls (0.20-0.21), and the one-file
+``nixl_connector.py`` (0.19.x). docs/releases.md lists the target each release takes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ OLD_MOD = "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector"
 MID_WORKER_MOD = PKG + ".worker"
 MID = "0.20.0-0.23.0 (nixl/ package before the pull/push split)"
 INLINE = "0.20.0-0.21.x (the trim is inline in _read_blocks)"
+OLD = "0.19.x and earlier (one file, nixl_connector.py; the trim inline in _read_blocks)"
 
 
 def _groups(ids: Any) -> list[list[int]]:
@@ -138,17 +141,15 @@ def _rf_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any, 
 register("nixl.request_finished", CONN_MOD, "NixlBaseConnector.request_finished_all_groups",
          ("request", "block_ids"),
          around("nixl.request_finished", _rf_before, _rf_after, skip=_NO_TRANSFER),
-         layouts=((CONN_MOD, "NixlConnector.request_finished_all_groups", ("request", "block_ids"), MID),),
+         layouts=((CONN_MOD, "NixlConnector.request_finished_all_groups", ("request", "block_ids"), MID),
+                  (OLD_MOD, "NixlConnector.request_finished_all_groups", ("request", "block_ids"), OLD)),
          doc="nixl.request_finished (HMA path, all KV cache groups)")
 register("nixl.request_finished_1g", CONN_MOD, "NixlBaseConnector.request_finished",
          ("request", "block_ids"),
          around("nixl.request_finished_1g", _rf_before, _rf_after, skip=_NO_TRANSFER),
-         layouts=((CONN_MOD, "NixlConnector.request_finished", ("request", "block_ids"), MID),),
+         layouts=((CONN_MOD, "NixlConnector.request_finished", ("request", "block_ids"), MID),
+                  (OLD_MOD, "NixlConnector.request_finished", ("request", "block_ids"), OLD)),
          doc="nixl.request_finished (single-group path)")
-register("nixl.request_finished_old", OLD_MOD, "NixlConnector.request_finished",
-         ("request", "block_ids"),
-         around("nixl.request_finished_old", _rf_before, _rf_after, skip=_NO_TRANSFER),
-         optional=True, doc="pre-0.32 single-file layout")
 
 
 # --- update_state_after_alloc (D) --------------------------------------------------------------
@@ -189,7 +190,9 @@ register("nixl.remote_alloc", CONN_MOD, "NixlBaseConnector.update_state_after_al
          ("request", "blocks", "num_external_tokens"),
          around("nixl.remote_alloc", _usa_before, _usa_after, skip=_NO_TRANSFER),
          layouts=((CONN_MOD, "NixlConnector.update_state_after_alloc", ("request", "blocks", "num_external_tokens"),
-                   MID),),
+                   MID),
+                  (OLD_MOD, "NixlConnector.update_state_after_alloc", ("request", "blocks", "num_external_tokens"),
+                   OLD)),
          doc="nixl.remote_alloc: D's local blocks vs P's reported blocks")
 
 
@@ -258,7 +261,9 @@ register("nixl.trim", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_ca
                    ("local_block_ids", "remote_block_ids"), "0.22.0-0.23.0 (the method appears in 0.22.0)"),
                   (MID_WORKER_MOD, "NixlConnectorWorker._get_block_descs_ids", ("engine_id", "block_ids"),
                    INLINE + ": the trimmed lists reach the descriptor ids", around("nixl.trim", _descs_before,
-                                                                                   _descs_after))),
+                                                                                   _descs_after)),
+                  (OLD_MOD, "NixlConnectorWorker._get_block_descs_ids", ("engine_id", "block_ids"),
+                   OLD, around("nixl.trim", _descs_before, _descs_after))),
          doc="nixl.trim: which local/remote blocks pair up after prefix-cache trimming")
 register("nixl.trim_by_region", BASE_WORKER_MOD, "NixlBaseConnectorWorker._apply_prefix_caching_by_region",
          ("decode_block_ids", "prefill_block_ids"),
@@ -299,8 +304,6 @@ register("nixl.push_xfer", PUSH_WORKER_MOD, "NixlPushConnectorWorker._xfer_block
          ("read_spec", "dst_engine_id", "request_id", "remote_request_id"),
          around("nixl.push_xfer", _push_before, _push_after), optional=True,
          doc="push mode (P writes into D): the nixl.trim inside carries P's request and D's (remote_req)")
-register("nixl.trim_old", OLD_MOD, "NixlConnectorWorker._apply_prefix_caching", (),
-         around("nixl.trim_old", _trim_plain_before, _trim_after), optional=True, doc="pre-0.32 single-file layout")
 
 
 # --- _read_blocks (D worker, pull mode) -------------------------------------------------------------
@@ -368,11 +371,11 @@ register("nixl.read", PULL_WORKER_MOD, "NixlPullConnectorWorker._read_blocks",
                    ("read_spec", "dst_engine_id", "request_id", "remote_request_id"), MID),
                   (MID_WORKER_MOD, "NixlConnectorWorker._read_blocks",
                    ("local_block_ids", "remote_block_ids", "dst_engine_id", "request_id", "remote_request_id"),
-                   INLINE, around("nixl.read", _read_before_inline, _read_after_inline))),
+                   INLINE, around("nixl.read", _read_before_inline, _read_after_inline)),
+                  (OLD_MOD, "NixlConnectorWorker._read_blocks",
+                   ("local_block_ids", "remote_block_ids", "dst_engine_id", "request_id", "remote_request_id"),
+                   OLD, around("nixl.read", _read_before_inline, _read_after_inline))),
          doc="nixl.read: a READ was posted (local <- remote pairs after trimming)")
-register("nixl.read_old", OLD_MOD, "NixlConnectorWorker._read_blocks", (),
-         around("nixl.read_old", lambda rec, self, *a, **kw: None, lambda rec, st, r, *a, **kw: None),
-         optional=True, doc="pre-0.32 single-file layout (presence check only)")
 
 
 # --- get_transfer_results (completion, both sides) ---------------------------------------------------
@@ -411,5 +414,6 @@ def _tr_after(rec: Any, _st: Any, res: Any, self: Any, *a: Any, **kw: Any) -> No
 register("nixl.transfer_results", BASE_WORKER_MOD, "NixlBaseConnectorWorker.get_transfer_results", (),
          around("nixl.transfer_results", _tr_before, _tr_after),
          layouts=((BASE_WORKER_MOD, "NixlBaseConnectorWorker.get_finished", (), "0.24.0-0.25.x"),
-                  (MID_WORKER_MOD, "NixlConnectorWorker.get_finished", (), MID)),
+                  (MID_WORKER_MOD, "NixlConnectorWorker.get_finished", (), MID),
+                  (OLD_MOD, "NixlConnectorWorker.get_finished", (), OLD)),
          doc="nixl.read_done (D) and nixl.send_done (P)")

@@ -31,7 +31,8 @@ if ! "$VENV/bin/python" -c "import vllm, pdtrace, sys; sys.exit(vllm.__version__
     echo "real_bugs: installing vLLM $V failed (log: $log)" >&2
     exit 2
   fi
-  "$VENV/bin/pip" install -q gguf >>"$log" 2>&1 || true  # 0.22/0.23 import it at module level
+  # imported at module level by older releases' scheduler code: gguf (0.22-0.23), diskcache (0.19)
+  "$VENV/bin/pip" install -q gguf diskcache >>"$log" 2>&1 || true
 fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "real_bugs: a GPU is here; the live P/D half runs with scripts/gpu_run.sh (docs/live-gpu.md)" >&2

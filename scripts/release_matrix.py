@@ -74,7 +74,7 @@ def _family(res: dict, name: str) -> str:
     if fam is None:
         return "not run"
     if "not_run" in fam:
-        return "not run here (docs/releases.md)"
+        return "not run: " + fam["not_run"].split(":")[0]
     n, fl, ex = fam["scenarios"], len(fam["flagged"]), len(fam["expected"])
     mark = "" if fam["flagged"] == fam["expected"] else " **MISMATCH**"
     return f"{fl} of {n} flagged, {ex} expected{mark}"

@@ -29,7 +29,7 @@ fi
 # releases reuse their venvs (the suites above already ran that test file there). Last, the
 # README's support matrix and docs/releases.md must match what these runs printed.
 # PDTRACE_RELEASES=0 leaves all of it out; PDTRACE_RELEASES="0.24.0 0.25.0" runs only those.
-RELEASES=${PDTRACE_RELEASES:-0.20.0 0.22.1 0.23.0 0.24.0 0.25.0 0.28.0 0.30.0}
+RELEASES=${PDTRACE_RELEASES:-0.19.1 0.20.0 0.22.1 0.23.0 0.24.0 0.25.0 0.28.0 0.30.0}
 if [ "$RELEASES" != 0 ]; then
   for V in $RELEASES; do
     echo "== vLLM $V (.venv-vllm-$V): the seed bugs from its own code, doctor, tests/test_real_releases.py"

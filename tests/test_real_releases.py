@@ -2,7 +2,7 @@
 
 Runs against whichever vLLM this venv has: the main suites run it on 0.32.0 and 0.33.0 (fixed
 releases: nothing may be flagged), and scripts/test.sh runs it once more in each release venv
-that scripts/real_bugs.sh installs (0.22.1, 0.23.0, 0.24.0, 0.25.0 and the doctor-only ones).
+that scripts/real_bugs.sh installs (0.19.1, 0.20.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.28.0, 0.30.0).
 
 Real parts: per ``pdtrace.testing.real_release`` (the release's Scheduler, KVCacheManager, NIXL
 connector scheduler side and ``_apply_prefix_caching``; its InputBatch, reorder,
@@ -32,6 +32,7 @@ from pdtrace.testing import real_release  # noqa: E402
 # allocates lookahead while the first schedule's zeroing covers single-chunk prompts): that file
 # lists 0.16.0-0.22.1 as partial, "not tested"; this suite found it.
 CARRIES = {
+    "0.19.1": {"seed000-lookahead", "seed004-stale"},  # DFlash appears in 0.20.0
     "0.20.0": {"seed000-lookahead", "seed003-dflash", "seed004-stale"},
     "0.22.1": {"seed000-lookahead", "seed003-dflash", "seed004-stale"},
     "0.23.0": {"seed000-lookahead", "seed004-stale"},
@@ -39,10 +40,12 @@ CARRIES = {
 }
 FIXED_FROM = (0, 25, 0)  # every seed fixed from 0.25.0 on
 
-# What pdtrace cannot see on a release, said here rather than skipped. 0.20-0.21's V2 runner has
+# What pdtrace cannot see on a release, said here rather than skipped. 0.19-0.21's V2 runner has
 # no MambaHybridModelState (the hook that says the stale-read class does not apply on V2), so that
 # class is "not checked" under V2 there.
 GAPS = {
+    "0.19.1": {"skipped": {"states_v2.acc_device"}, "classes": {("stale-accepted-count-read", "v2")},
+               "not_run": {"seed003-dflash"}},  # no DFlash in this release: nothing to run
     "0.20.0": {"skipped": {"states_v2.acc_device"}, "classes": {("stale-accepted-count-read", "v2")},
                "not_run": set()},
 }

@@ -142,3 +142,31 @@ def test_pre_fix_p_rule_flags_exactly_the_requests_it_changed(upstream, tmp_path
         assert len(scheds) == 1, f
         named.add((scheds.pop(), f["req"]))
     assert named == truth
+
+
+# Releases whose own _connector_finished reports P's lookahead blocks (../shared/vllm-releases.md).
+CARRIES_SEED_000 = ("0.23.0", "0.24.0")
+
+
+def test_the_installed_release_flags_exactly_what_its_own_code_sent(upstream, tmp_path):
+    """No fault: vLLM's own tests in the EAGLE-style shape on the installed release. Ground truth
+    from the release's own _connector_finished output (upstream_fault.truth_only); the lookahead
+    findings must name exactly those (scheduler, request) pairs: none on a fixed release (0.32.0,
+    0.33.0 in CI), some on 0.23.0 / 0.24.0 (run by hand there: docs/releases.md)."""
+    import vllm
+
+    truth_file = tmp_path / "truth.jsonl"
+    _, trace = _run(upstream, tmp_path, "shape-release", record=True, PDTRACE_UPSTREAM_FAULT="truth",
+                    PDTRACE_FAULT_TRUTH=str(truth_file), PDTRACE_UPSTREAM_SPEC_TOKENS="3")
+    truth = {(t["sched"], t["req"]) for t in map(json.loads, truth_file.read_text().splitlines())} \
+        if truth_file.exists() else set()
+    assert bool(truth) == (vllm.__version__.split("+")[0] in CARRIES_SEED_000), sorted(truth)
+    evs = _events(trace)
+    named = set()
+    for f in _flagged(_check(trace)):
+        assert f["kind"] == "lookahead-block-misalignment", f
+        scheds = {evs[i].get("sched") for i in f["event_ids"] if i in evs} - {None}
+        assert len(scheds) == 1, f
+        named.add((scheds.pop(), f["req"]))
+    print(f"vLLM {vllm.__version__}: P reported lookahead blocks for {len(truth)} request(s); {len(named)} flagged")
+    assert named == truth

@@ -118,7 +118,7 @@ CLASSES: dict[str, ClassSpec] = {
         feeds=(("nixl.request_finished", {"side": "P"}), ("nixl.remote_alloc", {})),
         needs=("sched.config",),
         hooks=(*_SCHED_HOOKS, "nixl.request_finished*", "nixl.remote_alloc", "nixl.trim*", "nixl.read",
-               "nixl.read_old", "nixl.<import>"),
+               "nixl.<import>"),
         rules=((_no_connector, "no KV connector is configured (no P/D transfer)"),
                (_no_lookahead, "no scheduler reserves lookahead slots (num_lookahead_tokens = 0)")),
         side="P-side nixl.request_finished or D-side nixl.remote_alloc events (engine core)",

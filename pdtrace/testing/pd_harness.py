@@ -414,8 +414,8 @@ def _worker_for_trim(cfg: PDConfig, kv_cache_config: Any) -> Any:
 
     try:  # 0.24.0 on: the pull/push split
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker as cls
-    except ImportError:  # 0.22.0-0.23.0: one worker class in nixl/worker.py
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker as cls
+    except ImportError:  # before: one worker class (nixl/worker.py 0.20-0.23, nixl_connector.py 0.19.x)
+        cls = _inline_worker_cls()
     w = object.__new__(cls)
     w._physical_blocks_per_logical_kv_block = 1  # read by the hybrid branch of the pre-0.26 trim
     specs = [type(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
@@ -439,14 +439,25 @@ def has_trim_method() -> bool:
 
 def has_inline_trim() -> bool:
     """Whether this vLLM's NIXL worker trims inside ``_read_blocks(local_block_ids, remote_block_ids, ...)``
-    (0.20.0-0.21.x)."""
+    (0.19.x-0.21.x)."""
     import inspect
 
+    cls = _inline_worker_cls()
+    return cls is not None and \
+        list(inspect.signature(cls._read_blocks).parameters)[1:3] == ["local_block_ids", "remote_block_ids"]
+
+
+def _inline_worker_cls() -> Any:
+    """The NIXL worker class of a release before the pull/push split: nixl/worker.py (0.20-0.23) or
+    the one-file nixl_connector.py (0.19.x); None from 0.24 on."""
     try:
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker as cls
     except ImportError:
-        return False
-    return list(inspect.signature(cls._read_blocks).parameters)[1:3] == ["local_block_ids", "remote_block_ids"]
+        try:
+            from vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector import NixlConnectorWorker as cls
+        except ImportError:
+            return None
+    return cls
 
 
 def _inline_read(cfg: PDConfig, kv_cache_config: Any, local: list, remote: list, d_req: str, p_req: str,
@@ -459,10 +470,9 @@ def _inline_read(cfg: PDConfig, kv_cache_config: Any, local: list, remote: list,
     import collections
     from types import SimpleNamespace
 
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker
-
     from pdtrace.testing import worker_sim as ws
 
+    NixlConnectorWorker = _inline_worker_cls()
     posted: list[tuple] = []
 
     def make_prepped_xfer(op: str, local_handle: Any, local_descs: Any, remote_handle: Any, remote_descs: Any,
@@ -473,8 +483,10 @@ def _inline_read(cfg: PDConfig, kv_cache_config: Any, local: list, remote: list,
     n_groups = len(kv_cache_config.kv_cache_groups)
     w = object.__new__(NixlConnectorWorker)
     w.__dict__.update(
+        # P and D with the same block size: ratio 1 (0.20-0.21 ask transfer_topo, 0.19.x kv_topo)
         transfer_topo=SimpleNamespace(get_engine_info=lambda e: SimpleNamespace(remote_block_size=cfg.block_size),
                                       block_size_ratio=lambda b: 1),
+        kv_topo=SimpleNamespace(block_size_ratio_from_engine_id=lambda e: 1),
         world_size=1, kv_cache_config=kv_cache_config, _is_mamba_group=[False] * n_groups, _is_hma_required=False,
         _has_mamba=False, num_regions=1, engine_id="pdtrace-D-local",
         dst_num_blocks={remote_engine: cfg.num_blocks, "pdtrace-D-local": cfg.num_blocks},

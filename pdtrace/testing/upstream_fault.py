@@ -18,6 +18,9 @@ injection, never used in production:
   blocks (a consumer finishing, an error) is not affected: nothing wrong reaches a D.
 - Each patched process emits one ``fault.inject`` event into the trace being recorded.
 
+``PDTRACE_UPSTREAM_FAULT=truth`` puts no fault back: it only writes the same ground truth for the
+release's own ``_connector_finished`` (``truth_only``), for a release that still has the bug.
+
 A second, separate knob gives vLLM's tests a fresh shape of input:
 ``PDTRACE_UPSTREAM_SPEC_TOKENS=k`` changes the default of ``num_speculative_tokens`` in
 vLLM's test helper ``tests/v1/kv_connector/unit/utils.py:create_vllm_config`` from None to
@@ -87,6 +90,33 @@ def apply() -> None:
                         "(pre-fix rule: P reports lookahead blocks beyond its computed tokens)")
 
 
+def truth_only() -> None:
+    """No fault: on whatever release is installed, write to ``PDTRACE_FAULT_TRUTH`` each request
+    whose ``_connector_finished`` handed the client ``remote_block_ids`` with more blocks in some
+    group than P's computed tokens fill (cdiv(num_computed_tokens, that group's block size)): the
+    lookahead blocks a release that carries seed 000 reports (0.23.0, 0.24.0). Ground truth from
+    the release's own output, written independently of the detectors."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    connector_finished = Scheduler._connector_finished
+
+    def judged(self: Any, request: Any) -> Any:
+        out = connector_finished(self, request)
+        params = out[1] if isinstance(out, tuple) and len(out) == 2 else None
+        if isinstance(params, dict) and params.get("remote_block_ids"):
+            groups = self.kv_cache_config.kv_cache_groups
+            n = int(request.num_computed_tokens)
+            reported = [list(g) for g in params["remote_block_ids"]]
+            extra = [g for g, ids in enumerate(reported)
+                     if g < len(groups) and len(ids) > -(-n // groups[g].kv_cache_spec.block_size)]
+            if extra:
+                _truth({"sched": getattr(self, "_pdtrace_sid", None), "req": request.request_id,
+                        "num_computed_tokens": n, "reported": reported, "groups": extra})
+        return out
+
+    Scheduler._connector_finished = judged
+
+
 def spec_shape(k: int) -> None:
     """Make vLLM's test helper build configs with an ngram drafter of k tokens by default."""
     import inspect
@@ -96,9 +126,25 @@ def spec_shape(k: int) -> None:
     fn = utils.create_vllm_config
     names = [p.name for p in inspect.signature(fn).parameters.values()
              if p.default is not inspect.Parameter.empty]
-    defaults = list(fn.__defaults__ or ())
-    defaults[names.index("num_speculative_tokens")] = k
-    fn.__defaults__ = tuple(defaults)
+    if "num_speculative_tokens" in names:
+        defaults = list(fn.__defaults__ or ())
+        defaults[names.index("num_speculative_tokens")] = k
+        fn.__defaults__ = tuple(defaults)
+    else:  # older helpers (0.24.0) take no drafter: give every config they build the same ngram drafter
+        from vllm.config import SpeculativeConfig
+
+        def with_drafter(*args: Any, **kwargs: Any) -> Any:
+            vc = fn(*args, **kwargs)
+            if vc.speculative_config is None:
+                spec = SpeculativeConfig(method="ngram", num_speculative_tokens=k, prompt_lookup_max=4,
+                                         prompt_lookup_min=2)
+                # these releases' Scheduler reserves lookahead only for EAGLE / draft models / DFlash
+                # (scheduler.py ~L240 in 0.24.0): answer use_eagle() as EAGLE's config does, nothing else
+                object.__setattr__(spec, "use_eagle", lambda: True)
+                vc.speculative_config = spec
+            return vc
+
+        utils.create_vllm_config = with_drafter  # before vLLM's test modules import it by name
 
     from vllm.config import VllmConfig
 
@@ -120,5 +166,8 @@ def pytest_configure(config: Any) -> None:  # pytest plugin entry point
     k = os.environ.get("PDTRACE_UPSTREAM_SPEC_TOKENS")
     if k:
         spec_shape(int(k))
-    if os.environ.get("PDTRACE_UPSTREAM_FAULT", "1") != "0":
+    mode = os.environ.get("PDTRACE_UPSTREAM_FAULT", "1")
+    if mode == "truth":
+        truth_only()
+    elif mode != "0":
         apply()
