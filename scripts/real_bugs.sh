@@ -17,6 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -ne 1 ] || [[ ! "$1" =~ ^0\.[0-9]+\.[0-9]+$ ]]; then
+  [ $# -ge 1 ] && echo "real_bugs: '$1' is not a vLLM release version (MAJOR.MINOR.PATCH)" >&2
   echo "usage: bash scripts/real_bugs.sh VERSION   (a vLLM release, e.g. 0.24.0)" >&2
   exit 2
 fi
@@ -33,6 +34,7 @@ if ! "$VENV/bin/python" -c "import vllm, pdtrace, sys; sys.exit(vllm.__version__
   fi
   # imported at module level by older releases' scheduler code: gguf (0.22-0.23), diskcache (0.19)
   "$VENV/bin/pip" install -q gguf diskcache >>"$log" 2>&1 || true
+  rm -f "$log"
 fi
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "real_bugs: a GPU is here; the live P/D half runs with scripts/gpu_run.sh (docs/live-gpu.md)" >&2

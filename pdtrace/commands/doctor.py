@@ -6,7 +6,7 @@ signature; patches nothing), then, per bug class, which hooks feed it and whethe
 fire under model runner V1 and V2, and which runner vLLM builds by default
 (``pdtrace/commands/doctor_coverage.py``); with ``-- CMD``, vLLM's own choice for that server
 command line and the per-class verdicts under it (``pdtrace/commands/doctor_cmdline.py``). Exit 0: all required hooks ok. 1: at least one required hook
-skipped (optional hooks for other vLLM layouts never count). 2: vLLM is not installed.
+skipped (optional hooks, for code some releases do not have, never count). 2: vLLM is not installed.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def _run(json_out: bool, out: Any, cmd: list[str]) -> int:
         print(file=out)
         n_ok = sum(r["status"] == "ok" for r in rows)
         n_opt = sum(r["status"] != "ok" and r["optional"] for r in rows)
-        print(f"  {n_ok} ok, {len(failed)} skipped, {n_opt} optional (other vLLM layouts) absent", file=out)
+        print(f"  {n_ok} ok, {len(failed)} skipped, {n_opt} optional absent (code this release does not have)",
+              file=out)
         if failed:
             print("  Skipped hooks record nothing; the detectors that need their events cannot run.", file=out)
         doctor_coverage.print_text(cov, runner, out)

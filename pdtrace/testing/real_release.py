@@ -7,8 +7,9 @@ user would) and prints, as its last line, one JSON object::
 
     {"vllm": V, "scenarios": N, "flagged": [...], "expected": [...], "doctor_skipped": [...], ...}
 
-flagged: the requests ``check`` reports (errors); expected: the requests the release's code got
-wrong, from an oracle that never looks at a trace or a detector:
+flagged: the requests ``check`` reports (errors), by the id its report names (P's for a lookahead
+finding); expected: the same requests as the release's code got them wrong, from an oracle that
+never looks at a trace or a detector:
 
 - seed 000/001 (lookahead blocks, P/D + EAGLE): real Scheduler / KVCacheManager / NIXL connector
   scheduler side on a P and a D instance, the release's own ``_apply_prefix_caching`` (0.20-0.21:
@@ -107,7 +108,8 @@ def lookahead_family() -> tuple[list[dict], list[dict]]:
             r = pd.run_pd_request(cfg, plen, pair=pair)
             events += r.events[len(pair.setup_events):]
             bad = shifted_groups(r)
-            cases.append({"family": "seed000-lookahead", "req": r.d_req, "p_req": r.p_req, "wrong": bool(bad),
+            # keyed by P's request id, as `pdtrace check` names a lookahead finding (D's is in its data)
+            cases.append({"family": "seed000-lookahead", "req": r.p_req, "d_req": r.d_req, "wrong": bool(bad),
                           "facts": {"k": k, "prompt_len": plen, "max_num_batched_tokens": mnbt,
                                     "p_blocks": r.p_blocks, "p_reported": r.p_reported, "d_blocks": r.d_blocks,
                                     "trim_local": r.trim_local, "trim_remote": r.trim_remote}})
@@ -251,13 +253,9 @@ FAMILIES = {
 # ---------------------------------------------------------------------------------------
 
 def _flagged(report: dict, kind: str) -> list[str]:
-    out = set()
-    for f in report.get("findings", ()):
-        if f.get("kind") != kind or f.get("severity") != "error":
-            continue
-        data = f.get("data") or {}
-        out.add(str(data.get("d_req") or f.get("req")))
-    return sorted(out)
+    """The request ids of the report's errors of ``kind``, as the report names them (``req``)."""
+    return sorted({str(f.get("req")) for f in report.get("findings", ())
+                   if f.get("kind") == kind and f.get("severity") == "error"})
 
 
 def doctor_skipped() -> list[str]:
