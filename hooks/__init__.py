@@ -53,7 +53,8 @@ class HookSpec:
     # each (module, qualname, params) with a note of the releases it is; the hook's body reads only
     # what every form passes in the same position. The first form that resolves is patched.
     layouts: tuple[tuple[str, str, tuple[str, ...], str], ...] = ()
-    # a layout whose arguments differ in position has its own recording wrap: (module, qualname) -> wrap
+    # a layout whose arguments differ in position has its own recording wrap, keyed by the whole form
+    # (module, qualname, params): two releases may lay the same method out with different parameters
     layout_wraps: dict = dataclasses.field(default_factory=dict)
     # runtime state
     status: str = "pending"  # pending | applied | skipped
@@ -82,7 +83,7 @@ def register(name: str, module: str, qualname: str, params: tuple[str, ...], wra
     sub = name.split(".", 1)[0]
     spec = HookSpec(name, module, qualname, tuple(params), wrap, sub, doc, optional, runner,
                     tuple((lay[0], lay[1], tuple(lay[2]), lay[3]) for lay in layouts),
-                    {(lay[0], lay[1]): lay[4] for lay in layouts if len(lay) > 4})
+                    {(lay[0], lay[1], tuple(lay[2])): lay[4] for lay in layouts if len(lay) > 4})
     REGISTRY[name] = spec
     return spec
 
@@ -430,7 +431,7 @@ def _signature_problem(params: tuple[str, ...], fn: Any) -> str | None:
 
 
 # how far a form got before it failed: a later stage's reason says more than an earlier one's
-_IMPORT, _MISSING, _DRIFT = 0, 1, 2
+_IMPORT, _MISSING, _DRIFT, _OK = 0, 1, 2, 3
 
 
 def _check_form(form: tuple[str, str, tuple[str, ...]]) -> tuple[int, str]:
@@ -444,7 +445,7 @@ def _check_form(form: tuple[str, str, tuple[str, ...]]) -> tuple[int, str]:
     except LookupError as exc:
         return _MISSING, f"missing target: {exc}"
     prob = _signature_problem(params, fn)
-    return (_DRIFT, prob) if prob else (3, "")
+    return (_DRIFT, prob) if prob else (_OK, "")
 
 
 def check_form(spec: HookSpec) -> tuple[str, str, "tuple[str, str, tuple[str, ...]] | None"]:
@@ -454,7 +455,7 @@ def check_form(spec: HookSpec) -> tuple[str, str, "tuple[str, str, tuple[str, ..
     best: tuple[int, str] | None = None
     for form in spec.forms():
         stage, reason = _check_form(form)
-        if stage == 3:
+        if stage == _OK:
             return "ok", "", form
         if best is None or stage > best[0]:
             best = (stage, reason)
@@ -485,7 +486,7 @@ def _apply(spec: HookSpec, mod: Any, form: "tuple[str, str, tuple[str, ...]] | N
             spec.status, spec.reason = "skipped", prob
             return
         try:
-            setattr(owner, attr, spec.layout_wraps.get((module, qualname), spec.wrap)(fn))
+            setattr(owner, attr, spec.layout_wraps.get((module, qualname, tuple(params)), spec.wrap)(fn))
         except Exception as exc:
             spec.status, spec.reason = "skipped", f"cannot patch: {exc}"
             return

@@ -397,3 +397,27 @@ def test_a_hook_takes_another_releases_layout_when_its_own_is_absent(fake_target
         hooks.REGISTRY.pop("test.layout", None)
         hooks.REGISTRY.pop("test.layout_bad", None)
     assert fake_target.Engine.step is orig
+
+
+def test_a_layout_wrap_goes_with_its_own_parameters(fake_target):
+    """Two releases lay the same method out with different parameters (NixlConnectorWorker._read_blocks:
+    (read_spec, ...) in 0.22-0.23, (local_block_ids, remote_block_ids, ...) in 0.20-0.21) and only the
+    second form has its own wrap: the form that matches here must get the spec's wrap, not the other's."""
+    seen = []
+    spec = hooks.register(
+        "test.layout_wrap", fake_target.__name__, "NewEngine.step", ("count",),
+        hooks.after("test.layout_wrap", lambda rec, result, self, *a, **kw: seen.append("spec wrap")),
+        layouts=((fake_target.__name__, "Engine.step", ("n", "scale"), "the release here"),
+                 (fake_target.__name__, "Engine.step", ("local", "remote"), "another release",
+                  hooks.after("test.layout_wrap", lambda rec, result, self, *a, **kw: seen.append("other wrap")))))
+    rec = Recorder.in_memory()
+    prev = recorder.set_current(rec)
+    try:
+        hooks._apply(spec, fake_target, spec.forms()[1])
+        assert spec.status == "applied"
+        fake_target.Engine().step(2)
+        assert seen == ["spec wrap"]
+    finally:
+        hooks.uninstall_all()
+        recorder.set_current(prev)
+        hooks.REGISTRY.pop("test.layout_wrap", None)
