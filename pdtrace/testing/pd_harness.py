@@ -412,11 +412,7 @@ def _worker_for_trim(cfg: PDConfig, kv_cache_config: Any) -> Any:
     """A NixlPullConnectorWorker with only what ``_apply_prefix_caching`` reads."""
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    try:  # 0.24.0 on: the pull/push split
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker as cls
-    except ImportError:  # before: one worker class (nixl/worker.py 0.20-0.23, nixl_connector.py 0.19.x)
-        cls = _inline_worker_cls()
-    w = object.__new__(cls)
+    w = object.__new__(_pull_worker_cls())
     w._physical_blocks_per_logical_kv_block = 1  # read by the hybrid branch of the pre-0.26 trim
     specs = [type(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
     w._has_mamba = any(issubclass(s, MambaSpec) for s in specs)
@@ -425,16 +421,19 @@ def _worker_for_trim(cfg: PDConfig, kv_cache_config: Any) -> Any:
     return w
 
 
+def _pull_worker_cls() -> Any:
+    """The NIXL worker class that reads on D: NixlPullConnectorWorker from 0.24.0 (the pull/push
+    split), before it the one worker class (``_inline_worker_cls``); None if there is neither."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
+    except ImportError:
+        return _inline_worker_cls()
+    return NixlPullConnectorWorker
+
+
 def has_trim_method() -> bool:
     """Whether this vLLM's NIXL worker has ``_apply_prefix_caching`` (0.22.0 on)."""
-    try:
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker as cls
-    except ImportError:
-        try:
-            from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker as cls
-        except ImportError:
-            return False
-    return hasattr(cls, "_apply_prefix_caching")
+    return hasattr(_pull_worker_cls(), "_apply_prefix_caching")
 
 
 def has_inline_trim() -> bool:
