@@ -7,7 +7,7 @@
 
 Generates a schema-valid synthetic trace (bench/gen_trace.py) in a temp dir, then times
 (a) a bare loop of ``orjson.loads`` over the same lines (as is, and with the cyclic GC
-paused, since ``load`` pauses it) and (b) ``pdtrace.trace.load`` +
+paused, since ``load`` pauses it) and (b) ``pdtrace.tracefile.trace.load`` +
 ``pdtrace.detectors.run_all``. Prints the ratios; the goal (<= 1.5) is judged against the
 GC-paused loop, as the median ratio of back-to-back (bare, check) pairs. Also prints the
 peak memory of the check (tracemalloc, in a separate pass so it does not slow the timed
@@ -40,8 +40,8 @@ import orjson  # noqa: E402
 
 from gen_trace import generate  # noqa: E402
 from pdtrace.detectors import run_all  # noqa: E402
-from pdtrace.compress import open_read  # noqa: E402
-from pdtrace.trace import load  # noqa: E402
+from pdtrace.tracefile.compress import open_read  # noqa: E402
+from pdtrace.tracefile.trace import load  # noqa: E402
 
 GOAL = 1.5
 
@@ -166,7 +166,7 @@ def main() -> int:
     if a.zst:
         import zstandard
 
-        from pdtrace.compress import LEVEL
+        from pdtrace.tracefile.compress import LEVEL
 
         with open(path, "rb") as src, open(path + ".zst", "wb") as dst:
             zstandard.ZstdCompressor(level=LEVEL).copy_stream(src, dst)
@@ -195,7 +195,7 @@ def main() -> int:
     print("                          wall      cpu")
     print(f"bare orjson.loads loop : {t_bare:7.3f}s {c_bare:7.3f}s  ({info['events'] / t_bare / 1e6:.2f} M lines/s)")
     print(f"  same, GC paused      : {t_nogc:7.3f}s {c_nogc:7.3f}s")
-    print(f"pdtrace.trace.load     : {t_load:7.3f}s {c_load:7.3f}s")
+    print(f"pdtrace.tracefile.trace.load     : {t_load:7.3f}s {c_load:7.3f}s")
     print(f"load + detectors       : {t_check:7.3f}s {c_check:7.3f}s  (detectors {c_check - c_load:.3f}s cpu)")
     print(f"ratio check / bare     : {t_check / t_bare:.2f} wall, {c_check / c_bare:.2f} cpu  (GC on in the bare loop)")
     print(f"ratio check / bare with GC paused, best of each: {t_check / t_nogc:.2f} wall, {c_check / c_nogc:.2f} cpu")

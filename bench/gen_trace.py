@@ -25,8 +25,8 @@ import orjson
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pdtrace import schema  # noqa: E402
-from pdtrace.trace import make_header  # noqa: E402
-from pdtrace.typecheck import Signer  # noqa: E402
+from pdtrace.tracefile.trace import make_header  # noqa: E402
+from pdtrace.tracefile.typecheck import Signer  # noqa: E402
 
 B = 16
 LAYERS_T = [f"model.layers.{i}.self_attn.attn" for i in range(8)]

@@ -60,8 +60,9 @@ def _count_one(mode: str, a: argparse.Namespace) -> int:
     around it (mode "untraced" or "traced")."""
     import subprocess
 
-    from pdtrace import hooks, recorder
-    from pdtrace.recorder import Recorder
+    from pdtrace import hooks
+    from pdtrace.record import recorder
+    from pdtrace.record.recorder import Recorder
     from pdtrace.testing import pd_harness as h
 
     cfg = h.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16, num_blocks=16384,
@@ -172,8 +173,9 @@ def main() -> int:
     if a.instructions:
         return count_instructions(a)
 
-    from pdtrace import hooks, recorder
-    from pdtrace.recorder import Recorder
+    from pdtrace import hooks
+    from pdtrace.record import recorder
+    from pdtrace.record.recorder import Recorder
     from pdtrace.testing import pd_harness as h
 
     cfg = h.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16, num_blocks=16384,

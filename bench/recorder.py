@@ -32,7 +32,7 @@ import tracemalloc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from pdtrace.recorder import Recorder  # noqa: E402
+from pdtrace.record.recorder import Recorder  # noqa: E402
 
 
 def payload(i: int) -> dict:
@@ -120,7 +120,7 @@ def write_shards(d: str, n: int, shards: int = 4, per_frame: int = 1000) -> int:
     shards and, inside each frame, two threads' events slightly out of order."""
     import zlib
 
-    from pdtrace.frames import SHARD_SUFFIX, frame_head
+    from pdtrace.record.frames import SHARD_SUFFIX, frame_head
 
     size = 0
     per_shard = n // shards
@@ -145,7 +145,7 @@ def merge_memory(n: int) -> tuple[float, float, int]:
         shard_dir = os.path.join(d, "shards")
         os.mkdir(shard_dir)
         size = write_shards(shard_dir, n)
-        code = ("import resource, sys, time; from pdtrace.shards import finalize_session; t=time.perf_counter(); "
+        code = ("import resource, sys, time; from pdtrace.record.shards import finalize_session; t=time.perf_counter(); "
                 f"f, p = finalize_session({shard_dir!r}, {os.path.join(d, 't.jsonl')!r}, cmd=['bench'], "
                 "redacted=True, exit_code=0); "
                 "print(f['events'], len(p), time.perf_counter() - t, "

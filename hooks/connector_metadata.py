@@ -45,7 +45,7 @@ import functools
 import threading
 from typing import Any, Callable
 
-from pdtrace import recorder as _recorder
+from pdtrace.record import recorder as _recorder
 from pdtrace import schema
 from pdtrace.hooks import REGISTRY, HookSpec, around, patch_after, register
 

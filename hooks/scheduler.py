@@ -24,8 +24,8 @@ from time import monotonic_ns as _mono  # the recorder's clock
 from typing import Any, NamedTuple
 
 from pdtrace import schema
-from pdtrace.recorder import GROW, PROMPT
-from pdtrace.redact import summarize_kv_params, token_digest
+from pdtrace.record.recorder import GROW, PROMPT
+from pdtrace.record.redact import summarize_kv_params, token_digest
 
 from . import after, around, before, register
 

@@ -53,7 +53,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from pdtrace import recorder as _recorder
+from pdtrace.record import recorder as _recorder
 from pdtrace import schema
 from pdtrace.hooks import REGISTRY, HookSpec, around, patch_after, register
 from pdtrace.hooks.accepted_counts import drafter_write_len

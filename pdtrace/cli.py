@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import typer
 
-from .compress import stream_damage
+from .tracefile.compress import stream_damage
 from .errors import EXIT_OK, EXIT_UNUSABLE, PdtraceError, TraceError, internal_error, os_error_line
 
 app = typer.Typer(

@@ -101,23 +101,6 @@ def internal_error(exc: BaseException, argv: list[str] | None = None) -> int:
     return EXIT_INTERNAL
 
 
-def warn_problems(tr: "object", limit: int = 20, incomplete: bool = True) -> None:
-    """One stderr line per damaged line a lenient load skipped (the first ``limit``), and
-    one when the trace is incomplete: the same wording in check, report, export and info."""
-    problems = getattr(tr, "problems", ()) or ()
-    path = getattr(tr, "path", "")
-    for p in problems[:limit]:
-        print(f"pdtrace: warning: {path}:{p.line}: {p.reason}", file=sys.stderr)
-    if len(problems) > limit:
-        print(f"pdtrace: warning: ... and {len(problems) - limit} more problem line(s)", file=sys.stderr)
-    if incomplete and (problems or getattr(tr, "footer", None) is None):
-        from .detectors.coverage import incomplete_reason
-
-        why = incomplete_reason(getattr(tr, "footer", None), problems)
-        print(f"pdtrace: warning: {path}: incomplete trace ({why}): read with --lenient; what it lacks is not "
-              f"checked", file=sys.stderr)
-
-
 def check_writable(out: Path) -> None:
     """Fail before reading anything when the output could not be written (check -o, merge -o)."""
     parent = out.parent if str(out.parent) else Path(".")

@@ -405,7 +405,7 @@ HEADER_FIELDS: tuple[Field, ...] = (
       required=False),
     F("snapshot", "str", "record --ring only: why this trace was written while the command ran "
       "('SIGUSR1', or 'online check: RULE in pid N at step S: REASON' when a worker's online check "
-      "asked for it, pdtrace.online); absent for the trace written at exit", required=False),
+      "asked for it, pdtrace.record.online); absent for the trace written at exit", required=False),
 )
 
 FOOTER_FIELDS: tuple[Field, ...] = (

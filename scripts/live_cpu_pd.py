@@ -509,7 +509,7 @@ def _short(v, n: int = 160):
 
 def summarize(trace_path: str | os.PathLike) -> dict:
     from pdtrace import schema
-    from pdtrace.trace import load
+    from pdtrace.tracefile.trace import load
 
     tr = load(str(trace_path), lenient=True)
     ev = tr.events

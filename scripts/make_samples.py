@@ -70,7 +70,7 @@ def build_all():
 
 
 def provenance_md(sc) -> str:
-    from pdtrace.versions import dist_version
+    from pdtrace.tracefile.versions import dist_version
 
     lines = [f"### `{sc.name}.jsonl`", "", sc.description + ".", "",
              f"- Made by: `python scripts/make_samples.py` (scenario `{sc.name}` in pdtrace/testing/scenarios.py), "
@@ -120,7 +120,7 @@ def write(scs) -> None:
 
 
 def check(scs) -> int:
-    from pdtrace.trace import derive_block_lists, load
+    from pdtrace.tracefile.trace import derive_block_lists, load
 
     bad = 0
     for sc in scs:

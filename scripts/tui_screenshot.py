@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pdtrace.index import TraceIndex  # noqa: E402
+from pdtrace.index.trace_index import TraceIndex  # noqa: E402
 from pdtrace.viewers.tui.app import PdtraceViewer  # noqa: E402
 
 

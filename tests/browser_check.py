@@ -1,7 +1,7 @@
 """Helpers for the report / export / bundle tests.
 
 - ``write_buggy_trace(path)``: a small schema-valid P/D trace (built with
-  ``pdtrace.trace.write_trace``) that shows three of the bug classes:
+  ``pdtrace.tracefile.trace.write_trace``) that shows three of the bug classes:
   a misaligned P/D request (P reports a lookahead block, D end-trims and maps its block
   to P's lookahead block), a stale accepted-count read after ``batch.swap``, and
   ``clear_connector_metadata`` before the drafter forward.
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pdtrace.trace import make_header, write_trace
+from pdtrace.tracefile.trace import make_header, write_trace
 
 BS = 16  # block size
 

@@ -132,7 +132,7 @@ def live_scripts():
 
 def load_live_events(res: dict) -> list:
     """The merged trace of a live run, loaded strictly (a damaged trace fails the test)."""
-    from pdtrace.trace import load
+    from pdtrace.tracefile.trace import load
 
     return load(res["trace"], lenient=False).events
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from pdtrace import recorder, schema
-from pdtrace.recorder import Recorder
-from pdtrace.trace import make_footer, make_header, write_trace
+from pdtrace.record import recorder
+from pdtrace import schema
+from pdtrace.record.recorder import Recorder
+from pdtrace.tracefile.trace import make_footer, make_header, write_trace
 
 ENGINE_KINDS = ("sched.", "req.", "nixl.request_finished", "nixl.remote_alloc", "nixl.send_done")
 _PIDS = {("P", "engine-core"): 100, ("P", "worker"): 110, ("D", "engine-core"): 200, ("D", "worker"): 210,

@@ -1,4 +1,4 @@
-"""pdtrace's bootstrap (`pdtrace/bootstrap/sitecustomize.py`, first on PYTHONPATH under
+"""pdtrace's bootstrap (`pdtrace/record/bootstrap/sitecustomize.py`, first on PYTHONPATH under
 `pdtrace record`) runs the sitecustomize the program would have run without it, exactly
 once; so does the live tests' start-up code (scripts/live_site), which pdtrace's chains to.
 Real interpreters started with the real PYTHONPATH; the user's sitecustomize appends a line
@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pdtrace.bootstrap
+import pdtrace.record.bootstrap
 
 ROOT = Path(__file__).resolve().parent.parent
-BOOT = str(Path(pdtrace.bootstrap.__file__).parent)
+BOOT = str(Path(pdtrace.record.bootstrap.__file__).parent)
 LIVE_SITE = str(ROOT / "scripts" / "live_site")
 
 

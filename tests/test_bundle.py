@@ -74,7 +74,7 @@ def test_bundle_refuses_token_ids_even_if_header_says_redacted(tmp_path):
     for e in events:
         if e["ev"] == "req.add":
             e["prompt_ids"] = list(range(e["prompt_len"]))
-    from pdtrace.trace import make_header, write_trace
+    from pdtrace.tracefile.trace import make_header, write_trace
 
     trace = tmp_path / "ids.jsonl"
     write_trace(str(trace), make_header(origin="synthetic", redacted=True), events)

@@ -190,7 +190,7 @@ def test_info(buggy):
 def test_lenient_check_of_a_cut_trace_calls_no_class_clean(tmp_path):
     """A real trace (the live GPU V2 run: clean, every class decided) cut mid-line: with --lenient
     the events before the cut are read, but no class is called checked: exit 4, never 0."""
-    from pdtrace.compress import decompress_to
+    from pdtrace.tracefile.compress import decompress_to
 
     src = pathlib.Path(__file__).parent.parent / "sample_traces" / "live_gpu_pd_eagle_v2.jsonl.zst"
     whole = tmp_path / "whole.jsonl"

@@ -201,10 +201,10 @@ def test_streamed_check_gives_the_same_findings_on_every_scenario(corpus, tmp_pa
     """`check` reads a trace in segments (pdtrace.detectors.stream, issue 22): on every
     scenario, written as a trace and streamed in segments of 1, 4 and 1000 events, the
     findings and coverage are those of the whole event list, and so is the --what-if replay."""
-    from pdtrace import whatif
+    from pdtrace.detectors import whatif
     from pdtrace.detectors import stream
     from pdtrace.detectors.coverage import coverage_of
-    from pdtrace.trace import load, make_header, write_trace
+    from pdtrace.tracefile.trace import load, make_header, write_trace
 
     replayed = 0
 

@@ -19,7 +19,7 @@ from pdtrace.cli import app  # noqa: E402
 from pdtrace.detectors import ALL_KINDS, LOOKAHEAD_MISALIGNMENT, STALE_ACCEPTED_COUNT_READ  # noqa: E402
 from pdtrace.detectors.coverage import CHECKED, NOT_APPLICABLE, NOT_CHECKED, coverage  # noqa: E402
 from pdtrace.errors import EXIT_NOT_CHECKED  # noqa: E402
-from pdtrace.trace import load, make_footer  # noqa: E402
+from pdtrace.tracefile.trace import load, make_footer  # noqa: E402
 
 runner = CliRunner()
 META, WINDOW = "connector-metadata-cleared-before-drafter", "drafter-window-outside-allocation"

@@ -18,7 +18,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import eventlib as E  # noqa: E402
 
-from pdtrace import whatif  # noqa: E402
+from pdtrace.detectors import whatif  # noqa: E402
 from pdtrace.detectors import (  # noqa: E402
     ALL_KINDS,
     DETECTORS,
@@ -278,7 +278,7 @@ def _corpus(d: pathlib.Path) -> list[pathlib.Path]:
 
 @pytest.mark.parametrize("directory", CORPUS_DIRS, ids=lambda p: p.name)
 def test_corpus_precision_recall(directory):
-    from pdtrace.trace import load
+    from pdtrace.tracefile.trace import load
 
     traces = _corpus(directory)
     assert traces, f"no traces with .expected.json sidecars in {directory}"
@@ -338,7 +338,7 @@ def test_findings_same_from_loaded_and_plain_lists(tmp_path, seed):
     and a schema v2 trace whose allocations are derived all give the same findings."""
     import copy
 
-    from pdtrace.trace import load
+    from pdtrace.tracefile.trace import load
 
     def dump(fs):
         return [f.to_dict() for f in fs]

@@ -148,7 +148,7 @@ def _pytest(path, env_extra):
 
 def test_repro_p_block_rule(pd_harness, tmp_path):
     from pdtrace.commands import repro
-    from pdtrace.trace import load
+    from pdtrace.tracefile.trace import load
 
     cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
     r = pd_harness.run_pd_request(cfg, 32, faults=("old_p_block_rule",))
@@ -176,7 +176,7 @@ def test_repro_p_block_rule(pd_harness, tmp_path):
 
 def test_repro_dflash_lookahead(pd_harness, tmp_path):
     from pdtrace.commands import repro
-    from pdtrace.trace import load
+    from pdtrace.tracefile.trace import load
 
     cfg = pd_harness.PDConfig(spec_method="dflash", num_spec_tokens=3, block_size=16)
     r = pd_harness.run_pd_request(cfg, 29, faults=("old_dflash_lookahead",))

@@ -24,7 +24,7 @@ from pdtrace import schema  # noqa: E402
 from pdtrace.commands import export as export_cmd  # noqa: E402
 from pdtrace.detectors import run_all  # noqa: E402
 from pdtrace.errors import PdtraceError  # noqa: E402
-from pdtrace.trace import iter_events, load  # noqa: E402
+from pdtrace.tracefile.trace import iter_events, load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"

@@ -13,7 +13,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def test_clean_and_buggy_side_by_side_trace(pd_harness, pd_pair, tmp_path):
-    from pdtrace.trace import load
+    from pdtrace.tracefile.trace import load
 
     cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16)
     clean = pd_harness.run_pd_request(cfg, 16, pair=pd_pair(cfg))

@@ -122,7 +122,8 @@ def test_read_and_completion_hooks_minimal_caller(pd_harness):
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import ReadSpec
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 
-    from pdtrace import hooks, recorder
+    from pdtrace import hooks
+    from pdtrace.record import recorder
 
     pd_harness.install_scheduler_hooks()
     read_spec, res_spec = hooks.REGISTRY["nixl.read"], hooks.REGISTRY["nixl.transfer_results"]
@@ -184,7 +185,8 @@ def test_push_mode_trim_carries_its_request(pd_harness):
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.tp_mapping import ReadSpec
 
-    from pdtrace import hooks, recorder
+    from pdtrace import hooks
+    from pdtrace.record import recorder
 
     status = pd_harness.install_scheduler_hooks()
     assert status["nixl.push_xfer"] in ("applied", "ok") and hooks.check(hooks.REGISTRY["nixl.push_xfer"]) == ("ok", "")
@@ -224,7 +226,8 @@ def test_region_trim_is_recorded_with_its_request(pd_harness):
 
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 
-    from pdtrace import hooks, recorder
+    from pdtrace import hooks
+    from pdtrace.record import recorder
 
     pd_harness.install_scheduler_hooks()
     spec = hooks.REGISTRY["nixl.read_for_req"]

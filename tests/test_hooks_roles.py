@@ -5,8 +5,9 @@ import pytest
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
-from pdtrace import hooks, recorder  # noqa: E402
-from pdtrace.recorder import Recorder  # noqa: E402
+from pdtrace import hooks
+from pdtrace.record import recorder  # noqa: E402
+from pdtrace.record.recorder import Recorder  # noqa: E402
 
 
 def test_worker_announces_role_instance_and_rank():

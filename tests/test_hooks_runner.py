@@ -24,9 +24,10 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from pdtrace import hooks, recorder, schema  # noqa: E402
+from pdtrace import hooks, schema
+from pdtrace.record import recorder  # noqa: E402
 from pdtrace.hooks import runner as runner_hooks  # noqa: E402
-from pdtrace.recorder import Recorder  # noqa: E402
+from pdtrace.record.recorder import Recorder  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdtrace.redact import token_hash
-from pdtrace.trace import derive_block_lists
+from pdtrace.record.redact import token_hash
+from pdtrace.tracefile.trace import derive_block_lists
 
 pytestmark = pytest.mark.vllm
 
@@ -188,7 +188,7 @@ def test_req_add_finish_and_redaction(pd_harness):
 
 def test_hook_errors_are_contained(pd_harness):
     """A recorder that fails on sched.alloc: vLLM keeps scheduling, the error is counted."""
-    from pdtrace.recorder import Recorder
+    from pdtrace.record.recorder import Recorder
 
     class Failing(Recorder):
         def emit(self, kind, req=None, step=None, **fields):
@@ -264,10 +264,10 @@ def test_running_growth_from_scheduler_output_under_preemption(pd_harness, tmp_p
     every free (preemption and finish) the list the loader derives from the request's
     allocations equals the blocks the free hook read from the KV cache manager. With
     ``sink="shard"`` the events go through the production path (marshalled shard frame,
-    read back by ``pdtrace.shards``)."""
-    from pdtrace import recorder as _rec
-    from pdtrace.recorder import Recorder
-    from pdtrace.shards import read_shard
+    read back by ``pdtrace.record.shards``)."""
+    from pdtrace.record import recorder as _rec
+    from pdtrace.record.recorder import Recorder
+    from pdtrace.record.shards import read_shard
 
     cfg = pd_harness.PDConfig(spec_method="eagle", num_spec_tokens=3, block_size=16, num_blocks=24)
     if sink == "memory":

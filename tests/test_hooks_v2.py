@@ -38,7 +38,8 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from pdtrace import hooks, recorder  # noqa: E402
+from pdtrace import hooks
+from pdtrace.record import recorder  # noqa: E402
 from pdtrace.hooks import spec_v2, states_v2  # noqa: E402
 from eventlib import RaisingRecorder  # noqa: E402
 from v2lib import (ALL_SPECS, ROWS, build_speculator, call_propose, cpu_uva, events,  # noqa: E402,F401 - fixtures

@@ -24,9 +24,9 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from pdtrace import recorder  # noqa: E402
+from pdtrace.record import recorder  # noqa: E402
 from pdtrace.hooks import spec_v2, states_v2  # noqa: E402
-from pdtrace.recorder import Recorder  # noqa: E402
+from pdtrace.record.recorder import Recorder  # noqa: E402
 from pdtrace.testing import worker_sim as ws  # noqa: E402
 from v2lib import (ROWS, build_speculator, call_propose, cpu_uva, events, faithful_propose,  # noqa: E402,F401 - fixtures
                    input_batch, installed, rec)

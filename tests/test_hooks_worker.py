@@ -26,9 +26,10 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from pdtrace import hooks, recorder, schema  # noqa: E402
+from pdtrace import hooks, schema
+from pdtrace.record import recorder  # noqa: E402
 from pdtrace.hooks import accepted_counts, connector_metadata, input_batch  # noqa: E402
-from pdtrace.recorder import Recorder  # noqa: E402
+from pdtrace.record.recorder import Recorder  # noqa: E402
 from pdtrace.testing import worker_sim as ws  # noqa: E402
 from eventlib import RaisingRecorder, rec, recorded  # noqa: E402,F401 - rec: the worker recorder fixture
 

@@ -25,7 +25,7 @@ import browser_check as bc  # noqa: E402
 
 from pdtrace.commands import report as report_cmd  # noqa: E402
 from pdtrace.detectors import run_all  # noqa: E402
-from pdtrace.trace import load  # noqa: E402
+from pdtrace.tracefile.trace import load  # noqa: E402
 from pdtrace.viewers.html import common, report, summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

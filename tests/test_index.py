@@ -1,4 +1,4 @@
-"""pdtrace.index: the byte-offset line index agrees with pdtrace.trace.load, reads lines
+"""pdtrace.index.trace_index: the byte-offset line index agrees with pdtrace.tracefile.trace.load, reads lines
 lazily, names bad lines like the loader, and keeps far less than the parsed events."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pdtrace import trace as trace_mod
+from pdtrace.tracefile import trace as trace_mod
 from pdtrace.errors import TraceError
-from pdtrace.index import TraceIndex
-from pdtrace.index_shards import load_shards
-from pdtrace.trace import make_header, write_trace
+from pdtrace.index.trace_index import TraceIndex
+from pdtrace.index.shards import load_shards
+from pdtrace.tracefile.trace import make_header, write_trace
 
 
 def _events(n: int) -> list[dict]:
@@ -103,7 +103,7 @@ def test_shards_merge_sorted_by_time_with_problems(tmp_path):
 
 def test_shard_directory_written_by_recorders_opens_in_the_index(tmp_path):
     """Real shard files (marshal frames) from two recorders, as `pdtrace view DIR` opens them."""
-    from pdtrace.recorder import Recorder
+    from pdtrace.record.recorder import Recorder
 
     a = Recorder.to_shard_dir(str(tmp_path), threaded=False, inst="P")
     a.pid = 111  # two processes' shards in one directory

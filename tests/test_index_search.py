@@ -1,4 +1,4 @@
-"""Raw-event search of the lazy index (``pdtrace.index_search``), used by the TUI's ``e`` key:
+"""Raw-event search of the lazy index (``pdtrace.index.search``), used by the TUI's ``e`` key:
 checked against a brute-force scan of the parsed events, forwards and backwards, with chunks
 small enough that matches straddle chunk boundaries, on a file-backed and an in-memory index."""
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pdtrace.index import TraceIndex
-from pdtrace.index_search import search
+from pdtrace.index.trace_index import TraceIndex
+from pdtrace.index.search import search
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_traces" / "stale_read_rowmoves_buggy.jsonl"
 

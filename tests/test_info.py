@@ -11,8 +11,8 @@ from pathlib import Path
 
 from pdtrace import cli
 from pdtrace.commands import info as info_cmd
-from pdtrace.ends import read_ends
-from pdtrace.join import merge_traces
+from pdtrace.tracefile.ends import read_ends
+from pdtrace.merge import merge_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "pdtrace/samples/demo_lookahead_misalignment.jsonl"

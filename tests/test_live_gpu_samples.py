@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pdtrace.trace import load
+from pdtrace.tracefile.trace import load
 
 ROOT = Path(__file__).parent.parent
 V2 = ROOT / "sample_traces" / "live_gpu_pd_eagle_v2.jsonl.zst"

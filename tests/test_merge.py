@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-from pdtrace.join import fit_clock, merge_traces
-from pdtrace.trace import load, make_header, write_trace
+from pdtrace.merge import fit_clock, merge_traces
+from pdtrace.tracefile.trace import load, make_header, write_trace
 
 B = 1_000_000  # 1 ms in ns
 

@@ -1,4 +1,4 @@
-"""`pdtrace merge` in bounded memory (pdtrace/join.py, issue 22) against the in-memory merge it
+"""`pdtrace merge` in bounded memory (pdtrace/merge.py, issue 22) against the in-memory merge it
 replaced (every input loaded whole, its wall times shifted, stably sorted by wall time,
 heap-merged; written here as the reference).
 
@@ -16,9 +16,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pdtrace import join
-from pdtrace.join import fit_clock, merge_traces
-from pdtrace.trace import load, make_header, write_trace
+from pdtrace import merge as join
+from pdtrace.merge import fit_clock, merge_traces
+from pdtrace.tracefile.trace import load, make_header, write_trace
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 

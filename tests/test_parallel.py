@@ -19,8 +19,8 @@ import pytest
 
 from pdtrace.detectors import parallel, stream
 from pdtrace.detectors.coverage import coverage_of, incomplete_reason
-from pdtrace.segments import LineFilter, NeedsScan
-from pdtrace.writer import write_trace
+from pdtrace.tracefile.segments import LineFilter, NeedsScan
+from pdtrace.tracefile.writer import write_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted([*(ROOT / "sample_traces").glob("*.jsonl"), *(ROOT / "sample_traces").glob("*.jsonl.zst")])
@@ -154,7 +154,7 @@ def test_line_filter_keeps_its_kinds_and_tells_what_it_cannot():
     assert exc.mask(lines) == [False, True, False, True]
     with pytest.raises(NeedsScan):
         exc.mask([b'{"id":4,"ev":"acc.read"}\n'])
-    from pdtrace.eventlist import kind_code
+    from pdtrace.tracefile.eventlist import kind_code
     assert inc.foreign(bytes([kind_code("acc.truth")])) and not inc.foreign(bytes([kind_code("acc.read")]))
     assert exc.foreign(bytes([kind_code("acc.read")])) and not exc.foreign(bytes([kind_code("acc.truth")]))
 

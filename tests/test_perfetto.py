@@ -21,7 +21,7 @@ import browser_check as bc  # noqa: E402
 jsonschema = pytest.importorskip("jsonschema")
 
 from pdtrace.commands import export as export_cmd  # noqa: E402
-from pdtrace.trace import load  # noqa: E402
+from pdtrace.tracefile.trace import load  # noqa: E402
 
 _NUM = {"type": "number"}
 _ID = {"type": ["integer", "string"]}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from pdtrace import progress as progress_mod
-from pdtrace.trace import load
+from pdtrace.commands import progress as progress_mod
+from pdtrace.tracefile.trace import load
 
 SAMPLE = Path(__file__).resolve().parent.parent / "pdtrace/samples/demo_lookahead_misalignment.jsonl"
 

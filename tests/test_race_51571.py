@@ -164,7 +164,7 @@ def test_the_viewer_acc_pane_gives_the_detector_verdict(tmp_path, order):
     the swap and right when it landed after; the pane's first look (rows at copy time, owner
     now) would call both wrong, since C moved."""
     from pdtrace.commands.view import open_source
-    from pdtrace.writer import write_trace
+    from pdtrace.tracefile.writer import write_trace
     from pdtrace.viewers.tui import model
 
     res, found, events = _run(order, False)

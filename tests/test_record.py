@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pdtrace.trace import load
+from pdtrace.tracefile.trace import load
 
 APP = str(Path(__file__).parent / "programs" / "mp_app.py")
 PDTRACE = [sys.executable, "-m", "pdtrace"]

@@ -17,7 +17,7 @@ import pytest
 from conftest import small_tmpfs
 
 from pdtrace.commands.view import open_source
-from pdtrace.trace import load
+from pdtrace.tracefile.trace import load
 
 PDTRACE = [sys.executable, "-m", "pdtrace"]
 ENV = dict(os.environ, PDTRACE_HOOKS="0")  # process events and marks only: no vLLM here

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import threading
 
-from pdtrace.recorder import Recorder
-from pdtrace.shards import finalize_session
-from pdtrace.trace import load
+from pdtrace.record.recorder import Recorder
+from pdtrace.record.shards import finalize_session
+from pdtrace.tracefile.trace import load
 
 
 def test_storm_with_a_small_queue_counts_every_drop(tmp_path):

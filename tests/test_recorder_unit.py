@@ -5,8 +5,9 @@ import types
 
 import pytest
 
-from pdtrace import hooks, recorder
-from pdtrace.recorder import Recorder
+from pdtrace import hooks
+from pdtrace.record import recorder
+from pdtrace.record.recorder import Recorder
 
 
 def test_bounded_queue_counts_drops():
@@ -126,7 +127,7 @@ class _Ids(recorder.Deferred):
 
 
 def _shard_events(tmp_path, fill):
-    from pdtrace.shards import read_shard
+    from pdtrace.record.shards import read_shard
 
     rec = Recorder.to_shard_dir(str(tmp_path), threaded=False, role="engine-core", inst="P", rank=1)
     fill(rec)
@@ -163,7 +164,7 @@ def test_a_value_marshal_cannot_take_becomes_its_json_form(tmp_path):
 
 
 def test_a_cut_last_frame_keeps_every_earlier_frame(tmp_path):
-    from pdtrace.shards import read_shard
+    from pdtrace.record.shards import read_shard
 
     rec = Recorder.to_shard_dir(str(tmp_path), threaded=False)
     rec.emit("mark", label="kept")

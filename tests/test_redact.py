@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from pdtrace.redact import MASK, is_secret_key, mask_argv
-from pdtrace.trace import load
+from pdtrace.record.redact import MASK, is_secret_key, mask_argv
+from pdtrace.tracefile.trace import load
 
 MASKED = [  # (argv, the masked form)
     (["--api-key", "XYZZY1"], ["--api-key", MASK]),

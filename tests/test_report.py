@@ -1,6 +1,6 @@
 """`pdtrace report`: the self-contained HTML report.
 
-Traces are small schema-valid traces written with ``pdtrace.trace.write_trace``
+Traces are small schema-valid traces written with ``pdtrace.tracefile.trace.write_trace``
 (tests/browser_check.py), findings come from the real detectors (``pdtrace.detectors``).
 """
 
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import browser_check as bc  # noqa: E402
 
 from pdtrace.commands import report as report_cmd  # noqa: E402
-from pdtrace.trace import load  # noqa: E402
+from pdtrace.tracefile.trace import load  # noqa: E402
 from pdtrace.viewers.html import report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -180,7 +180,7 @@ def test_report_cli_errors_on_bad_trace(tmp_path):
 def test_viewers_import_no_vllm_or_torch(buggy, tmp_path):
     code = (
         "import sys\n"
-        "from pdtrace.trace import load\n"
+        "from pdtrace.tracefile.trace import load\n"
         "from pdtrace.viewers.html import report\n"
         "from pdtrace.viewers import perfetto\n"
         f"tr = load({str(buggy)!r})\n"

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pdtrace.ring import SegmentRing
-from pdtrace.trace import load
+from pdtrace.record.ring import SegmentRing
+from pdtrace.tracefile.trace import load
 
 APP = str(Path(__file__).parent / "programs" / "steady_app.py")
 
@@ -60,7 +60,7 @@ def test_sigusr1_writes_a_snapshot_and_the_command_goes_on(tmp_path):
 
 def test_an_online_check_asks_for_a_snapshot_by_itself(tmp_path):
     """A racy accepted-count read half-way through a 3 s run: the writer thread's online check
-    (pdtrace.online) writes its trigger and signals record, which writes a snapshot whose
+    (pdtrace.record.online) writes its trigger and signals record, which writes a snapshot whose
     header names the rule, the pid and the step, and which holds the read; no SIGUSR1 is
     sent by anyone else. The trace written at exit has it too."""
     proc, out = _record(tmp_path, "3", "racy-read", ring="5")
@@ -83,7 +83,7 @@ def test_an_online_check_asks_for_a_snapshot_by_itself(tmp_path):
 
 
 def test_online_check_rules():
-    from pdtrace.online import METADATA, STALE, OnlineCheck
+    from pdtrace.record.online import METADATA, STALE, OnlineCheck
 
     oc = OnlineCheck("P")
     synced = [("acc.read", 0, "a", 1, {"row": 0, "value": 1, "event_done": False, "synced": True}),
@@ -102,7 +102,7 @@ def test_online_check_rules():
 
 
 def test_segments_rotate_on_a_fake_clock(tmp_path):
-    from pdtrace.frames import frame_head
+    from pdtrace.record.frames import frame_head
 
     now = [0.0]
     ring = SegmentRing(str(tmp_path), 7, 4.0, clock=lambda: now[0])

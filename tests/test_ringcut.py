@@ -16,7 +16,7 @@ from pdtrace.commands.check import exit_code
 from pdtrace.detectors import run_all
 from pdtrace.detectors.base import SEVERITY_INCONCLUSIVE
 from pdtrace.detectors.coverage import coverage
-from pdtrace.trace import load
+from pdtrace.tracefile.trace import load
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 

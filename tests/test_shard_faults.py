@@ -13,9 +13,9 @@ from pathlib import Path
 
 from conftest import small_tmpfs
 
-from pdtrace.recorder import FRAME_HEAD, Recorder
-from pdtrace.shards import finalize_session, read_shard
-from pdtrace.trace import load
+from pdtrace.record.recorder import FRAME_HEAD, Recorder
+from pdtrace.record.shards import finalize_session, read_shard
+from pdtrace.tracefile.trace import load
 
 
 def _three_frames(tmp_path):

@@ -18,7 +18,7 @@ from pdtrace.detectors import stream
 from pdtrace.detectors.coverage import coverage, coverage_of, incomplete_reason
 from pdtrace.detectors.index import Index
 from pdtrace.errors import TraceError
-from pdtrace.trace import load
+from pdtrace.tracefile.trace import load
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = sorted([*(ROOT / "sample_traces").glob("*.jsonl"), *(ROOT / "sample_traces").glob("*.jsonl.zst")])
@@ -219,7 +219,7 @@ def test_check_streams_and_says_so_in_its_numbers(tmp_path, capsys):
         check.run(str(SAMPLE), format="json", what_if="fixed-trim", output=out)
         assert calls  # --what-if streams too
         doc = json.loads(out.read_text())
-        from pdtrace import whatif
+        from pdtrace.detectors import whatif
         assert doc["what_if"]["requests"] == json.loads(json.dumps(whatif.fixed_trim(load(str(SAMPLE)).events)))
         assert doc["findings"] == json.loads(json.dumps(findings))
     finally:
@@ -281,7 +281,7 @@ def test_a_trace_cut_mid_line_is_read_once(tmp_path, monkeypatch):
 def test_streamed_what_if_equals_the_whole_trace_replay(trace):
     """`check --what-if fixed-trim` streams: its replay (``whatif.FixedTrim``) fed segments of
     1, 3, 50 and 64k events lists what the replay of the loaded trace lists, per request too."""
-    from pdtrace import whatif
+    from pdtrace.detectors import whatif
     events = load(str(trace)).events
     reqs = [None, *sorted({e["req"] for e in events if e["ev"] == "nixl.request_finished"})[:2]]
     for req in reqs:
@@ -293,6 +293,6 @@ def test_streamed_what_if_equals_the_whole_trace_replay(trace):
 
 def test_what_if_has_something_to_replay():
     """(The comparison above would pass on empty lists: the buggy lookahead sample changes.)"""
-    from pdtrace import whatif
+    from pdtrace.detectors import whatif
     events = load(str(ROOT / "sample_traces" / "lookahead_aligned16_k1_buggy.jsonl")).events
     assert whatif.fixed_trim(events)

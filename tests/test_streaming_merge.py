@@ -16,9 +16,9 @@ import zlib
 
 import orjson
 
-from pdtrace.frames import SHARD_SUFFIX, frame_head
-from pdtrace.recorder import Recorder
-from pdtrace.shards import finalize_session, in_time_order, merge_shard_dir
+from pdtrace.record.frames import SHARD_SUFFIX, frame_head
+from pdtrace.record.recorder import Recorder
+from pdtrace.record.shards import finalize_session, in_time_order, merge_shard_dir
 
 VOLATILE = ("id",)
 

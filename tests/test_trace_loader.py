@@ -5,7 +5,7 @@ import pytest
 
 from pdtrace import schema
 from pdtrace.errors import TraceError
-from pdtrace.trace import load, make_footer, make_header, write_trace
+from pdtrace.tracefile.trace import load, make_footer, make_header, write_trace
 
 
 def _events(n=5):
@@ -117,7 +117,7 @@ def _alloc(i, req, block_ids=None, new=None, ok=True):
 
 
 def test_loaded_events_carry_groups_codes_and_aligned_ids(tmp_path):
-    from pdtrace.trace import EventList, kind_groups, select_kinds
+    from pdtrace.tracefile.trace import EventList, kind_groups, select_kinds
 
     p = tmp_path / "t.jsonl"
     evs = _events(3) + [_alloc(9, "r1", [1, 2])] + _events(2)
@@ -136,7 +136,7 @@ def test_loaded_events_carry_groups_codes_and_aligned_ids(tmp_path):
 
 
 def test_ids_from_the_file_that_are_not_positions(tmp_path):
-    from pdtrace.trace import select_kinds
+    from pdtrace.tracefile.trace import select_kinds
 
     p = tmp_path / "t.jsonl"
     evs = _events(4)
@@ -149,7 +149,7 @@ def test_ids_from_the_file_that_are_not_positions(tmp_path):
 
 
 def test_schema_v2_allocs_derived_once(tmp_path):
-    from pdtrace.trace import derive_block_lists
+    from pdtrace.tracefile.trace import derive_block_lists
 
     p = tmp_path / "t.jsonl"
     evs = [_alloc(0, "r1", [1, 2], [1, 2]), _alloc(1, "r1", None, [3]), _alloc(2, "r1", None, [])]
@@ -227,7 +227,7 @@ def test_a_run_parse_never_accepts_what_a_line_parse_rejects(good, line, reason)
 def test_runs_that_split_lines_anywhere_give_the_same_events(tmp_path, monkeypatch):
     """Runs of a few bytes (every line completed from the next run) and one run for the
     whole file load the same events, progress included, as the exact line scan."""
-    from pdtrace import segments, trace as T
+    from pdtrace.tracefile import segments, trace as T
 
     p = tmp_path / "t.jsonl"
     write_trace(str(p), make_header(origin="synthetic", versions={}), _events(40))

@@ -3,7 +3,7 @@ traces and not on their fixed twins (real detectors, pdtrace.detectors.run_all),
 snapshots of the main panes, shard directories, damaged traces, and a real-terminal
 check through tmux.
 
-The traces are small schema-valid traces written with pdtrace.trace.write_trace in the
+The traces are small schema-valid traces written with pdtrace.tracefile.trace.write_trace in the
 recorded shape of the seeds (/work/shared/seeds): a P/D request whose prompt fills whole
 blocks under spec decode (000/001), a connector-metadata clear before the drafter forward
 (002), and a stale / wrong-row accepted-count read after a batch swap (004).
@@ -22,9 +22,9 @@ import orjson
 import pytest
 
 from pdtrace.errors import PdtraceError
-from pdtrace.index import TraceIndex
-from pdtrace.index_shards import load_shards
-from pdtrace.trace import make_header, write_trace
+from pdtrace.index.trace_index import TraceIndex
+from pdtrace.index.shards import load_shards
+from pdtrace.tracefile.trace import make_header, write_trace
 from pdtrace.viewers.tui.app import PdtraceViewer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import pytest
 from pdtrace.commands.view import _remove_decompressed, open_source
 from pdtrace.detectors import background
 from pdtrace.detectors.background import Job
-from pdtrace.index import TraceIndex
+from pdtrace.index.trace_index import TraceIndex
 from pdtrace.viewers.tui.app import PdtraceViewer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

@@ -19,8 +19,8 @@ from test_tui import _ready, _red_spans, _trace, stale_events  # noqa: E402
 
 from pdtrace.detectors import run_all  # noqa: E402
 from pdtrace.detectors.coverage import coverage  # noqa: E402
-from pdtrace.index import TraceIndex  # noqa: E402
-from pdtrace.trace import make_header, write_trace  # noqa: E402
+from pdtrace.index.trace_index import TraceIndex  # noqa: E402
+from pdtrace.tracefile.trace import make_header, write_trace  # noqa: E402
 from pdtrace.viewers.tui import selection  # noqa: E402
 from pdtrace.viewers.tui.app import PdtraceViewer  # noqa: E402
 from pdtrace.viewers.tui.widgets.lists import FindingsList, RequestList  # noqa: E402

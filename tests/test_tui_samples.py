@@ -16,7 +16,7 @@ import time
 import pytest
 from rich.console import Console
 
-from pdtrace.index import TraceIndex
+from pdtrace.index.trace_index import TraceIndex
 from pdtrace.viewers.tui.app import PdtraceViewer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent

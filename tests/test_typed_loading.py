@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pdtrace.errors import TraceError
-from pdtrace.index import TraceIndex
-from pdtrace.trace import load
+from pdtrace.index.trace_index import TraceIndex
+from pdtrace.tracefile.trace import load
 
 SAMPLE = Path(__file__).resolve().parent.parent / "pdtrace/samples/demo_lookahead_misalignment.jsonl"
 
@@ -74,7 +74,7 @@ def test_wrong_typed_footer_is_a_problem(tmp_path):
 
 def _rewrite(src: Path, dst: Path, edit=None) -> dict:
     """``src`` written again through pdtrace's writer (``write_trace``), an event edited first."""
-    from pdtrace.trace import write_trace
+    from pdtrace.tracefile.trace import write_trace
 
     tr = load(str(src))
     events = [{k: v for k, v in e.items() if k != "block_ids_derived"} for e in tr.events]
@@ -85,7 +85,7 @@ def _rewrite(src: Path, dst: Path, edit=None) -> dict:
 
 
 def test_writer_signs_a_valid_trace_and_the_reader_trusts_it(tmp_path, monkeypatch):
-    from pdtrace import trace
+    from pdtrace.tracefile import trace
 
     dst = tmp_path / "signed.jsonl"
     footer = _rewrite(SAMPLE, dst)

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from pdtrace import schema  # noqa: E402
-from pdtrace.recorder import Recorder  # noqa: E402
+from pdtrace.record.recorder import Recorder  # noqa: E402
 from pdtrace.testing import worker_sim as ws  # noqa: E402
 
 SIM_KINDS = {"spec.phase", "d2h.issue", "d2h.done", "acc.read", "acc.truth", "spec.window"}

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from pdtrace import compress
+from pdtrace.tracefile import compress
 from pdtrace.commands.view import _remove_decompressed, open_source
 from pdtrace.errors import TraceError
-from pdtrace.index import TraceIndex
-from pdtrace.trace import load, write_trace
+from pdtrace.index.trace_index import TraceIndex
+from pdtrace.tracefile.trace import load, write_trace
 from pdtrace.viewers.tui.app import PdtraceViewer
-from pdtrace.zsource import FrameSource
+from pdtrace.tracefile.zsource import FrameSource
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_traces"

@@ -15,10 +15,10 @@ import zstandard
 
 from pdtrace import cli
 from pdtrace.commands.view import open_source
-from pdtrace.compress import ZSTD_MAGIC, is_zstd
-from pdtrace.ends import read_ends
-from pdtrace.join import merge_traces
-from pdtrace.trace import load, write_trace
+from pdtrace.tracefile.compress import ZSTD_MAGIC, is_zstd
+from pdtrace.tracefile.ends import read_ends
+from pdtrace.merge import merge_traces
+from pdtrace.tracefile.trace import load, write_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 BUGGY = ROOT / "sample_traces/stale_read_rowmoves_buggy.jsonl"
@@ -159,7 +159,7 @@ def test_view_deletes_its_decompressed_copy(tmp_path):
 
 
 def _frames_pair(tmp_path, monkeypatch, frame_bytes: int) -> tuple[Path, Path]:
-    from pdtrace import compress
+    from pdtrace.tracefile import compress
     monkeypatch.setattr(compress, "FRAME_BYTES", frame_bytes)
     return _pair(tmp_path)
 
@@ -168,7 +168,7 @@ def test_compressed_traces_are_in_zstds_seekable_format(tmp_path, monkeypatch):
     """Independent frames of FRAME_BYTES uncompressed bytes and a seek table (zstd's
     contrib/seekable_format) in a skippable frame: each frame decompresses alone to its slice
     of the plain lines, and libzstd reading across frames gives exactly those lines."""
-    from pdtrace.compress import read_frame, seek_table
+    from pdtrace.tracefile.compress import read_frame, seek_table
     plain, packed = _frames_pair(tmp_path, monkeypatch, 4096)
     table = seek_table(str(packed))
     data = plain.read_bytes()
@@ -187,8 +187,8 @@ def test_compressed_traces_are_in_zstds_seekable_format(tmp_path, monkeypatch):
 def test_info_reads_only_the_last_frame_of_a_compressed_trace(tmp_path, monkeypatch):
     """`info` in constant time on a .zst (issue 22's < 1 s at any size): the footer from the
     last frame(s), back to the one where the footer line starts."""
-    from pdtrace import ends
-    from pdtrace.compress import seek_table
+    from pdtrace.tracefile import ends
+    from pdtrace.tracefile.compress import seek_table
     real = ends.read_frame
     for frame_bytes in (1 << 20, 64):  # the footer in one frame / over several
         plain, packed = _frames_pair(tmp_path, monkeypatch, frame_bytes)
@@ -206,7 +206,7 @@ def test_info_on_a_compressed_trace_without_a_seek_table(tmp_path):
     plain, packed = _pair(tmp_path)
     single = tmp_path / "single.jsonl.zst"
     single.write_bytes(zstandard.ZstdCompressor(level=3).compress(plain.read_bytes()))
-    from pdtrace.compress import seek_table
+    from pdtrace.tracefile.compress import seek_table
     assert seek_table(str(single)) is None
     want = read_ends(str(plain))[1]
     assert read_ends(str(single))[1] == want

@@ -1,6 +1,6 @@
 """Parquet export: one table per event kind, for DuckDB, Spark, pandas or any Arrow reader.
 
-``write(path, out_dir)`` streams the trace (``pdtrace.trace.scan``: every line validated as
+``write(path, out_dir)`` streams the trace (``pdtrace.tracefile.trace.scan``: every line validated as
 ``check`` does) and appends each event to its kind's table, flushing a row group every
 ``batch`` events of that kind, and every kind's buffer whenever ``budget`` events are buffered
 in all, so memory stays bounded by ``budget`` events whatever the trace's length. Output, in ``out_dir``:
@@ -90,7 +90,7 @@ def write(path: str, out_dir: str | os.PathLike, *, lenient: bool = False, batch
         import pyarrow.parquet as pq
     except ImportError:
         raise PdtraceError("the Parquet export needs pyarrow: pip install 'pdtrace[parquet]' (or pip install pyarrow)") from None
-    from pdtrace.trace import scan
+    from pdtrace.tracefile.trace import scan
 
     os.makedirs(out_dir, exist_ok=True)
     tables: dict[str, _Table] = {}

@@ -83,7 +83,7 @@ def _check_md(trace: Path, dest: Path, lenient: bool) -> str:
 
 
 def _versions(header: dict[str, Any]) -> dict[str, Any]:
-    from ..versions import collect_versions
+    from ..tracefile.versions import collect_versions
 
     return {"trace": dict(header.get("versions") or {}), "trace_pdtrace": header.get("pdtrace", ""),
             "trace_origin": header.get("origin", ""), "trace_created": header.get("created", ""),

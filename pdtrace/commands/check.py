@@ -35,7 +35,7 @@ checked and why (``pdtrace.detectors.coverage``). Formats:
       "findings": [{"kind", "severity", "req", "step", "inst", "event_ids", "title",
                     "explanation", "data"}, ...],   # sorted by (step, kind); text and markdown
                                                 # list errors, then warnings, then inconclusive
-      "what_if": {"rule": str, "requests": [...]}   # only with --what-if (see pdtrace.whatif)
+      "what_if": {"rule": str, "requests": [...]}   # only with --what-if (see pdtrace.detectors.whatif)
     }
 
   Fields may be added within version 1; none is removed or renamed.
@@ -53,13 +53,15 @@ from typing import Any
 import orjson
 
 from .. import __version__
-from ..detectors import DETECTORS, Finding, run_all, unknown_kinds
+from ..detectors import DETECTORS, Finding, unknown_kinds
 from ..detectors.base import SEVERITY_INCONCLUSIVE
 from ..detectors import parallel, stream
-from ..detectors.coverage import Coverage, coverage, coverage_of, incomplete_reason, not_checked
-from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, check_writable, warn_problems, write_stdout
-from ..trace import Trace, load
-from ..progress import load_progress
+from ..detectors.checking import check_file
+from ..detectors.coverage import Coverage, coverage, not_checked
+from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, check_writable, write_stdout
+from ..tracefile.damage import incomplete_reason, warn_problems
+from ..tracefile.trace import Trace
+from .progress import load_progress
 
 FORMATS = ("text", "markdown", "json")
 JSON_SCHEMA = "pdtrace-check"
@@ -69,7 +71,7 @@ JSON_VERSION = 1
 def run(trace: Path | str, format: str = "text", only: list[str] | None = None, request: str | None = None,
         what_if: str | None = None, output: Path | str | None = None, lenient: bool = False,
         jobs: int = 0) -> int:
-    from .. import whatif as _whatif
+    from ..detectors import whatif as _whatif
 
     if format not in FORMATS:
         raise PdtraceError(f"unknown --format {format!r}; valid: {', '.join(FORMATS)}")
@@ -86,34 +88,14 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     if output is not None:
         check_writable(Path(output))
     ran = only or list(DETECTORS)
-    if not stream.header_of(str(trace)).get("ring_s"):
-        # segment by segment: memory bounded by the detectors' live state, not the trace
-        # (--what-if too: its replay is fed the segments the same way)
-        progress = load_progress(str(trace), verb="checking")
-        jobs = jobs or parallel.auto_jobs(str(trace))
-        if jobs >= 2 and not what_if:  # the detectors split over processes by the kinds they read
-            res = parallel.run(str(trace), only=only, request=request, lenient=lenient, progress=progress,
-                               jobs=jobs)
-        else:
-            res = stream.run(str(trace), only=only, request=request, lenient=lenient, progress=progress,
-                             observe=(lambda: _whatif.FixedTrim(request)) if what_if else None)
-        tr: Any = res
-        warn_problems(tr)
-        if request is not None and not res.request.seen:  # type: ignore[union-attr]
-            _unknown_request(res.path, request, res.request.known)  # type: ignore[union-attr]
-        findings = res.findings
-        wi = res.observed.finish() if what_if else None
-        cov = coverage_of(res.summary, res.footer, kinds=ran, incomplete=incomplete_reason(res.footer, res.problems))
-    else:  # flight-recorder traces (bounded by their window): the trace loaded whole
-        tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
-        warn_problems(tr)
-        if request is not None and not any(e.get("req") == request or e.get("remote_req") == request
-                                           for e in tr.events):
-            _unknown_request(tr.path, request, [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"])
-        findings = run_all(tr.events, tr.header, only=only, request=request)
-        wi = _whatif.run(what_if, tr.events, request) if what_if else None
-        cov = coverage(tr.events, tr.header, tr.footer, kinds=ran,
-                       incomplete=incomplete_reason(tr.footer, tr.problems))
+    checked = check_file(str(trace), only=only, request=request, lenient=lenient, what_if=what_if,
+                         progress=load_progress(str(trace), verb="checking"),
+                         jobs=jobs or parallel.auto_jobs(str(trace)))
+    tr: Any = checked.trace
+    warn_problems(tr)
+    if not checked.request_seen:
+        _unknown_request(tr.path, request or "", checked.requests)
+    findings, cov, wi = checked.findings, checked.coverage, checked.replay
     if format == "json":
         text = render_json(tr, findings, ran, request, what_if, wi, cov=cov)
     elif format == "markdown":

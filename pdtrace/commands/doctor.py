@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Any
 
-from pdtrace.versions import collect_versions
+from pdtrace.tracefile.versions import collect_versions
 
 
 def _rows() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -39,7 +39,7 @@ def run(trace: Path, perfetto: Path | None = None, lenient: bool = False, perfet
             print(f"pdtrace: warning: {note}", file=sys.stderr)
         del tr
     if parquet is not None:
-        from ..progress import load_progress
+        from .progress import load_progress
         from ..viewers import parquet as pq
 
         try:

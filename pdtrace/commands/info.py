@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import schema
-from ..errors import EXIT_OK, warn_problems, write_stdout
-from ..detectors.coverage import footer_damage
-from ..footer import FooterCounter
-from ..reading import Rescan, Sink, read_through
-from ..trace import is_complete
-from ..ends import read_ends
-from ..progress import load_progress
+from ..errors import EXIT_OK, write_stdout
+from ..tracefile.damage import footer_damage, warn_problems
+from ..tracefile.footer import FooterCounter
+from ..tracefile.reading import Rescan, Sink, read_through
+from ..tracefile.trace import is_complete
+from ..tracefile.ends import read_ends
+from .progress import load_progress
 
 
 def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:

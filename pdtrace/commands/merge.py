@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from ..errors import PdtraceError, check_writable
-from ..join import merge_traces
-from ..progress import load_progress
+from ..merge import merge_traces
+from .progress import load_progress
 
 
 def _fmt_ns(ns: int | None) -> str:
@@ -31,7 +31,7 @@ def run(inputs: list[Path], output: Path, lenient: bool = False) -> int:
     if os.path.realpath(output) in seen:
         raise PdtraceError(f"-o {output} is also an input: it would be overwritten; write the merge to another file")
     check_writable(Path(output))
-    # two passes over each input (pdtrace.join): a progress line for each on a terminal
+    # two passes over each input (pdtrace.merge): a progress line for each on a terminal
     res = merge_traces([str(p) for p in inputs], str(output), lenient=lenient,
                        progress=lambda verb, path: load_progress(path, verb=f"{verb} (pass {1 if verb == 'reading' else 2} of 2)"))
     print(f"pdtrace: wrote {output} ({res['events']} events)", file=sys.stderr)

@@ -13,10 +13,10 @@ import time
 import uuid
 from pathlib import Path
 
-from ..bootstrap.runtime import BOOTSTRAP_DIR
+from ..record.bootstrap.runtime import BOOTSTRAP_DIR
 from ..errors import PdtraceError, os_error_line
-from ..redact import mask_argv
-from ..shards import finalize_session, shard_files
+from ..record.redact import mask_argv
+from ..record.shards import finalize_session, shard_files
 
 
 def _in_terminal_foreground() -> bool:
@@ -174,7 +174,7 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
                 continue
         still = _wait_for_orphans(shard_dir, orphan_wait, flush_interval, exclude={os.getpid()})
         if ring is not None:
-            from ..online import take_triggers
+            from ..record.online import take_triggers
 
             for d in take_triggers(shard_dir):  # fired after the last snapshot: the exit trace holds them
                 print(f"pdtrace: online check in pid {d.get('pid')} at step {d.get('step')}: {d.get('reason')} "
@@ -229,11 +229,11 @@ _snapshot_count = 0
 def _snapshot(shard_dir: str, output: Path, cmd: list[str], no_redact: bool, ring: float) -> None:
     """Write the flight recorder's window as a trace while CMD runs (SIGUSR1): the shard files
     are copied (cut to whole frames) and merged; CMD and its recorders go on untouched."""
-    from ..online import take_triggers
-    from ..ring import copy_for_snapshot
+    from ..record.online import take_triggers
+    from ..record.ring import copy_for_snapshot
 
     global _snapshot_count
-    trig = take_triggers(shard_dir)  # online checks that asked for this snapshot (pdtrace.online)
+    trig = take_triggers(shard_dir)  # online checks that asked for this snapshot (pdtrace.record.online)
     why = "SIGUSR1"
     if trig:
         first = min(trig, key=lambda d: d.get("t", 0))

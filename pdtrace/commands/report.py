@@ -6,14 +6,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import PdtraceError, warn_problems
+from ..errors import PdtraceError
+from ..tracefile.damage import warn_problems
 
 
 def load_with_findings(trace: Path, lenient: bool) -> tuple[Any, list, str]:
     """Load the trace and run the detectors. Returns (trace, findings, note); the note says
     why there are no findings when the detectors could not run."""
-    from ..progress import load_progress
-    from ..trace import load
+    from .progress import load_progress
+    from ..tracefile.trace import load
 
     tr = load(str(trace), lenient=lenient, progress=load_progress(str(trace)))
     warn_problems(tr)
@@ -32,7 +33,7 @@ WHOLE_UP_TO = 1_000_000  # events: a bigger trace (or a cut one this size on dis
 
 
 def _too_big(trace: Path) -> bool:
-    from ..ends import read_ends
+    from ..tracefile.ends import read_ends
 
     try:
         _h, foot, size = read_ends(str(trace))
@@ -46,7 +47,7 @@ def _too_big(trace: Path) -> bool:
 def read_reduced(trace: Path, lenient: bool) -> tuple[Any, list, str]:
     """A trace too big to hold, in two passes (``viewers.html.reduce``): the findings of the
     streamed check and the events the page can show, with the trace's counts."""
-    from ..progress import load_progress
+    from .progress import load_progress
     from ..viewers.html import reduce
 
     tr, findings, _cov = reduce.read(str(trace), lenient=lenient,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pdtrace.errors import PdtraceError
-from pdtrace.trace import load
+from pdtrace.tracefile.trace import load
 
 # recorded spec method -> harness method with the same lookahead rule
 _METHOD_MAP = {"": "", "ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "mtp": "eagle",

@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from ..errors import EXIT_OK, PdtraceError
-from ..compress import is_zstd, seek_table
-from ..index import TraceIndex
-from ..index_shards import load_shards
+from ..tracefile.compress import is_zstd, seek_table
+from ..index.trace_index import TraceIndex
+from ..index.shards import load_shards
 
 
 def open_source(trace: str | os.PathLike | None) -> TraceIndex:
@@ -59,7 +59,7 @@ def _decompressed(p: Path) -> Path:
     runs and deleted when it exits (``run``)."""
     import tempfile
 
-    from ..compress import decompress_to
+    from ..tracefile.compress import decompress_to
 
     out = Path(tempfile.mkdtemp(prefix="pdtrace-view-")) / (p.name[:-4] if p.name.endswith(".zst") else p.name)
     print(f"pdtrace: {p} is zstd-compressed as one stream (no seek table); decompressing to {out} "

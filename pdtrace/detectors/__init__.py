@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 from typing import Any, Callable, Iterable
 
-from pdtrace.trace import EventList, derive_block_lists
+from pdtrace.tracefile.trace import EventList, derive_block_lists
 
 from . import drafter_window, lookahead, metadata, ringcut, stale_read
 from .base import (

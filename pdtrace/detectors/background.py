@@ -17,27 +17,16 @@ import time
 import traceback
 from typing import Any
 
-from . import DETECTORS, run_all
-from .coverage import coverage, coverage_of, incomplete_reason
-
 PROGRESS_EVERY = 0.5  # seconds between the child's progress messages
 
 
 def check(path: str, progress: Any = None) -> tuple[list, dict]:
     """(findings, coverage by bug class) of the trace at ``path``, read leniently, as
-    `pdtrace check --lenient` finds them: streamed, or loaded whole for a flight-recorder
-    trace (bounded by its window; the ring-cut rules look back over all of it)."""
-    from ..trace import load
-    from . import stream
+    `pdtrace check --lenient` finds them (``checking.check_file``, in one process)."""
+    from .checking import check_file
 
-    kinds = list(DETECTORS)
-    if not stream.header_of(path).get("ring_s"):
-        res = stream.run(path, lenient=True, progress=progress)
-        return res.findings, coverage_of(res.summary, res.footer, kinds=kinds,
-                                         incomplete=incomplete_reason(res.footer, res.problems))
-    tr = load(path, lenient=True, progress=progress)
-    return run_all(tr.events, tr.header), coverage(tr.events, tr.header, tr.footer, kinds=kinds,
-                                                   incomplete=incomplete_reason(tr.footer, tr.problems))
+    checked = check_file(path, lenient=True, progress=progress)
+    return checked.findings, checked.coverage
 
 
 def prepare() -> None:

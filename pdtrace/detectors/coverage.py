@@ -36,7 +36,8 @@ from .base import (
     METADATA_CLEARED_BEFORE_DRAFTER,
     STALE_ACCEPTED_COUNT_READ,
 )
-from ..compress import CUT_STREAM, stream_damage
+# (re-exported: what a damaged trace lacks is the trace file's business, said once for every command)
+from ..tracefile.damage import damaged_lines, footer_damage, incomplete_reason  # noqa: F401
 from .index import build, is_attention_group
 
 Event = dict[str, Any]
@@ -364,55 +365,6 @@ def coverage_of(idx: Any, footer: dict | None = None, kinds: tuple[str, ...] | l
             if c.status == CHECKED:
                 out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}): events of this class "
                                   f"may be missing ({c.events} read)", c.events, c.hook_errors)
-    return out
-
-
-def _reason(p: Any) -> str:
-    return str(getattr(p, "reason", p))
-
-
-def damaged_lines(problems: Any) -> int:
-    """How many of a load's problems are damaged lines: not the missing footer (a problem
-    of its own, said separately), so a cut trace does not read as one more damaged line,
-    nor a compressed stream that stops being readable (said separately too)."""
-    if isinstance(problems, int):
-        return problems
-    return sum(1 for p in problems if not _reason(p).startswith("no footer") and not stream_damage(_reason(p)))
-
-
-def incomplete_reason(footer: dict | None, problems: Any) -> str | None:
-    """Why a loaded trace is not whole, in words, or None when it is (footer present, no damage).
-    ``problems``: the load's problem list (or a count of damaged lines)."""
-    bits = []
-    stopped = None if isinstance(problems, int) else next((p for p in problems if stream_damage(_reason(p))), None)
-    problems = damaged_lines(problems)
-    if problems:
-        bits.append(f"{problems} damaged line(s) skipped")
-    if stopped is not None:  # a damaged .zst: its footer may be there, unread (not a cut recording)
-        where = f" at line {stopped.line}" if getattr(stopped, "line", 0) else ""
-        if _reason(stopped).startswith(CUT_STREAM):
-            bits.append(f"the compressed file was cut{where}, inside a zstd frame")
-        else:
-            bits.append(f"the compressed file is damaged{where}: the lines after it were not read")
-    elif footer is None:
-        bits.append("no footer: the recording was cut off")
-    else:
-        bits.extend(footer_damage(footer))
-    return "; ".join(bits) or None
-
-
-def footer_damage(footer: dict) -> list[str]:
-    """What a footer says its trace lost when it was written: a merge of damaged inputs
-    (``input_problems``, read with --lenient), a recording with damaged shard frames
-    (``shard_problems``, ``lost``). The events are whole lines, but some never made it."""
-    out = []
-    if footer.get("input_problems"):
-        out.append(f"merged from damaged input(s): {len(footer['input_problems'])} problem line(s) "
-                   f"({footer['input_problems'][0]})")
-    if footer.get("shard_problems"):
-        lost = footer.get("lost") or 0
-        out.append(f"{len(footer['shard_problems'])} damaged shard stretch(es) skipped while recording"
-                   + (f", {lost} event(s) lost" if lost else ""))
     return out
 
 

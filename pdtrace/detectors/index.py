@@ -2,7 +2,7 @@
 
 ``build(events)`` groups events by kind (each list keeps trace order) and caches the result
 for the same list object, so ``run_all`` and the viewers pay for one pass, not one per
-detector; for a list from ``pdtrace.trace.load`` the loader already grouped the events in
+detector; for a list from ``pdtrace.tracefile.trace.load`` the loader already grouped the events in
 its parse loop (``EventList.by_kind``), so there is no pass at all. Nothing here imports vLLM or torch.
 """
 
@@ -12,7 +12,7 @@ import functools
 from operator import itemgetter
 from typing import Any, Iterable
 
-from pdtrace.trace import kind_code, kind_groups, select_kinds
+from pdtrace.tracefile.trace import kind_code, kind_groups, select_kinds
 
 Event = dict[str, Any]
 
@@ -146,7 +146,7 @@ class Index:
 
     def ordered_codes(self, kinds: Iterable[str]) -> tuple[list[Event], bytes]:
         """``ordered(kinds)`` and, in parallel, each event's kind as a byte
-        (``pdtrace.trace.kind_code``): loops dispatch on it without reading ``ev``."""
+        (``pdtrace.tracefile.trace.kind_code``): loops dispatch on it without reading ``ev``."""
         kinds = tuple(kinds)
         picked = select_kinds(self.events, kinds, with_codes=True)
         if picked is not None:

@@ -10,7 +10,7 @@ pairs every D block with the P block one further on.
 This module joins P's ``nixl.request_finished`` with D's ``nixl.remote_alloc`` /
 ``nixl.trim`` / ``nixl.read`` for the same request, and, per attention group with block
 size B, checks each recorded pair (local block i <- remote block r) against P's block
-covering the same token range. ``join_transfers`` is shared with ``pdtrace.whatif``.
+covering the same token range. ``join_transfers`` is shared with ``pdtrace.detectors.whatif``.
 """
 
 from __future__ import annotations

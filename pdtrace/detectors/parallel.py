@@ -35,13 +35,13 @@ import sys
 import traceback
 from typing import Any
 
-from ..compress import is_zstd
-from ..reading import SEGMENT, Rescan, Unfiltered
-from ..segments import LineFilter
-from ..trace import ProgressFn
+from ..tracefile.compress import is_zstd
+from ..tracefile.reading import SEGMENT, Rescan, Unfiltered
+from ..tracefile.segments import LineFilter
+from ..tracefile.trace import ProgressFn, read_header
 from . import drafter_window, lookahead, metadata, sort_key, stale_read
 from .index import Index
-from .stream import STREAMS, Result, _run, header_of
+from .stream import STREAMS, Result, _run
 from .stream import run as run_serial
 
 # the units of work, heaviest first: a part runs one or more units' detectors
@@ -139,32 +139,33 @@ def auto_jobs(path: str) -> int:
 
 
 def _one(path: str, part: Part, request: str | None, lenient: bool, progress: ProgressFn | None,
-         size: int) -> Result:
+         size: int, header: dict | None = None) -> Result:
     was_enabled = gc.isenabled()
     gc.disable()  # (as stream.run)
     try:
-        return _run(path, part.only, request, lenient, progress, size, True, part=part)
+        return _run(path, part.only, request, lenient, progress, size, True, part=part, header=header)
     finally:
         if was_enabled:
             gc.enable()
 
 
 def _attempt(path: str, part: Part, request: str | None, lenient: bool, progress: ProgressFn | None,
-             size: int) -> tuple:
+             size: int, header: dict | None = None) -> tuple:
     """One part's pass: ("ok", its Result), or ("unfiltered",) / ("rescan",) when the part
     cannot judge the file alone (the one-process check reads it: fast path / scan)."""
     try:
-        return ("ok", _one(path, part, request, lenient, progress, size))
+        return ("ok", _one(path, part, request, lenient, progress, size, header))
     except Unfiltered:
         return ("unfiltered",)
     except Rescan:
         return ("rescan",)
 
 
-def _child(conn: Any, path: str, part: Part, request: str | None, lenient: bool, size: int) -> None:
+def _child(conn: Any, path: str, part: Part, request: str | None, lenient: bool, size: int,
+           header: dict | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops and kills its children
     try:
-        msg = _attempt(path, part, request, lenient, None, size)
+        msg = _attempt(path, part, request, lenient, None, size, header)
     except KindNotRead as exc:
         msg = ("bug", f"KindNotRead: {exc}")
     except Exception:  # the parent reads the file in one process instead
@@ -174,12 +175,17 @@ def _child(conn: Any, path: str, part: Part, request: str | None, lenient: bool,
 
 
 def run(path: str, *, only: Any = (), request: str | None = None, lenient: bool = False,
-        progress: ProgressFn | None = None, size: int = SEGMENT, jobs: int = 2) -> Result:
+        progress: ProgressFn | None = None, size: int = SEGMENT, jobs: int = 2,
+        header: dict | None = None) -> Result:
     """``stream.run`` split over ``jobs`` processes (see the module docstring); the same
-    ``Result``."""
-    parts = plan(only, jobs, header_of(path).get("schema_version", 1)) if jobs >= 2 else []
+    ``Result``. ``header``: line 1 as ``read_header`` gave it (read here otherwise), handed on
+    to every part."""
+    if header is None:
+        header = read_header(path)
+    parts = plan(only, jobs, header.get("schema_version", 1)) if jobs >= 2 else []
     if not parts:
-        return run_serial(path, only=only, request=request, lenient=lenient, progress=progress, size=size)
+        return run_serial(path, only=only, request=request, lenient=lenient, progress=progress, size=size,
+                          header=header)
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     children = []
@@ -187,12 +193,12 @@ def run(path: str, *, only: Any = (), request: str | None = None, lenient: bool 
     sys.stderr.flush()
     for part in parts[1:]:
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(send, path, part, request, lenient, size), daemon=True)
+        proc = ctx.Process(target=_child, args=(send, path, part, request, lenient, size, header), daemon=True)
         proc.start()
         send.close()
         children.append((proc, recv))
     try:
-        results = [_attempt(path, parts[0], request, lenient, progress, size)]
+        results = [_attempt(path, parts[0], request, lenient, progress, size, header)]
     except BaseException:
         for proc, _recv in children:
             proc.kill()
@@ -215,7 +221,7 @@ def run(path: str, *, only: Any = (), request: str | None = None, lenient: bool 
         # a part met what only scan judges: the one-process fast path would too (straight to scan)
         scan = any(r[0] == "rescan" for r in results)
         return run_serial(path, only=only, request=request, lenient=lenient, progress=progress, size=size,
-                          fast=not scan)
+                          fast=not scan, header=header)
     return _merge([r[1] for r in results])
 
 

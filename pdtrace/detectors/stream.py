@@ -1,5 +1,5 @@
 """`check` in bounded memory (issue 22): the trace is read in segments of consecutive
-events (``pdtrace.segments``), each segment is fed to every detector's ``Stream`` and to a
+events (``pdtrace.tracefile.segments``), each segment is fed to every detector's ``Stream`` and to a
 ``Summary`` for the coverage verdicts, then let go. Memory is the detectors' live state
 (open requests and transfers, each worker's recent copies and row moves, the findings),
 not the trace.
@@ -26,8 +26,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, Callable
 
-from ..reading import SEGMENT, Rescan, fast_segments, scan_segments
-from ..trace import Problem, ProgressFn, _derive, _open, _read_header, is_complete
+from ..tracefile.reading import SEGMENT, Rescan, fast_segments, scan_segments
+from ..tracefile.trace import Problem, ProgressFn, _derive, is_complete
 from . import DETECTORS, drafter_window, lookahead, metadata, sort_key, stale_read
 from .base import Finding
 from .coverage import CLASSES, RUNNER_KINDS, WHOLE_KINDS, matching
@@ -170,33 +170,28 @@ class Result:
         return is_complete(self.footer, self.problems)
 
 
-def header_of(path: str) -> dict[str, Any]:
-    """Line 1 of a trace, checked as ``load`` checks it (``TraceError`` otherwise)."""
-    fh, _total, _consumed = _open(path)
-    with fh:
-        return _read_header(path, fh)[0]
-
-
 _Retry = Rescan  # read the file again through scan
 
 
 def run(path: str, *, only: list[str] | tuple = (), request: str | None = None, lenient: bool = False,
         progress: ProgressFn | None = None, size: int = SEGMENT,
-        observe: Callable[[], Callable[[Index], None]] | None = None, fast: bool = True) -> Result:
+        observe: Callable[[], Callable[[Index], None]] | None = None, fast: bool = True,
+        header: dict[str, Any] | None = None) -> Result:
     """Stream the detectors of ``only`` (all when empty) over the trace at ``path``.
     ``observe``, when given, makes a callback that sees each segment's ``Index`` after the
     detectors (the report's first pass gathers its totals so); it is made again when the
     file is read a second time through ``scan``. ``fast=False``: through ``scan`` at once
-    (the caller's fast pass already met what only scan judges)."""
+    (the caller's fast pass already met what only scan judges). ``header``: line 1 as
+    ``read_header`` gave it (``detectors.checking`` reads it once)."""
     was_enabled = gc.isenabled()
     gc.disable()  # the live state holds no cycles; a segment's garbage is freed by refcount
     try:
         if fast:
             try:
-                return _run(path, only, request, lenient, progress, size, True, observe)
+                return _run(path, only, request, lenient, progress, size, True, observe, header=header)
             except _Retry:
                 pass
-        return _run(path, only, request, lenient, progress, size, False, observe)
+        return _run(path, only, request, lenient, progress, size, False, observe, header=header)
     finally:
         if was_enabled:
             gc.enable()
@@ -226,7 +221,8 @@ def _derive_segment(idx: Index, whole: bool, held: dict[tuple, list]) -> None:
 
 
 def _run(path: str, only: Any, request: str | None, lenient: bool, progress: ProgressFn | None,
-         size: int, fast: bool, observe: Any = None, part: Any = None) -> Result:
+         size: int, fast: bool, observe: Any = None, part: Any = None,
+         header: dict[str, Any] | None = None) -> Result:
     """One pass; ``part`` (``detectors.parallel.Part``): only its lines, its detectors, its
     share of the summary (the fast path only: ``_Retry`` otherwise)."""
     res = Result(path)
@@ -238,8 +234,8 @@ def _run(path: str, only: Any, request: str | None, lenient: bool, progress: Pro
     index: Any = Index
     if part is not None:
         res.summary, index = Summary(part.summarize), part.index
-    segs = (fast_segments(path, res, lenient, progress, size, part.keep if part is not None else None) if fast
-            else scan_segments(path, res, lenient=lenient, progress=progress, size=size))
+    segs = (fast_segments(path, res, lenient, progress, size, part.keep if part is not None else None, header)
+            if fast else scan_segments(path, res, lenient=lenient, progress=progress, size=size, header=header))
     for seg in segs:
         try:
             idx = index(seg, configs)

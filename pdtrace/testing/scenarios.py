@@ -262,7 +262,7 @@ def failing_recorder(kinds: tuple[str, ...]) -> Any:
     ``kinds``, as a hook broken by a vLLM change would. vLLM runs on (the hook wrappers
     swallow the exception and record ``hook.error``); the harness's own simulated events
     are emitted with ``sim=True`` and pass."""
-    from pdtrace.recorder import Recorder
+    from pdtrace.record.recorder import Recorder
 
     class HookFault(Recorder):
         def _check(self, kind: str, fields: dict) -> None:

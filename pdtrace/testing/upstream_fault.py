@@ -54,7 +54,7 @@ def apply() -> None:
         return
     from vllm.v1.core.kv_cache_manager import KVCacheManager
 
-    from pdtrace import recorder
+    from pdtrace.record import recorder
 
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -153,7 +153,7 @@ def spec_shape(k: int) -> None:
         return spec.num_speculative_tokens if spec is not None else 0
 
     VllmConfig.num_lookahead_tokens = property(eagle_lookahead)
-    from pdtrace import recorder
+    from pdtrace.record import recorder
 
     rec = recorder.get()
     if rec is not None:

@@ -26,7 +26,7 @@ Which events are live and which are simulated
 
 The recorder
 ------------
-Every function takes ``rec``, a ``pdtrace.recorder.Recorder`` (normally
+Every function takes ``rec``, a ``pdtrace.record.recorder.Recorder`` (normally
 ``Recorder.in_memory(role="worker", inst="P"|"D")``, one per simulated worker, kept apart
 from the engine-core recorder so events get the worker role). The function makes ``rec``
 the current recorder while it runs (hooks emit into the current recorder), sets
@@ -83,7 +83,7 @@ import contextlib
 from types import SimpleNamespace
 from typing import Any, Iterator
 
-from pdtrace import recorder as _recorder
+from pdtrace.record import recorder as _recorder
 
 MODES = ("fixed", "buggy")
 

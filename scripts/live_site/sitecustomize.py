@@ -97,7 +97,7 @@ try:
 except Exception as exc:  # never stop the server
     sys.stderr.write(f"live_site: NIXL progress-thread delay not set: {type(exc).__name__}: {exc}\n")
 try:  # the sitecustomize after this one on the path, as pdtrace's bootstrap chains to this one
-    from pdtrace.bootstrap.sitecustomize import chain_next_sitecustomize
+    from pdtrace.record.bootstrap.sitecustomize import chain_next_sitecustomize
 
     chain_next_sitecustomize(os.path.dirname(os.path.abspath(__file__)), after_only=True)
 except ImportError:  # pdtrace not installed in this interpreter: nothing after this one runs

@@ -15,7 +15,7 @@ import time
 
 def mark(label, **kw):
     try:
-        from pdtrace import recorder
+        from pdtrace.record import recorder
     except ImportError:
         return
     rec = recorder.get()
@@ -25,7 +25,7 @@ def mark(label, **kw):
 
 def child(i):
     try:
-        from pdtrace import recorder
+        from pdtrace.record import recorder
 
         rec = recorder.get()
         if rec is not None:  # what a vLLM hook does when it sees a worker being built
@@ -39,7 +39,7 @@ def child(i):
 def doomed(q):
     mark("doomed-before-kill")
     try:  # wait until the writer thread has flushed the mark (one flush interval, longer under load)
-        from pdtrace import recorder
+        from pdtrace.record import recorder
 
         rec = recorder.get()
         deadline = time.time() + 30

@@ -15,7 +15,7 @@ import time
 
 
 def run(seconds: float, who: str, signal_parent: bool = False, racy_read: bool = False) -> None:
-    from pdtrace import recorder
+    from pdtrace.record import recorder
 
     rec = recorder.get()
     end = time.monotonic() + seconds

@@ -40,8 +40,8 @@ from typing import Any
 from pdtrace.detectors import stream
 from pdtrace.detectors.coverage import coverage_of, incomplete_reason
 from pdtrace.detectors.index import Configs, Index
-from pdtrace.eventlist import EventList
-from pdtrace.reading import Sink, read_through
+from pdtrace.tracefile.eventlist import EventList
+from pdtrace.tracefile.reading import Sink, read_through
 
 from .common import FindingView, Model, lane
 
@@ -228,7 +228,7 @@ class Keep:
 
 
 class ReducedTrace:
-    """What ``render`` reads of a trace (``pdtrace.trace.Trace``'s fields), for a trace read in
+    """What ``render`` reads of a trace (``pdtrace.tracefile.trace.Trace``'s fields), for a trace read in
     two passes: ``events`` are the kept ones; ``totals`` (with pass 2's time bins) and
     ``coverage`` are the trace's."""
 

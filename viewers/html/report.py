@@ -84,7 +84,7 @@ def unpack_data(page: str) -> dict[str, Any]:
 def render(trace: Any, findings: Iterable[Any] | None = None, *, findings_note: str = "",
            max_bytes: int = MAX_BYTES, point_budget: int = DEFAULT_POINT_BUDGET,
            event_cap: int = DEFAULT_EVENT_CAP) -> tuple[str, dict[str, Any]]:
-    """Render the report page for a loaded ``pdtrace.trace.Trace``. Returns (html, stats).
+    """Render the report page for a loaded ``pdtrace.tracefile.trace.Trace``. Returns (html, stats).
     Over ``max_bytes`` the point budget and the event-table cap shrink until the page fits
     (or both reach their floor)."""
     fv = [FindingView.of(f) for f in (findings or [])]

@@ -29,7 +29,7 @@ from textual.widgets import Footer, Header, Input, OptionList, ProgressBar, Stat
 from textual.worker import get_current_worker
 
 from pdtrace.errors import PdtraceError
-from pdtrace.index import TraceIndex
+from pdtrace.index.trace_index import TraceIndex
 
 from . import drafter, model, selection
 from .commands import TraceCommands

@@ -15,8 +15,8 @@ import bisect
 import dataclasses
 from typing import Any
 
-from pdtrace.index import TraceIndex
-from pdtrace.trace import derive_block_lists
+from pdtrace.index.trace_index import TraceIndex
+from pdtrace.tracefile.trace import derive_block_lists
 
 WINDOW_KIND = "drafter-window-outside-allocation"
 MAX_WINDOWS = 20

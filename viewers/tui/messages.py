@@ -7,7 +7,7 @@ from typing import Any
 
 from textual.message import Message
 
-from pdtrace.index import ScanProgress
+from pdtrace.index.trace_index import ScanProgress
 
 
 @dataclasses.dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pdtrace.index import TraceIndex
-from pdtrace.trace import derive_block_lists
+from pdtrace.index.trace_index import TraceIndex
+from pdtrace.tracefile.trace import derive_block_lists
 
 from .model_acc import ACC_KINDS, BATCH_KINDS, AccRow, AccView, RowTracker, acc_insts, accepted  # noqa: F401
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pdtrace.index import KIND_CODE, TraceIndex
+from pdtrace.index.trace_index import KIND_CODE, TraceIndex
 
 ACC_KINDS = ("d2h.issue", "d2h.done", "acc.read", "acc.truth")
 BATCH_KINDS = ("batch.add", "batch.remove", "batch.swap", "batch.condense")

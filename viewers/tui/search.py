@@ -3,7 +3,7 @@
 ``e`` opens the search line above the Raw events tab; Enter (or down) finds the next event
 whose JSON line contains the text (case-insensitive; ``#N`` is event id N), up the previous
 one; Esc closes the line, after which ``E`` still goes to the previous match. The search runs in a worker thread over the file's bytes
-(``pdtrace.index_search``: no event is parsed), so a multi-GB trace does not freeze the
+(``pdtrace.index.search``: no event is parsed), so a multi-GB trace does not freeze the
 screen. A match moves the step scrubber to the event's step and the Raw tab shows the event
 highlighted at its top, followed by the events after it, until the step or request changes.
 """

@@ -3,7 +3,7 @@ has events at (``n`` / ``N``). No Textual imports."""
 
 from __future__ import annotations
 
-from pdtrace.index import TraceIndex
+from pdtrace.index.trace_index import TraceIndex
 
 
 def request_rows(index: TraceIndex, bad: set[str], flt: str = "") -> list[tuple[str, str, bool, int]]:

@@ -2,7 +2,7 @@
 on the KV hand-over (``fit_clock``).
 
 Streaming, in bounded memory (issue 22): each input is read twice, in segments
-(``pdtrace.reading``), and never held whole.
+(``pdtrace.tracefile.reading``), and never held whole.
 
 1. First pass, per input: its header and problems, its instances, the hand-over times the
    clock fit needs (four kinds, one time per request), and how far its events run out of
@@ -28,11 +28,11 @@ from typing import Any, Iterable, Iterator
 
 from . import schema
 from .errors import PdtraceError
-from .footer import FooterCounter
-from .reading import SEGMENT, Rescan, Sink, fast_segments, read_through, scan_segments
-from .shards import in_time_order, merge_shard_dir
-from .trace import Problem, ProgressFn
-from .writer import make_header, write_trace
+from .tracefile.footer import FooterCounter
+from .tracefile.reading import SEGMENT, Rescan, Sink, fast_segments, read_through, scan_segments
+from .record.shards import in_time_order, merge_shard_dir
+from .tracefile.trace import Problem, ProgressFn
+from .tracefile.writer import make_header, write_trace
 
 _W = operator.itemgetter("w")
 

@@ -17,7 +17,7 @@ def _pdtrace_start() -> None:
     if not os.environ.get("PDTRACE_SESSION_DIR"):
         return
     try:
-        from pdtrace.bootstrap import runtime
+        from pdtrace.record.bootstrap import runtime
 
         runtime.start_from_env()
     except Exception as exc:  # pdtrace missing in this interpreter, or broken: never stop the program

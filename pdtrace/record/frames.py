@@ -3,7 +3,7 @@
 A frame is SHARD_MAGIC, then little-endian u32 payload length, u32 number of queued events,
 u32 crc32 of the payload, u32 crc32 of the 12 bytes before it (FRAME_HEAD), then the payload:
 ``marshal.dumps(((pid, role, inst, rank, wall_offset_ns), [(kind, t_mono_ns, req, step,
-fields), ...]), 4)`` (``pdtrace.recorder.Recorder._encode_frame``). The writer appends whole
+fields), ...]), 4)`` (``pdtrace.record.recorder.Recorder._encode_frame``). The writer appends whole
 frames (``write_frame``: loops over short writes, cuts a failed frame back off); the magic and
 checksums let the reader resynchronise after a damaged stretch (a crash mid-write, a cut that
 failed), and a header whose checksum holds says how many events its lost payload held.
@@ -20,7 +20,7 @@ import struct
 import zlib
 from typing import Any, Iterator
 
-from .trace import Problem
+from ..tracefile.trace import Problem
 
 SHARD_MAGIC = b"PDS2"
 SHARD_SUFFIX = ".pdshard"

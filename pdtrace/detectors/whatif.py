@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .detectors.index import build
-from .detectors.lookahead import blocks_needed, end_trim
-from .detectors.transfers import Joiner, _make, _pos
+from .index import build
+from .lookahead import blocks_needed, end_trim
+from .transfers import Joiner, _make, _pos
 
 RULES = ("fixed-trim",)
 

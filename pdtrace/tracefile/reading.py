@@ -1,7 +1,7 @@
 """A trace file read in segments of consecutive events, in bounded memory: the fast path
 (``segments.FastReader``) for a clean file, ``trace.scan_segments`` (every line checked and
 named) for one that needs verdicts. Used by the streamed check (``detectors.stream``) and
-the streamed merge (``pdtrace.join``).
+the streamed merge (``pdtrace.merge``).
 
 ``fast_segments`` raises ``Rescan`` when the fast path cannot judge the file: a line that
 needs a verdict, a footer digest that does not match the lines read (a field may have a
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from . import schema
+from .. import schema
 from .ends import read_ends
-from .errors import TraceError
+from ..errors import TraceError
 from .eventlist import EventList
 from .segments import CUT_LINE, NO_FOOTER, SEGMENT, FastReader, FilterCannotTell, LineFilter, NeedsScan
 from .trace import FOOTER_MISSING, LINE_CUT, Problem, ProgressFn, _all_valid, _open, _read_header, scan_segments
@@ -59,20 +59,21 @@ def read_through(path: str, lenient: bool, progress: ProgressFn | None, start: A
 
 
 def fast_segments(path: str, into: Any, lenient: bool, progress: ProgressFn | None,
-                  size: int = SEGMENT, keep: LineFilter | None = None) -> Iterator[EventList]:
+                  size: int = SEGMENT, keep: LineFilter | None = None,
+                  header: dict[str, Any] | None = None) -> Iterator[EventList]:
     """The events of a clean trace in lists of ``size``; its header, footer and problems go
     into ``into`` (``header``, ``footer``, ``problems``), as ``scan_segments`` does. With
     ``keep``, only the lines it keeps (``segments.LineFilter``)."""
     fh, total, consumed = _open(path)
     with fh:
-        into.header, _first = _read_header(path, fh)
+        into.header, _first = _read_header(path, fh, header)
         if into.header["schema_version"] > schema.SCHEMA_VERSION:
             raise Rescan
         # without a digest in the footer (or without a footer) every segment is type-checked
         # as it is read
         signed = True
         if fh.seekable():
-            _h, foot, _size = read_ends(path)
+            _h, foot, _size = read_ends(path, into.header)
             signed = bool(foot and foot.get("digest"))
         reader = FastReader(path, fh, total, consumed, progress, keep)
         try:

@@ -18,7 +18,7 @@ def dist_version(*names: str) -> str:
 
 
 def collect_versions() -> dict[str, str]:
-    from . import __version__
+    from .. import __version__
 
     out = {k: dist_version(*v) for k, v in _DISTS.items()}
     out["python"] = platform.python_version()

@@ -6,7 +6,7 @@ PDTRACE_REDACT       "1" (default) or "0"
 PDTRACE_FLUSH        writer flush interval, seconds
 PDTRACE_INSTANCE     force the instance id (P, D, ...)
 PDTRACE_HOOKS        "0" to record process events only (no vLLM hooks)
-PDTRACE_RING        flight recorder: keep about the last N seconds per process (pdtrace.ring)
+PDTRACE_RING        flight recorder: keep about the last N seconds per process (pdtrace.record.ring)
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import signal
 
-from pdtrace import recorder as _recorder
+from pdtrace.record import recorder as _recorder
 
 BOOTSTRAP_DIR = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,13 +1,13 @@
 """The loaded event list (``EventList``) and what the loader learned about it in the same
 pass: kind groups, a kind byte per event, whether ids are positions. Also importable from
-``pdtrace.trace``."""
+``pdtrace.tracefile.trace``."""
 
 from __future__ import annotations
 
 from itertools import compress
 from typing import Any, Iterable
 
-from . import schema
+from .. import schema
 
 _KIND_REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schema.KINDS.items()}
 _KIND_CODE = {name: code for code, name in enumerate(_KIND_REQUIRED, 1)}  # 0: none

@@ -25,7 +25,7 @@ from zlib import crc32
 
 import orjson
 
-from . import schema
+from .. import schema
 from .eventlist import _KIND_CODE, EventList
 from .typecheck import digest_of
 

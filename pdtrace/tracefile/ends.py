@@ -10,23 +10,24 @@ from typing import Any
 
 import orjson
 
-from . import schema
+from .. import schema
 from .compress import is_zstd, read_frame, seek_table
 from .trace import _open, _read_header
 
 _MAX_FOOTER = 64 << 20  # a footer lists every process: large, but not this large
 
 
-def read_ends(path: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+def read_ends(path: str, header: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
     """(header, footer or None, file size). The header is checked as ``load`` checks it
     (``TraceError`` on a foreign or newer file). The footer is None unless the file's last
     line is a whole, well-typed footer line; the events in between are not read, so a
-    footer that is present says nothing about them."""
+    footer that is present says nothing about them. ``header``: line 1 as
+    ``trace.read_header`` gave it (skipped, not parsed again)."""
     if is_zstd(path):
-        return _read_ends_stream(path)
+        return _read_ends_stream(path, header)
     fh, size, _consumed = _open(path)
     with fh:
-        header, first = _read_header(path, fh)
+        header, first = _read_header(path, fh, header)
         if size <= len(first):
             return header, None, size
         fh.seek(0, os.SEEK_END)
@@ -52,13 +53,13 @@ def read_ends(path: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
     return header, _footer_or_none(line), size
 
 
-def _read_ends_stream(path: str) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
+def _read_ends_stream(path: str, header: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None, int]:
     """A compressed trace: with a seek table (pdtrace writes one), its last frames, back to
     the one that holds the last line's start; without, decompress it all (at zstd's speed),
     keeping only the last line."""
     fh, size, _consumed = _open(path)
     with fh:
-        header, _first = _read_header(path, fh)
+        header, _first = _read_header(path, fh, header)
         table = seek_table(path)
         if table:
             try:

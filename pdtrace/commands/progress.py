@@ -12,7 +12,7 @@ MIN_BYTES = 64 << 20  # smaller files load in about a second: no progress line
 
 
 def load_progress(path: str, *, stream=None, verb: str = "loading") -> Callable[[int, int], None] | None:
-    """A ``progress(done_bytes, total_bytes)`` callback for ``pdtrace.trace.load`` that
+    """A ``progress(done_bytes, total_bytes)`` callback for ``pdtrace.tracefile.trace.load`` that
     draws "loading NAME: 42% (113/269 MB)" on stderr (``verb`` for "loading": "checking",
     "merging"), or None when stderr is not a terminal or the file is small."""
     out = stream if stream is not None else sys.stderr

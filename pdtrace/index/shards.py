@@ -6,18 +6,18 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import __version__, schema
-from .errors import TraceError
-from .index import TraceIndex
-from .trace import Problem
+from .. import __version__, schema
+from ..errors import TraceError
+from .trace_index import TraceIndex
+from ..tracefile.trace import Problem
 
 
 def load_shards(directory: str) -> TraceIndex:
     """Merge a directory of per-process shards (``*.pdshard`` frames as a recording writes
     them, or ``*.jsonl`` event lines; no header/footer) in memory, sorted by ``t``, and index
     the result. Unreadable frames/lines and invalid events become problems naming the file."""
-    from .shards import read_shard, shard_files
-    from .trace import derive_block_lists
+    from ..record.shards import read_shard, shard_files
+    from ..tracefile.trace import derive_block_lists
 
     files = shard_files(directory)
     if not files:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from . import schema
+from .. import schema
 
 
 class FooterCounter:

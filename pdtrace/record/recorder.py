@@ -29,10 +29,18 @@ from typing import Any, Callable, Iterable
 
 import orjson
 
-from . import schema
+from .. import schema
 from .frames import FRAME_HEAD, SHARD_MAGIC, SHARD_SUFFIX, frame_head, write_frame  # noqa: F401
-from .materialize import (  # noqa: F401 - part of this module's API (hooks, shards, tests)
-    DEFERRED_KEYS, GROW, PROMPT, Deferred, _json_default, _resolve_deferred, materialize, unpack_step)
+from .materialize import (
+    DEFERRED_KEYS,
+    GROW,
+    PROMPT,
+    Deferred,
+    _json_default,
+    _resolve_deferred,
+    materialize,
+    unpack_step,
+)
 
 _current: "Recorder | None" = None
 _mono = time.monotonic_ns
@@ -108,7 +116,7 @@ class Recorder:
     def to_shard_dir(cls, directory: str, ring_s: float | None = None, **kw: Any) -> "Recorder":
         """One shard file ``<pid>.pdshard`` in ``directory`` (see ``SHARD_MAGIC``); with
         ``ring_s``, rotating segment files that keep about the last ``ring_s`` seconds
-        (``pdtrace.ring``)."""
+        (``pdtrace.record.ring``)."""
         os.makedirs(directory, exist_ok=True)
         rec = cls(None, **{**kw, "threaded": False})
         rec.ring_s = ring_s
@@ -120,7 +128,7 @@ class Recorder:
             rec._encode = rec._encode_ring
             from . import online
 
-            if online.enabled():  # checked on the writer thread, after each write (pdtrace.online)
+            if online.enabled():  # checked on the writer thread, after each write (pdtrace.record.online)
                 rec._online = online.OnlineCheck()
                 rec._online_dir = directory
         else:
@@ -203,7 +211,7 @@ class Recorder:
         The batch is marshalled as it sits in the queue, in one C call: about 0.2 us an
         event, against 2-3 us to build and serialize JSON objects. JSON is written once,
         off the traced process, when ``pdtrace record`` merges the shards
-        (``pdtrace.shards.read_shard``). Deferred values (marked by put_deferred) are
+        (``pdtrace.record.shards.read_shard``). Deferred values (marked by put_deferred) are
         resolved here; a value marshal cannot take falls back to its JSON form."""
         for i, it in enumerate(items):
             fields = it[4]
@@ -263,7 +271,7 @@ class Recorder:
 
     def _check_online(self, items: list[tuple]) -> None:
         """Flight recorder: the online rules over the batch just written; the first hit asks
-        ``pdtrace record`` for a snapshot (``pdtrace.online``). Never raises."""
+        ``pdtrace record`` for a snapshot (``pdtrace.record.online``). Never raises."""
         try:
             hit = self._online.scan(items, self.inst)  # type: ignore[union-attr]
             if hit is not None:

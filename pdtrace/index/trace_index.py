@@ -9,7 +9,7 @@ offsets are those of the uncompressed lines, read through ``zsource.FrameSource`
 ``ScanProgress`` after each batch, so a UI thread can show progress and a first screen
 long before a multi-GB trace is indexed.
 
-Validation follows ``pdtrace.trace.scan``: same header rules, same problem texts
+Validation follows ``pdtrace.tracefile.trace.scan``: same header rules, same problem texts
 (truncated / blank / corrupt line, unknown kind, missing fields, data after the footer,
 no footer), and every problem names its 1-based line. ``lenient=False`` raises
 ``TraceError`` at the first problem; ``lenient=True`` records it in ``problems``.
@@ -31,11 +31,11 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import orjson
 
-from . import schema
-from .compress import UNREAD, ZSTD_MAGIC, seek_table
-from .errors import TraceError
-from .index_blocks import frame_blocks, mmap_blocks
-from .trace import _KIND_REQUIRED, Problem, _check_header
+from .. import schema
+from ..tracefile.compress import UNREAD, ZSTD_MAGIC, seek_table
+from ..errors import TraceError
+from .blocks import frame_blocks, mmap_blocks
+from ..tracefile.trace import _KIND_REQUIRED, Problem, _check_header
 
 _FIELD_CHECKS = schema.FIELD_CHECKS
 _type_error = schema.type_error
@@ -113,7 +113,7 @@ class TraceIndex:
     def _open_frames(self, path: str) -> None:
         """A zstd-compressed trace: read in place through its seek table (pdtrace writes one);
         ``size`` is then the uncompressed size, the offsets those of the uncompressed lines."""
-        from .zsource import FrameSource
+        from ..tracefile.zsource import FrameSource
 
         frames = seek_table(path)
         if frames is None:
@@ -220,7 +220,7 @@ class TraceIndex:
         self.first_of_kind.setdefault((ic, kc), n)
 
     def _check_line(self, obj: Any, raw: bytes, line_no: int, at_eof: bool) -> dict[str, Any] | None:
-        """Apply pdtrace.trace's rules to one parsed line; return the event or None."""
+        """Apply pdtrace.tracefile.trace's rules to one parsed line; return the event or None."""
         if obj is None:
             if at_eof and not raw.endswith(b"\n"):
                 self._problem(line_no, "truncated line (no newline at end of file: the writer stopped mid-line)")
@@ -440,8 +440,8 @@ class TraceIndex:
         return sorted(name for ic, name in enumerate(self.inst_names[:8]) if mask >> ic & 1)
 
     def search(self, text: str, start: int = 0, direction: int = 1) -> int | None:
-        """The ordinal of the next event whose JSON line contains ``text`` (``pdtrace.index_search``)."""
-        from .index_search import search
+        """The ordinal of the next event whose JSON line contains ``text`` (``pdtrace.index.search``)."""
+        from .search import search
 
         return search(self, text, start, direction)
 

@@ -1,7 +1,7 @@
 """What the recorder's writer thread and the merge do with queued events: ``Deferred``
 values resolved off the caller's thread, the packed fields hooks queue (``GROW``,
 ``PROMPT``, packed ``sched.step``), and ``materialize`` turning a shard frame's tuples back
-into schema events. Importable from ``pdtrace.recorder`` too."""
+into schema events. Importable from ``pdtrace.record.recorder`` too."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _json_default(obj: Any) -> Any:
     return repr(obj)[:300]
 
 
-# Shard frames: see pdtrace.frames (format, writer loop, reader with resynchronisation).
+# Shard frames: see pdtrace.record.frames (format, writer loop, reader with resynchronisation).
 DEFERRED_KEYS = "\x00deferred"  # fields key put_deferred uses to name its Deferred values
 # sched.step fields key: (t0, num_lookahead_tokens, [(req, num_computed_tokens, new_block_ids
 # per group), ...]), the blocks that step appended to running requests, read from its
@@ -62,7 +62,7 @@ PROMPT = "\x00prompt"
 def materialize(meta: tuple, items: Iterable[tuple]) -> list[dict]:
     """Queued ``(kind, t, req, step, fields)`` tuples -> event dicts, given the process's
     ``(pid, role, inst, rank, wall_offset_ns)`` (the in-memory sink, and shard frames read
-    back by ``pdtrace.shards``). Fields may override the common ones (e.g. ``inst``). A
+    back by ``pdtrace.record.shards``). Fields may override the common ones (e.g. ``inst``). A
     sched.step carrying ``GROW`` is preceded by the sched.alloc events it stands for; a
     ``PROMPT`` digest becomes ``prompt_hash``."""
     pid, role, inst, rank, off = meta

@@ -7,7 +7,7 @@ deleted with its events counted (``discarded``; ``proc.exit`` carries the count 
 footer sums it). Events that describe the process rather than a moment -- its start, role,
 hooks, scheduler config, model runner -- go to ``<pid>.pinned.pdshard``, never deleted: the
 detectors need them to judge what the window kept. The merge reads segment files as it reads
-any shard (``pdtrace.shards``); the trace's header says the window (``ring_s``) and its footer
+any shard (``pdtrace.record.shards``); the trace's header says the window (``ring_s``) and its footer
 how many events were discarded.
 
 Disk use is bounded by the event rate times 1.25 windows per process. The writer thread does

@@ -10,7 +10,7 @@ shapes per kind, so almost every event takes the short way.
 ``Signer`` is the writer's side of the footer ``digest``: a CRC-32 of the event lines,
 written only when every event was type-checked here on its way into the file. A reader that
 finds the digest matching the bytes it read knows the events are the ones this check
-passed, and skips its own type checks (``pdtrace.trace``); any other file is checked event
+passed, and skips its own type checks (``pdtrace.tracefile.trace``); any other file is checked event
 by event. The digest guards against damage and hand edits, not against a forged file.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import zlib
 from typing import Any, Callable
 
-from . import schema
+from .. import schema
 
 _REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schema.KINDS.items()}
 _NESTED = {kind: {name: c[0] for name, c in checks.items() if schema.nested_type(c[1])}

@@ -1,7 +1,7 @@
-"""Joining per-process shards into one trace (P and D traces of two hosts: ``pdtrace.join``).
+"""Joining per-process shards into one trace (P and D traces of two hosts: ``pdtrace.merge``).
 
 A shard is ``<pid>.pdshard`` written by one process's recorder: framed batches of queued
-events in marshal form (``pdtrace.recorder.Recorder._encode_frame``), appended by the
+events in marshal form (``pdtrace.record.recorder.Recorder._encode_frame``), appended by the
 writer thread; events only, no header or footer. A process killed with SIGKILL may leave a
 cut last frame, a failed write a cut frame in the middle: each damaged frame is skipped and
 reported (with the events it held), every intact frame before and after it is kept. JSON-lines shards
@@ -19,12 +19,12 @@ from typing import Any, Iterable, Iterator
 
 import orjson
 
-from . import schema
-from .errors import PdtraceError
-from .footer import FooterCounter
+from .. import schema
+from ..errors import PdtraceError
+from ..tracefile.footer import FooterCounter
 from .frames import SHARD_SUFFIX, iter_frames, read_frames
 from .recorder import GROW, materialize
-from .trace import Problem, make_header, write_trace
+from ..tracefile.trace import Problem, make_header, write_trace
 
 
 def read_shard(path: str) -> tuple[list[dict[str, Any]], list[Problem]]:

@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Iterator
 
 import orjson
 
-from . import schema
+from .. import schema
 from .compress import CUT_STREAM, UNREAD, open_read
-from .errors import TraceError
+from ..errors import TraceError
 from .footer import make_footer  # noqa: F401 - part of this module's API
 from .segments import FastReader, NeedsScan
 from .typecheck import EventChecker
@@ -86,7 +86,7 @@ def _check_header(path: str, obj: Any) -> dict[str, Any]:
 
 
 def _open(path: str) -> tuple[Any, int, Callable[[], int]]:
-    """Open a trace for reading, plain or zstd-compressed (``pdtrace.compress``): (binary
+    """Open a trace for reading, plain or zstd-compressed (``pdtrace.tracefile.compress``): (binary
     reader of its lines, size on disk, bytes of the file consumed so far)."""
     try:
         return open_read(path)
@@ -102,8 +102,23 @@ def _lines(fh: Any) -> Iterator[Any]:
         yield exc
 
 
-def _read_header(path: str, fh: Any) -> tuple[dict[str, Any], bytes]:
-    """Read and check line 1 of an open trace: (header, the raw line)."""
+def read_header(path: str) -> dict[str, Any]:
+    """Line 1 of the trace at ``path``, checked as ``load`` checks it (``TraceError`` otherwise).
+    A caller that reads the file again hands it on (``header=`` of ``load``, ``scan``, the
+    segment readers and the streamed check): line 1 is then skipped, not parsed again."""
+    fh, _total, _consumed = _open(path)
+    with fh:
+        return _read_header(path, fh)[0]
+
+
+def _read_header(path: str, fh: Any, known: dict[str, Any] | None = None) -> tuple[dict[str, Any], bytes]:
+    """Read and check line 1 of an open trace: (header, the raw line). ``known``: the header
+    already read by ``read_header`` (the line is read past, not parsed)."""
+    if known is not None:
+        try:
+            return known, fh.readline()
+        except ValueError as exc:  # a corrupt compressed stream
+            raise TraceError(path, 1, str(exc)) from None
     try:
         first = fh.readline()
     except ValueError as exc:  # a corrupt compressed stream
@@ -122,17 +137,19 @@ def scan(
     lenient: bool = False,
     progress: ProgressFn | None = None,
     validate: bool = True,
+    header: dict[str, Any] | None = None,
 ) -> Iterator[tuple[str, int, Any]]:
     """Yield ("header"|"event"|"footer"|"problem", line_no, payload) for each line.
 
-    Raises TraceError at the first problem unless ``lenient``.
+    Raises TraceError at the first problem unless ``lenient``. ``header``: line 1 as
+    ``read_header`` gave it.
     """
     fh, total, consumed = _open(path)
     loads = orjson.loads
     required = _KIND_REQUIRED
     newer = False
     with fh:
-        header, first = _read_header(path, fh)
+        header, first = _read_header(path, fh, header)
         if header["schema_version"] > schema.SCHEMA_VERSION:
             reason = (f"trace schema_version {header['schema_version']} is newer than this pdtrace reads "
                       f"({schema.SCHEMA_VERSION}); upgrade pdtrace, or use --lenient to read known event kinds")
@@ -225,8 +242,8 @@ def _all_valid(events: list[dict[str, Any]]) -> bool:
     return True
 
 
-def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
-    """The common case, a clean trace, read by ``pdtrace.segments.FastReader`` in one tight
+def _load_fast(path: str, progress: ProgressFn | None, known: dict[str, Any] | None = None) -> Trace | None:
+    """The common case, a clean trace, read by ``pdtrace.tracefile.segments.FastReader`` in one tight
     loop (no per-line generator / tuples) and joined into one ``EventList``, with the
     extras it recorded (kind groups, kind codes, whether ids are positions).
 
@@ -243,7 +260,7 @@ def _load_fast(path: str, progress: ProgressFn | None) -> Trace | None:
     codes = bytearray()
     aligned = True
     with fh:
-        header, _first = _read_header(path, fh)
+        header, _first = _read_header(path, fh, known)
         if header["schema_version"] > schema.SCHEMA_VERSION:
             return None
         reader = FastReader(path, fh, total, consumed, progress)
@@ -325,14 +342,17 @@ def _derive(allocs: list[dict[str, Any]], held: dict[tuple, list] | None = None)
     return n
 
 
-def load(path: str, *, lenient: bool = False, progress: ProgressFn | None = None) -> Trace:
-    tr = _load(path, lenient=lenient, progress=progress)
+def load(path: str, *, lenient: bool = False, progress: ProgressFn | None = None,
+         header: dict[str, Any] | None = None) -> Trace:
+    """The whole trace at ``path`` (``header``: line 1 as ``read_header`` gave it)."""
+    tr = _load(path, lenient=lenient, progress=progress, header=header)
     if tr.header.get("schema_version", 1) >= 2:
         derive_block_lists(tr.events)
     return tr
 
 
-def _load(path: str, *, lenient: bool = False, progress: ProgressFn | None = None) -> Trace:
+def _load(path: str, *, lenient: bool = False, progress: ProgressFn | None = None,
+          header: dict[str, Any] | None = None) -> Trace:
     import gc
 
     # Parsing creates millions of small dicts; the cyclic GC would rescan them over and over
@@ -340,9 +360,9 @@ def _load(path: str, *, lenient: bool = False, progress: ProgressFn | None = Non
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        tr = _load_fast(path, progress)
+        tr = _load_fast(path, progress, header)
         if tr is None:
-            tr = _load_scan(path, lenient=lenient, progress=progress)
+            tr = _load_scan(path, lenient=lenient, progress=progress, header=header)
         _promote(gc)
         return tr
     finally:
@@ -365,23 +385,24 @@ def _promote(gc: Any) -> None:
         gc.unfreeze()
 
 
-def _load_scan(path: str, *, lenient: bool = False, progress: ProgressFn | None = None) -> Trace:
+def _load_scan(path: str, *, lenient: bool = False, progress: ProgressFn | None = None,
+               header: dict[str, Any] | None = None) -> Trace:
     tr = Trace(path, {}, EventList(), None, [])
-    for seg in scan_segments(path, tr, lenient=lenient, progress=progress):
+    for seg in scan_segments(path, tr, lenient=lenient, progress=progress, header=header):
         tr.events.extend(seg)
     tr.events.loaded_len = len(tr.events)  # type: ignore[attr-defined]
     return tr
 
 
 def scan_segments(path: str, into: Any, *, lenient: bool = False, progress: ProgressFn | None = None,
-                  size: int = 1 << 62) -> Iterator[EventList]:
+                  size: int = 1 << 62, header: dict[str, Any] | None = None) -> Iterator[EventList]:
     """``scan``'s events in lists of ``size`` (an event without ``id`` gets its position);
     the header, the footer and each problem line go into ``into`` (its ``header``,
     ``footer`` and ``problems``): ``load`` of a file that needs verdicts, and the streamed
     check's second pass (``pdtrace.detectors.stream``)."""
     seg = EventList()
     n = 0
-    for what, line, obj in scan(path, lenient=lenient, progress=progress):
+    for what, line, obj in scan(path, lenient=lenient, progress=progress, header=header):
         if what == "event":
             if "id" not in obj:
                 obj["id"] = n

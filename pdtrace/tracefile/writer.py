@@ -1,7 +1,7 @@
 """Writing a whole trace (merge, scenarios, samples): header, events, footer.
 
-The per-process hot path is ``pdtrace.recorder`` (shards); ``pdtrace.shards`` merges the
-shards through ``write_trace``. Both functions are also importable from ``pdtrace.trace``.
+The per-process hot path is ``pdtrace.record.recorder`` (shards); ``pdtrace.record.shards`` merges the
+shards through ``write_trace``. Both functions are also importable from ``pdtrace.tracefile.trace``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 import orjson
 
-from . import schema
+from .. import schema
 from .compress import open_write, wants_zstd
 from .footer import FooterCounter
 from .typecheck import Signer
@@ -23,7 +23,7 @@ def make_header(*, origin: str, cmd: list[str] | None = None, redacted: bool = T
     import datetime
     import socket
 
-    from . import __version__
+    from .. import __version__
     from .versions import collect_versions
 
     h = {
@@ -49,9 +49,9 @@ def write_trace(path: str, header: dict[str, Any], events: Iterable[dict[str, An
     be any iterable (a streaming merge): with ``footer`` None or a callable, the footer is
     counted while the events are written (the callable gets the counter and returns the
     footer to write), so nothing needs to hold the events. Each event is type-checked on its
-    way out (``pdtrace.typecheck``); when all pass, the footer gets the ``digest`` of the event
+    way out (``pdtrace.tracefile.typecheck``); when all pass, the footer gets the ``digest`` of the event
     lines, which lets a reader skip its own type checks. A ``path`` ending in ``.zst`` is
-    written zstd-compressed (``pdtrace.compress``). Returns the footer written."""
+    written zstd-compressed (``pdtrace.tracefile.compress``). Returns the footer written."""
     counter = FooterCounter() if footer is None or callable(footer) else None
     signer = Signer()
     sign = signer.add

@@ -1,0 +1,59 @@
+"""One check of a trace file, shared by `pdtrace check` and the viewer's background check
+(``detectors.background``): line 1 read once (``tracefile.trace.read_header``) and handed on
+to every pass; the detectors streamed segment by segment (in one process, or split over
+``jobs`` by ``detectors.parallel``), or, for a flight-recorder trace (bounded by its window;
+the ring-cut rules look back over all of it), the trace loaded whole. No vLLM, no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..tracefile.damage import incomplete_reason
+from ..tracefile.trace import ProgressFn, load, read_header
+from . import DETECTORS, Finding, parallel, run_all, stream, whatif
+from .coverage import Coverage, coverage, coverage_of
+
+
+@dataclasses.dataclass
+class Checked:
+    """What one check found. ``trace``: the stream's ``Result`` or the loaded ``Trace`` (both
+    have ``path``, ``header``, ``footer``, ``problems``, ``complete``); ``replay``: the
+    ``--what-if`` rule's result (None without one); ``request_seen`` / ``requests``: whether
+    the request asked about appears, and the requests that do (``req.add``)."""
+
+    trace: Any
+    findings: list[Finding]
+    coverage: dict[str, Coverage]
+    replay: list | None = None
+    request_seen: bool = True
+    requests: list[str] = dataclasses.field(default_factory=list)
+
+
+def check_file(path: str, *, only: list[str] | tuple = (), request: str | None = None, lenient: bool = False,
+               progress: ProgressFn | None = None, jobs: int = 1, what_if: str | None = None) -> Checked:
+    """The detectors of ``only`` (all when empty) over the trace at ``path``, with each bug
+    class's coverage, as `pdtrace check` reports them. ``jobs`` >= 2 splits a streamed check
+    over processes (not with ``what_if``: its replay is fed the segments in one pass)."""
+    header = read_header(path)
+    kinds = list(only) or list(DETECTORS)
+    if not header.get("ring_s"):  # memory bounded by the detectors' live state, not the trace
+        if jobs >= 2 and not what_if:
+            res = parallel.run(path, only=only, request=request, lenient=lenient, progress=progress, jobs=jobs,
+                               header=header)
+        else:
+            res = stream.run(path, only=only, request=request, lenient=lenient, progress=progress, header=header,
+                             observe=(lambda: whatif.FixedTrim(request)) if what_if else None)
+        seen = res.request
+        return Checked(res, res.findings, coverage_of(res.summary, res.footer, kinds=kinds,
+                                                      incomplete=incomplete_reason(res.footer, res.problems)),
+                       replay=res.observed.finish() if what_if else None,
+                       request_seen=request is None or seen.seen, requests=list(seen.known))
+    tr = load(path, lenient=lenient, progress=progress, header=header)
+    seen = request is None or any(e.get("req") == request or e.get("remote_req") == request for e in tr.events)
+    return Checked(tr, run_all(tr.events, tr.header, only=only, request=request),
+                   coverage(tr.events, tr.header, tr.footer, kinds=kinds,
+                            incomplete=incomplete_reason(tr.footer, tr.problems)),
+                   replay=whatif.run(what_if, tr.events, request) if what_if else None, request_seen=seen,
+                   requests=[] if seen else [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"])
