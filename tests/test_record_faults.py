@@ -23,7 +23,7 @@ PDTRACE = [sys.executable, "-m", "pdtrace"]
 ENV = dict(os.environ, PDTRACE_HOOKS="0")  # process events and marks only: no vLLM here
 
 # A recorded program: N marks through the active recorder, then exit 5.
-BULK = ("import sys\nfrom pdtrace import recorder\nr = recorder.get()\n"
+BULK = ("import sys\nfrom pdtrace.record import recorder\nr = recorder.get()\n"
         "for i in range(int(sys.argv[1])):\n    r.emit('mark', label='bulk', detail='x' * 40 + str(i))\n"
         "sys.exit(5)\n")
 
@@ -73,7 +73,7 @@ def test_disk_full_at_merge_keeps_the_shards_and_the_exit_code(tmp_path):
 
 def test_sigkill_of_record_then_recover_with_merge_and_view(tmp_path):
     out = tmp_path / "t.jsonl"
-    prog = ("import time\nfrom pdtrace import recorder\nrecorder.get().emit('mark', label='before-kill')\n"
+    prog = ("import time\nfrom pdtrace.record import recorder\nrecorder.get().emit('mark', label='before-kill')\n"
             "time.sleep(60)\n")
     p = subprocess.Popen(PDTRACE + ["record", "-o", str(out), "--", sys.executable, "-c", prog],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
@@ -117,7 +117,7 @@ def _orphan_program(sleep: float, ready: Path) -> str:
     has started recording (``ready`` exists: its shard is open); the child marks, sleeps,
     marks again and exits. (A process that has not opened its shard by the time CMD exits is
     not waited for.)"""
-    inner = (f"import time\nfrom pdtrace import recorder\nr = recorder.get()\nr.emit('mark', label='orphan-early')\n"
+    inner = (f"import time\nfrom pdtrace.record import recorder\nr = recorder.get()\nr.emit('mark', label='orphan-early')\n"
              f"open({str(ready)!r}, 'w').close()\n"
              f"time.sleep({sleep})\nr.emit('mark', label='orphan-late')\n")
     return ("import os, subprocess, sys, time\n"

@@ -119,7 +119,7 @@ def test_failed_write_is_cut_back_and_counted(tmp_path):
 # disk freed, 500 marks.
 FILL = r"""
 import os, sys, time
-from pdtrace import recorder
+from pdtrace.record import recorder
 r = recorder.get()
 disk = sys.argv[1]
 def burst(label):

@@ -25,7 +25,8 @@ Fault injection (test fixtures, never production): ``old_p_block_rule`` and
 Public API (see ``run_pd_request``): ``PDConfig``, ``build_vllm_config``,
 ``build_kv_cache_config``, ``build_scheduler``, ``PDPair``, ``make_pair``,
 ``run_pd_request`` -> ``PDResult``, ``old_p_block_rule``, ``old_dflash_lookahead``,
-``FAULTS``, ``new_recorder``, ``write_scenario_trace``.
+``FAULTS``, ``new_recorder``, ``write_scenario_trace``. The faults live in ``pd_faults``, the
+stepping in ``pd_steps``, D's NIXL worker side in ``pd_nixl``; all importable from here.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ from typing import Any, Iterator
 
 from pdtrace.record import recorder as _recorder
 from pdtrace.record.recorder import Recorder
+
+from .pd_faults import FAULTS, old_dflash_lookahead, old_p_block_rule  # noqa: F401 - part of this module's API
+from .pd_nixl import (  # noqa: F401 - part of this module's API
+    _inline_read, _inline_worker_cls, _pull_worker_cls, _trim, _worker_for_trim, has_inline_trim, has_trim_method,
+)
+from .pd_steps import _kv_params_from, _make_request, _mro, _step, _tokens_for, drive  # noqa: F401
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 TARGET_DIR = os.path.join(CONFIG_DIR, "tiny-llama")
@@ -232,65 +239,6 @@ def make_pair(cfg: PDConfig = PDConfig(), rec: Recorder | None = None) -> PDPair
 
 
 # ---------------------------------------------------------------------------------------
-# fault injection (fixtures: re-introduce old vLLM rules on the real code path)
-# ---------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def old_p_block_rule(scheduler: Any, rec: Recorder | None = None) -> Iterator[None]:
-    """FAULT: P reports its full allocation (lookahead blocks included).
-
-    0.32.0's ``Scheduler._connector_finished`` takes the block ids it hands to the
-    connector from ``kv_cache_manager.get_block_ids_for_computed_tokens(request_id,
-    num_computed_tokens)`` (clipped per attention group to cdiv(num_computed, block_size)).
-    Before the upstream fix it used ``kv_cache_manager.get_block_ids(request_id)``. This
-    patches exactly that call on this scheduler's manager instance.
-    """
-    kvm = scheduler.kv_cache_manager
-    (rec or _recorder.get() or new_recorder()).emit(
-        "fault.inject", rule="p-sends-full-allocation", sim=True,
-        inst=getattr(scheduler, "_pdtrace_inst", "P"),
-        detail="Scheduler._connector_finished: kv_cache_manager.get_block_ids_for_computed_tokens -> "
-               "get_block_ids (pre-fix rule: P reports lookahead blocks beyond its computed tokens)")
-
-    def full_allocation(request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
-        return kvm.get_block_ids(request_id)
-
-    kvm.get_block_ids_for_computed_tokens = full_allocation
-    try:
-        yield
-    finally:
-        del kvm.get_block_ids_for_computed_tokens  # back to the class method
-
-
-@contextlib.contextmanager
-def old_dflash_lookahead(scheduler: Any, rec: Recorder | None = None, variant: str = "k") -> Iterator[None]:
-    """FAULT (seed 003): DFlash reserves too few lookahead slots.
-
-    0.32.0's ``VllmConfig.num_lookahead_tokens`` is k+1 for DFlash (one bonus query plus
-    one query per draft token) and the scheduler copies it into
-    ``Scheduler.num_lookahead_tokens``, which every ``allocate_slots`` call uses (subject
-    to the P/D rule: 0 while a remote KV load is pending). ``variant="k"`` restores the
-    EAGLE-style k slots; ``variant="zero"`` reserves none (the first-prefill bug).
-    """
-    if variant not in ("k", "zero"):
-        raise ValueError("variant must be 'k' or 'zero'")
-    old = scheduler.num_lookahead_tokens
-    new = scheduler.num_spec_tokens if variant == "k" else 0
-    (rec or _recorder.get() or new_recorder()).emit(
-        "fault.inject", rule="dflash-lookahead-" + variant, sim=True,
-        inst=getattr(scheduler, "_pdtrace_inst", "-"),
-        detail=f"Scheduler.num_lookahead_tokens {old} -> {new} (DFlash needs k+1 = {scheduler.num_spec_tokens + 1})")
-    scheduler.num_lookahead_tokens = new
-    try:
-        yield
-    finally:
-        scheduler.num_lookahead_tokens = old
-
-
-FAULTS = ("old_p_block_rule", "old_dflash_lookahead")
-
-
-# ---------------------------------------------------------------------------------------
 # one P/D request, end to end
 # ---------------------------------------------------------------------------------------
 
@@ -318,198 +266,6 @@ class PDResult:
 
 
 _ids = itertools.count(1)
-
-
-def _make_request(rid: str, prompt: list[int], max_tokens: int, kv: dict | None, block_size: int) -> Any:
-    from vllm import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.request import Request
-
-    init_none_hash(sha256)
-    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    sp.update_from_generation_config({}, 2)
-    r = Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=sp, pooling_params=None,
-                mm_features=None, block_hasher=get_request_block_hasher(block_size, sha256))
-    r.kv_transfer_params = kv
-    return r
-
-
-def drive(sched: Any, draft_k: int = 0, max_steps: int = 10_000) -> int:
-    """Steps a Scheduler until it has no requests (or ``max_steps``); returns the steps.
-
-    Each step: schedule(), a ModelRunnerOutput that samples one token per request that
-    finished its prompt this step (two, i.e. one draft accepted, when drafts were scheduled
-    for it; none for a partial prefill chunk), update_from_output(), and with ``draft_k``
-    drafts of that length for every running request past its prompt
-    (update_draft_token_ids). No model runs: the scheduler, KV cache manager and connector
-    scheduler side are vLLM's own."""
-    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
-
-    steps = 0
-    while sched.has_requests() and steps < max_steps:
-        out = sched.schedule()
-        spec = out.scheduled_spec_decode_tokens
-        ids, toks = [], []
-        for rid in out.num_scheduled_tokens:
-            req = sched.requests.get(rid)
-            if req is None:
-                continue
-            ids.append(rid)
-            if req.num_computed_tokens + out.num_scheduled_tokens[rid] < req.num_prompt_tokens:
-                toks.append([])  # partial prefill: nothing sampled
-            else:
-                toks.append([5, 6] if spec.get(rid) else [5])
-        sched.update_from_output(out, ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                                        sampled_token_ids=toks))
-        if draft_k:
-            running = [r.request_id for r in sched.running if r.num_computed_tokens >= r.num_prompt_tokens]
-            if running:
-                sched.update_draft_token_ids(DraftTokenIds(running, [[7] * draft_k for _ in running]))
-        steps += 1
-    return steps
-
-
-def _mro(sched_out: Any, tokens: dict[str, list[int]], finished_sending: set | None = None,
-         finished_recving: set | None = None) -> Any:
-    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-
-    ids = [r for r in sched_out.num_scheduled_tokens if r in tokens]
-    kvo = None
-    if finished_sending or finished_recving:
-        kvo = KVConnectorOutput(finished_sending=finished_sending or None, finished_recving=finished_recving or None)
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=[tokens[r] for r in ids], kv_connector_output=kvo)
-
-
-def _tokens_for(sched_out: Any, req_id: str, next_tok: int) -> dict[str, list[int]]:
-    """Sampled tokens for a scheduled request: accept the first draft token, if any."""
-    if req_id not in sched_out.num_scheduled_tokens:
-        return {}
-    n_spec = len(sched_out.scheduled_spec_decode_tokens.get(req_id, ()))
-    return {req_id: [next_tok, next_tok + 1] if n_spec else [next_tok]}
-
-
-def _step(sched: Any, req_id: str | None, next_tok: int, **kvo: Any) -> tuple[Any, dict]:
-    out = sched.schedule()
-    toks = _tokens_for(out, req_id, next_tok) if req_id else {}
-    req = sched.requests.get(req_id) if req_id else None
-    if toks and req is not None and req.num_computed_tokens < req.num_prompt_tokens:
-        toks = {req_id: []}  # a partial prefill chunk (schedule() already counted it): nothing sampled
-    eco = sched.update_from_output(out, _mro(out, toks, **kvo))
-    return out, eco
-
-
-def _kv_params_from(eco: dict, req_id: str) -> dict | None:
-    for outs in eco.values():
-        for o in outs.outputs:
-            if o.request_id == req_id and o.kv_transfer_params:
-                return dict(o.kv_transfer_params)
-    return None
-
-
-def _worker_for_trim(cfg: PDConfig, kv_cache_config: Any) -> Any:
-    """A NixlPullConnectorWorker with only what ``_apply_prefix_caching`` reads."""
-    from vllm.v1.kv_cache_interface import MambaSpec
-
-    w = object.__new__(_pull_worker_cls())
-    w._physical_blocks_per_logical_kv_block = 1  # read by the hybrid branch of the pre-0.26 trim
-    specs = [type(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
-    w._has_mamba = any(issubclass(s, MambaSpec) for s in specs)
-    w._group_spec_types = tuple(specs)
-    w._pdtrace_inst = "D"  # read by the nixl.trim hook (a real worker takes the process's instance)
-    return w
-
-
-def _pull_worker_cls() -> Any:
-    """The NIXL worker class that reads on D: NixlPullConnectorWorker from 0.24.0 (the pull/push
-    split), before it the one worker class (``_inline_worker_cls``); None if there is neither."""
-    try:
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
-    except ImportError:
-        return _inline_worker_cls()
-    return NixlPullConnectorWorker
-
-
-def has_trim_method() -> bool:
-    """Whether this vLLM's NIXL worker has ``_apply_prefix_caching`` (0.22.0 on)."""
-    return hasattr(_pull_worker_cls(), "_apply_prefix_caching")
-
-
-def has_inline_trim() -> bool:
-    """Whether this vLLM's NIXL worker trims inside ``_read_blocks(local_block_ids, remote_block_ids, ...)``
-    (0.19.x-0.21.x)."""
-    import inspect
-
-    cls = _inline_worker_cls()
-    return cls is not None and \
-        list(inspect.signature(cls._read_blocks).parameters)[1:3] == ["local_block_ids", "remote_block_ids"]
-
-
-def _inline_worker_cls() -> Any:
-    """The NIXL worker class of a release before the pull/push split: nixl/worker.py (0.20-0.23) or
-    the one-file nixl_connector.py (0.19.x); None from 0.24 on."""
-    try:
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker as cls
-    except ImportError:
-        try:
-            from vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector import NixlConnectorWorker as cls
-        except ImportError:
-            return None
-    return cls
-
-
-def _inline_read(cfg: PDConfig, kv_cache_config: Any, local: list, remote: list, d_req: str, p_req: str,
-                 remote_engine: str, rec: Recorder) -> tuple[list, list]:
-    """Run the release's real ``NixlConnectorWorker._read_blocks`` (0.20-0.21), hooks on, on a worker
-    built with ``object.__new__`` and given what that method reads; the NIXL agent is a stand-in that
-    keeps the descriptor ids the release computed (one region: a descriptor id is the block id) and
-    posts nothing. Returns the (local, remote) block lists the release read, per group, as it
-    handed them to NIXL, not as any hook saw them."""
-    import collections
-    from types import SimpleNamespace
-
-    from pdtrace.testing import worker_sim as ws
-
-    NixlConnectorWorker = _inline_worker_cls()
-    posted: list[tuple] = []
-
-    def make_prepped_xfer(op: str, local_handle: Any, local_descs: Any, remote_handle: Any, remote_descs: Any,
-                          notif_msg: Any = None) -> int:
-        posted.append(([int(x) for x in local_descs], [int(x) for x in remote_descs]))
-        return len(posted)
-
-    n_groups = len(kv_cache_config.kv_cache_groups)
-    w = object.__new__(NixlConnectorWorker)
-    w.__dict__.update(
-        # P and D with the same block size: ratio 1 (0.20-0.21 ask transfer_topo, 0.19.x kv_topo)
-        transfer_topo=SimpleNamespace(get_engine_info=lambda e: SimpleNamespace(remote_block_size=cfg.block_size),
-                                      block_size_ratio=lambda b: 1),
-        kv_topo=SimpleNamespace(block_size_ratio_from_engine_id=lambda e: 1),
-        world_size=1, kv_cache_config=kv_cache_config, _is_mamba_group=[False] * n_groups, _is_hma_required=False,
-        _has_mamba=False, num_regions=1, engine_id="pdtrace-D-local",
-        dst_num_blocks={remote_engine: cfg.num_blocks, "pdtrace-D-local": cfg.num_blocks},
-        nixl_wrapper=SimpleNamespace(make_prepped_xfer=make_prepped_xfer, transfer=lambda h: None,
-                                     send_notif=lambda *a, **k: None, release_xfer_handle=lambda h: None),
-        _recving_transfers=collections.defaultdict(list), _pdtrace_inst="D")
-    with ws._simulated(rec):  # the READ itself is not real: its events are marked sim
-        w._read_blocks(local, remote, remote_engine, d_req, p_req, 0, 0, 0)
-    if not posted:
-        return [[] for _ in local], [[] for _ in remote]
-    loc, rem = posted[-1]
-    if n_groups != 1:
-        raise RuntimeError("the inline-trim harness handles one KV cache group")
-    return [loc], [rem]
-
-
-def _trim(worker: Any, local: list, remote: list) -> tuple:
-    """The real ``_apply_prefix_caching`` of the installed release, one physical block per logical block:
-    (decode_block_ids, prefill_block_ids, decode_ppl, prefill_ppl) from 0.26, (local_block_ids,
-    remote_block_ids, remote_ppl) in 0.22.0-0.25.x."""
-    import inspect
-
-    n_extra = len(inspect.signature(worker._apply_prefix_caching).parameters) - 2
-    return worker._apply_prefix_caching(local, remote, *([1] * n_extra))
 
 
 def run_pd_request(

@@ -44,7 +44,7 @@ class Problem:
 
 def is_complete(footer: dict[str, Any] | None, problems: Any) -> bool:
     """Footer intact, no damaged line, and nothing lost when it was written (the footer's
-    ``input_problems`` / ``shard_problems``: ``coverage.footer_damage`` says them in words)."""
+    ``input_problems`` / ``shard_problems``: ``damage.footer_damage`` says them in words)."""
     return (footer is not None and not problems
             and not footer.get("input_problems") and not footer.get("shard_problems"))
 

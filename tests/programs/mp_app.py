@@ -92,7 +92,7 @@ def main():
         os.kill(pid, signal.SIGKILL)
         p.join()
     out = subprocess.run([sys.executable, "-c",
-                          "from pdtrace import recorder; r = recorder.get(); "
+                          "from pdtrace.record import recorder; r = recorder.get(); "
                           "r and r.emit('mark', label='subprocess'); print('sub-ok')"],
                          capture_output=True, text=True, check=True).stdout.strip()
     mark("subprocess-output", value=out)
