@@ -120,3 +120,16 @@ def test_pdtrace_top_level_is_small_and_modules_are_short():
             if n > MAX_LINES and rel not in LONG_OK:
                 long[rel] = n
     assert long == {}
+
+
+def test_every_package_is_in_the_wheel():
+    """pyproject's ``packages`` lists every package directory (one left out is missing from an
+    installed pdtrace; a fresh clone's CI caught ``pdtrace.index`` misnamed there)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = set()
+    for top, name in PACKAGES.items():
+        for init in (ROOT / top).rglob("__init__.py"):
+            found.add(".".join([name, *init.parent.relative_to(ROOT / top).parts]))
+    assert found == listed
