@@ -8,7 +8,7 @@ import dataclasses
 import threading
 from typing import Any, Callable
 
-SUBSYSTEMS = ("scheduler", "nixl", "connector_metadata", "accepted_counts", "input_batch", "worker", "runner",
+SUBSYSTEMS = ("scheduler", "nixl", "kv_load", "connector_metadata", "accepted_counts", "input_batch", "worker", "runner",
               "spec_v2", "states_v2")
 
 

@@ -368,6 +368,49 @@ _KINDS: tuple[Kind, ...] = (
                            "(vllm/v1/worker/gpu/model_runner.py)"),
         F("cls", "str", "the runner's class, module-qualified"),
     ), hook="runner"),
+    # --- KV that failed to load, and the recovery (issue 36) ----------------------------------
+    Kind("kvload.error", "D's NIXL worker logged a failed KV transfer (_log_failure): a handshake, a transfer "
+                         "or its setup, a notification. req: the local request, when there is one.", (
+        F("failure", "str", "vLLM's failure_type: handshake_failed, transfer_failed, transfer_setup_failed, "
+                            "transfer_exception, notification_failed, ..."),
+        F("engine", "str", "this worker's engine id"),
+        F("error", "str", "the exception, 'Type: message' (cut at 300 characters)", required=False),
+        F("detail", "str", "vLLM's message for it", required=False),
+        F("remote_req", "str", "the remote (P's) request id, when the transfer was known", required=False),
+        F("remote_engine", "str", "the remote engine id, when known", required=False),
+    ), hook="kv_load"),
+    Kind("kvload.reported", "D's worker handed the scheduler the blocks whose load failed "
+                            "(get_block_ids_with_load_errors; KVConnectorOutput.invalid_block_ids).", (
+        F("block_ids", "list[int]", "local block ids (KV cache group 0: vLLM reports one group)"),
+    ), hook="kv_load"),
+    Kind("kvload.handled", "The scheduler handled a KV load failure reported by the worker: "
+                           "_handle_failed_recving (whole requests) or _handle_invalid_blocks (blocks).", (
+        F("source", "str", "'failed_recving' or 'invalid_blocks'"),
+        F("policy", "str", "kv_load_failure_policy: 'fail' (the default) or 'recompute'"),
+        F("groups", "int", "KV cache groups of the scheduler"),
+        F("failed", "list[str]", "requests the scheduler fails for it (policy 'fail')"),
+        F("rescheduled", "list[str]", "policy 'recompute', invalid_blocks: the running requests cut back and "
+                                      "rescheduled (their output this step is dropped)", required=False),
+        F("block_ids", "list[int]", "invalid_blocks: the block ids reported", required=False),
+        F("reqs", "list[str]", "failed_recving: the requests reported", required=False),
+        F("error", "str", "the handler raised (vLLM refuses block-level failures on multi-group models)",
+          required=False),
+    ), hook="kv_load"),
+    Kind("kvload.request", "One request a handled KV load failure changed (or failed, or queued for a retry), "
+                           "read before and after the scheduler's decision.", (
+        F("source", "str", "'failed_recving' or 'invalid_blocks'"),
+        F("policy", "str", "'fail' or 'recompute'"),
+        F("status", "str", "the request's status before: WAITING_FOR_REMOTE_KVS (an async load) or RUNNING"),
+        F("computed_before", "int", "num_computed_tokens before"),
+        F("computed", "int", "num_computed_tokens after: where the recompute restarts"),
+        F("placeholders_before", "int", "num_output_placeholders before (async scheduling)"),
+        F("placeholders", "int", "num_output_placeholders after"),
+        F("num_tokens", "int", "the request's tokens (prompt + output so far)"),
+        F("block_ids", "list[list[int]]", "the request's blocks per KV cache group at the decision"),
+        F("action", "str", "'fail' (the request is failed), 'recompute' (computed tokens cut back), 'none' "
+                           "(kept: e.g. its failed blocks are recomputed by another request)"),
+        F("retry", "bool", "queued in failed_recving_kv_req_ids: retried once its load completes"),
+    ), hook="kv_load"),
 )
 
 # Kinds that always concern one request: ``req`` is required (a string) for them, so an event
@@ -376,7 +419,7 @@ _KINDS: tuple[Kind, ...] = (
 PER_REQUEST = frozenset({
     "sched.alloc", "sched.free", "req.add", "req.finish", "acc.read", "acc.truth", "spec.window",
     "batch.add", "batch.remove", "nixl.request_finished", "nixl.remote_alloc", "nixl.read",
-    "nixl.read_done", "nixl.send_done"})
+    "nixl.read_done", "nixl.send_done", "kvload.request"})
 _KINDS = tuple(dataclasses.replace(k, fields=(F("req", "str", "the request (required for this kind)"),) + k.fields)
                if k.name in PER_REQUEST else k for k in _KINDS)
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}

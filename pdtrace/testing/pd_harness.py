@@ -83,12 +83,14 @@ class PDConfig:
     attn: tuple[str, ...] = ("full",)
     window: int = 32
     engine_tag: str = ""  # makes the engine ids differ between otherwise equal instances (xPyD)
+    kv_load_failure_policy: str = "fail"  # KVTransferConfig's: "fail" (vLLM's default) or "recompute"
 
     def label(self) -> str:
         spec = f"{self.spec_method}k{self.num_spec_tokens}" if self.spec_method else "nospec"
         attn = "" if self.attn == ("full",) else "-" + "+".join(self.attn) + f"{self.window}"
         return (f"{spec}-bs{self.block_size}" + attn + ("-hybrid" if self.hybrid else "")
-                + ("-async" if self.async_scheduling else ""))
+                + ("-async" if self.async_scheduling else "")
+                + ("" if self.kv_load_failure_policy == "fail" else f"-{self.kv_load_failure_policy}"))
 
 
 ROLE_KV = {"P": "kv_producer", "D": "kv_consumer", "PD": "kv_both"}
@@ -123,8 +125,9 @@ def build_vllm_config(inst: str, cfg: PDConfig) -> Any:
                          max_model_len=cfg.max_model_len, enable_chunked_prefill=True,
                          is_encoder_decoder=False, async_scheduling=cfg.async_scheduling)
     cc = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=True)
+    policy = {} if cfg.kv_load_failure_policy == "fail" else {"kv_load_failure_policy": cfg.kv_load_failure_policy}
     kvt = KVTransferConfig(kv_connector="NixlConnector", kv_role=ROLE_KV[inst],
-                           engine_id=f"pdtrace-{inst}{cfg.engine_tag}-{cfg.label()}")
+                           engine_id=f"pdtrace-{inst}{cfg.engine_tag}-{cfg.label()}", **policy)
     vc = VllmConfig(model_config=mc, speculative_config=spec, scheduler_config=sc, cache_config=cc,
                     kv_transfer_config=kvt, device_config=DeviceConfig("cpu"), attention_config=AttentionConfig())
     # VllmConfig's CPU platform checks may turn async scheduling off; the harness asks for what it was told.
@@ -188,9 +191,10 @@ def new_recorder(redact: bool = True) -> Recorder:
 
 
 def install_scheduler_hooks() -> dict[str, str]:
-    """Apply the scheduler-side hooks (subsystems 'scheduler' and 'nixl') now; {hook: status}.
+    """Apply the scheduler-side hooks (subsystems 'scheduler', 'nixl' and 'kv_load') now;
+    {hook: status}.
 
-    Only these two: the worker-side subsystems target the GPU model runner, which the
+    Only these: the other worker-side subsystems target the GPU model runner, which the
     harness does not run (importing it is slow and pointless here).
     """
     import importlib
@@ -199,9 +203,10 @@ def install_scheduler_hooks() -> dict[str, str]:
 
     importlib.import_module("pdtrace.hooks.scheduler")
     importlib.import_module("pdtrace.hooks.nixl")
+    importlib.import_module("pdtrace.hooks.kv_load")
     out = {}
     for spec in list(hooks.REGISTRY.values()):
-        if spec.subsystem not in ("scheduler", "nixl"):
+        if spec.subsystem not in ("scheduler", "nixl", "kv_load"):
             continue
         if spec.status != "applied":
             _st, reason, form = hooks.check_form(spec)  # this release's layout of the target
@@ -232,6 +237,9 @@ def make_pair(cfg: PDConfig = PDConfig(), rec: Recorder | None = None) -> PDPair
     with recording(rec):
         p = build_scheduler("P", cfg)
         d = build_scheduler("D", cfg)
+        from pdtrace import hooks
+
+        hooks._report_status()  # what is applied, in this pair's events (as a recorded process says it)
     rec.flush()
     setup = [e for e in (rec.events or [])[start:]
              if e["ev"] in ("sched.config", "proc.role", "hooks.status", "hook.error")]

@@ -58,13 +58,20 @@ def drive(sched: Any, draft_k: int = 0, max_steps: int = 10_000) -> int:
 
 
 def _mro(sched_out: Any, tokens: dict[str, list[int]], finished_sending: set | None = None,
-         finished_recving: set | None = None) -> Any:
+         finished_recving: set | None = None, invalid_block_ids: set | None = None,
+         failed_recving: set | None = None) -> Any:
+    """The ModelRunnerOutput a worker would return; a load failure as D's NIXL worker reports it
+    (``invalid_block_ids``: get_block_ids_with_load_errors; ``failed_recving``: vLLM 0.30+)."""
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
     ids = [r for r in sched_out.num_scheduled_tokens if r in tokens]
     kvo = None
-    if finished_sending or finished_recving:
+    if finished_sending or finished_recving or invalid_block_ids or failed_recving:
         kvo = KVConnectorOutput(finished_sending=finished_sending or None, finished_recving=finished_recving or None)
+        if invalid_block_ids:
+            kvo.invalid_block_ids = set(invalid_block_ids)
+        if failed_recving:
+            kvo.failed_recving = set(failed_recving)
     return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                              sampled_token_ids=[tokens[r] for r in ids], kv_connector_output=kvo)
 
