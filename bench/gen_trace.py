@@ -9,7 +9,8 @@ remote_alloc / trim / read on D; P frees the request's blocks once sent, D finis
 it when it leaves the batch, as the live traces record), and each process's ``proc.exit`` at
 the end (its footer entry is ``complete``, as a merge recounts it). With ``inject_bugs`` a few of each bug class are mixed
 in (lookahead-aligned prompts reported unclipped, early metadata clears, a DFlash window
-past the allocation, reads after a row swap). Returns a summary dict.
+past the allocation, reads after a row swap, a KV load failure whose rollback keeps its async
+placeholders so the recompute is scheduled past the request). Returns a summary dict.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
     procs: dict[int, dict] = {}
     n = 0
     t = 1_000_000_000
-    bugs = {"lookahead": 0, "metadata": 0, "window": 0, "stale": 0}
+    bugs = {"lookahead": 0, "metadata": 0, "window": 0, "stale": 0, "kv_load": 0}
     bug_every = max(1, n_events // 5)  # a handful of each bug class per trace
     next_bug = {k: bug_every * (i + 1) // 2 for i, k in enumerate(bugs)}
     out = open(path + ".tmp", "wb")
@@ -79,7 +80,10 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
              num_lookahead_tokens=3 if inst == "P" else 0, num_spec_tokens=3, spec_method="eagle3",
              kv_role="kv_producer" if inst == "P" else "kv_consumer", connector="NixlConnector",
              async_scheduling=True, num_blocks=100000)
+    emit("hooks.status", "D", "engine-core", DE, vllm="0.32.0",
+         applied=["kv_load.invalid_blocks", "kv_load.failed_recving"], skipped={})
     step = 0
+    rolled: dict[str, int] = {}  # D request -> tokens its next step schedules after a KV load rollback
     next_block = 1
     rid = 0
     live_d: list[str] = []  # D requests decoding, in row order
@@ -169,8 +173,9 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
             if live_d:
                 emit("batch.condense", "D", "worker", DW, step=step,
                      moves=[[q, i + 1, i] for i, q in enumerate(live_d)])
-        emit("sched.step", "D", "engine-core", DE, step=step, num_reqs=len(live_d), num_tokens=4 * len(live_d),
-             tokens={r: 4 for r in live_d}, spec={r: 3 for r in live_d})
+        d_tokens = {r: rolled.pop(r, 4) for r in live_d}
+        emit("sched.step", "D", "engine-core", DE, step=step, num_reqs=len(live_d), num_tokens=sum(d_tokens.values()),
+             tokens=d_tokens, spec={r: 3 for r in live_d})
         for r in live_d:
             d_len[r] += 4
             need = math.ceil((d_len[r] + 3) / B)
@@ -201,6 +206,19 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
             live_d[0], live_d[1] = b2, a
             bugs["stale"] += 1
             next_bug["stale"] += bug_every
+        bug_kv = inject_bugs and n >= next_bug["kv_load"] and len(live_d) >= 4
+        if bug_kv:  # a late report of a failed load: cut back to its first failed block, placeholders kept
+            r = live_d[-1]
+            failed_block = d_blocks[r][len(d_blocks[r]) // 2]
+            cut = d_blocks[r].index(failed_block) * B
+            emit("kvload.handled", "D", "engine-core", DE, step=step, source="invalid_blocks", policy="recompute",
+                 groups=1, failed=[], block_ids=[failed_block], rescheduled=[r])
+            emit("kvload.request", "D", "engine-core", DE, req=r, step=step, source="invalid_blocks",
+                 policy="recompute", status="RUNNING", computed_before=d_len[r], computed=cut, placeholders_before=4,
+                 placeholders=4, num_tokens=d_len[r], block_ids=[d_blocks[r]], action="recompute", retry=False)
+            rolled[r] = d_len[r] - cut + 4 + 3  # vLLM #49250: num_tokens + placeholders - computed, + drafts
+            bugs["kv_load"] += 1
+            next_bug["kv_load"] += bug_every
         emit("d2h.done", "D", "worker", DW, step=step + 1, event=ev_name)
         for row, r in enumerate(live_d):
             v = rng.randint(1, 4)
@@ -229,6 +247,6 @@ if __name__ == "__main__":
     ap.add_argument("path", help="trace file to write (.jsonl)")
     ap.add_argument("-n", "--events", type=int, default=1_000_000, help="about how many events (default 1000000)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument("--no-bugs", action="store_true", help="no injected bug of any of the four classes")
+    ap.add_argument("--no-bugs", action="store_true", help="no injected bug of any of the five classes")
     a = ap.parse_args()
     print(generate(a.path, a.events, a.seed, inject_bugs=not a.no_bugs))

@@ -72,6 +72,14 @@ class EventBuilder:
         return str(path)
 
 
+def kv_load_hooks(b: EventBuilder, inst: str = "D") -> dict:
+    """The hooks.status D's engine core writes when its hooks are installed, as far as the
+    KV-load class reads it: the scheduler's failure handlers applied (no load failed, so no
+    kvload.* event follows)."""
+    return b.add("hooks.status", inst=inst, role="engine-core", vllm="0.32.0",
+                 applied=["kv_load.invalid_blocks", "kv_load.failed_recving"], skipped={})
+
+
 def _is_state(kind: str) -> bool:
     return "Mamba" in kind or "SSM" in kind
 
@@ -98,6 +106,7 @@ def lookahead_scenario(b: EventBuilder | None = None, *, prompt_len: int = 16, b
     if not any(e["ev"] == "sched.config" and e["inst"] == "P" for e in b.events):
         b.config("P", block_sizes=block_sizes, group_kinds=kinds)
         b.config("D", block_sizes=block_sizes, group_kinds=kinds, lookahead=0)
+        kv_load_hooks(b)
     p_blocks, reported, d_blocks = [], [], []
     nb = p_first_block
     db = d_first_block

@@ -23,6 +23,7 @@ from pdtrace.tracefile.trace import load, make_footer  # noqa: E402
 
 runner = CliRunner()
 META, WINDOW = "connector-metadata-cleared-before-drafter", "drafter-window-outside-allocation"
+KV = "kv-load-failure-recovery"
 
 
 def _full(b=None, **kw):
@@ -39,7 +40,7 @@ def _status(events, footer=None):
 def test_full_trace_is_checked_or_not_applicable():
     st = _status(_full().events)
     assert st == {LOOKAHEAD_MISALIGNMENT: CHECKED, META: CHECKED, WINDOW: CHECKED,
-                  STALE_ACCEPTED_COUNT_READ: NOT_APPLICABLE}
+                  STALE_ACCEPTED_COUNT_READ: NOT_APPLICABLE, KV: CHECKED}
 
 
 def test_hook_error_makes_its_classes_not_checked():
@@ -153,7 +154,16 @@ def test_config_rules_need_every_scheduler():
     b = E.EventBuilder()
     b.config("P", num_spec_tokens=0, spec_method="", lookahead=0)
     b.config("D", num_spec_tokens=0, spec_method="", lookahead=0)
-    assert set(_status(b.events).values()) == {NOT_APPLICABLE}
+    st = _status(b.events)
+    assert {v for k, v in st.items() if k != KV} == {NOT_APPLICABLE}
+    # D loads KV whatever the spec config; this synthetic trace has no hooks.status saying the
+    # KV-load hooks were applied
+    assert st[KV] == NOT_CHECKED
+    E.kv_load_hooks(b)
+    assert _status(b.events)[KV] == CHECKED
+    b2 = E.EventBuilder()
+    b2.config("P", num_spec_tokens=0, spec_method="", lookahead=0)  # P alone loads nothing
+    assert _status(b2.events)[KV] == NOT_APPLICABLE
     b.config("PD", num_spec_tokens=3, spec_method="eagle3")  # one scheduler with spec decode
     st = _status(b.events)
     assert st[WINDOW] == NOT_CHECKED and st[LOOKAHEAD_MISALIGNMENT] == NOT_CHECKED

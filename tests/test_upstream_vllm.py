@@ -39,6 +39,7 @@ pytest.importorskip("nixl", reason="nixl is not installed (bash scripts/install.
 ROOT = Path(__file__).resolve().parents[1]
 PDTRACE = [sys.executable, "-m", "pdtrace"]
 UNIT = "tests/v1/kv_connector/unit"
+KV_HANDLED = 16  # kvload.handled events from vLLM's own load-failure tests (24 on 0.32.0)
 FILES = [  # scheduler side of the P/D connectors, plus the NIXL connector module
     "test_remote_decode_lifecycle.py", "test_remote_prefill_lifecycle.py", "test_nixl_connector_hma.py",
     "test_kv_connector_lifecycle.py", "test_invalid_blocks_correctness.py", "test_kv_load_failure_recovery.py",
@@ -113,12 +114,19 @@ def test_outcomes_unchanged_and_no_findings_on_fixed_vllm(upstream, tmp_path):
     kinds = [e["ev"] for e in evs.values()]
     assert kinds.count("sched.config") >= 40 and kinds.count("nixl.request_finished") >= 10
     assert "hook.error" not in kinds
+    # vLLM's own load-failure tests (test_kv_load_failure_recovery.py, test_invalid_blocks_correctness.py)
+    # drive the scheduler's failure path: the kv_load hooks record it, and the class is decided on them
+    handled = [e for e in evs.values() if e["ev"] == "kvload.handled"]
+    print(f"kvload: {len(handled)} handled ({sorted({e['source'] for e in handled})}, policies "
+          f"{sorted({e['policy'] for e in handled})}), {kinds.count('kvload.request')} requests")
+    assert len(handled) >= KV_HANDLED and {e["policy"] for e in handled} == {"fail", "recompute"}
     report = _check(trace)
     assert _flagged(report) == [], [f["title"] for f in _flagged(report)]
     for f in report["findings"]:  # what is left says why it could not be decided
         assert f["severity"] == "inconclusive" and "remote_num_tokens" in f["explanation"], f
     cov = {c["kind"]: c for c in report["coverage"]} if isinstance(report["coverage"], list) else report["coverage"]
     assert "lookahead-block-misalignment" in json.dumps(cov)
+    assert cov["kv-load-failure-recovery"]["status"] == "checked", cov["kv-load-failure-recovery"]
 
 
 def test_pre_fix_p_rule_flags_exactly_the_requests_it_changed(upstream, tmp_path):

@@ -12,10 +12,11 @@ from typing import Any, Callable, Iterable
 
 from pdtrace.tracefile.trace import EventList, derive_block_lists
 
-from . import drafter_window, lookahead, metadata, ringcut, stale_read
+from . import drafter_window, kv_load, lookahead, metadata, ringcut, stale_read
 from .base import (
     ALL_KINDS,
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    KV_LOAD_FAILURE_RECOVERY,
     LOOKAHEAD_MISALIGNMENT,
     METADATA_CLEARED_BEFORE_DRAFTER,
     SEVERITY_ERROR,
@@ -32,6 +33,7 @@ DETECTORS: dict[str, DetectorFn] = {
     METADATA_CLEARED_BEFORE_DRAFTER: metadata.detect,
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION: drafter_window.detect,
     STALE_ACCEPTED_COUNT_READ: stale_read.detect,
+    KV_LOAD_FAILURE_RECOVERY: kv_load.detect,
 }
 assert tuple(DETECTORS) == ALL_KINDS
 
@@ -86,5 +88,5 @@ __all__ = [
     "ALL_KINDS", "DETECTORS", "Finding", "run_all", "unknown_kinds", "sort_key",
     "SEVERITY_ERROR", "SEVERITY_WARNING",
     "LOOKAHEAD_MISALIGNMENT", "METADATA_CLEARED_BEFORE_DRAFTER",
-    "DRAFTER_WINDOW_OUTSIDE_ALLOCATION", "STALE_ACCEPTED_COUNT_READ",
+    "DRAFTER_WINDOW_OUTSIDE_ALLOCATION", "STALE_ACCEPTED_COUNT_READ", "KV_LOAD_FAILURE_RECOVERY",
 ]

@@ -14,11 +14,13 @@ LOOKAHEAD_MISALIGNMENT = "lookahead-block-misalignment"
 METADATA_CLEARED_BEFORE_DRAFTER = "connector-metadata-cleared-before-drafter"
 DRAFTER_WINDOW_OUTSIDE_ALLOCATION = "drafter-window-outside-allocation"
 STALE_ACCEPTED_COUNT_READ = "stale-accepted-count-read"
+KV_LOAD_FAILURE_RECOVERY = "kv-load-failure-recovery"
 ALL_KINDS = (
     LOOKAHEAD_MISALIGNMENT,
     METADATA_CLEARED_BEFORE_DRAFTER,
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
     STALE_ACCEPTED_COUNT_READ,
+    KV_LOAD_FAILURE_RECOVERY,
 )
 
 

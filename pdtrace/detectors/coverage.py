@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from .base import (
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    KV_LOAD_FAILURE_RECOVERY,
     LOOKAHEAD_MISALIGNMENT,
     METADATA_CLEARED_BEFORE_DRAFTER,
     STALE_ACCEPTED_COUNT_READ,
@@ -49,6 +50,7 @@ NOT_CHECKED = "not-checked"
 # spec methods whose drafter has no KV cache of its own (vLLM 0.32.0 accepted_counts.NO_KV_METHODS)
 NO_KV_DRAFTERS = frozenset({"", "ngram", "ngram_gpu", "suffix", "medusa", "extract_hidden_states"})
 SAVING_ROLES = frozenset({"kv_producer", "kv_both"})
+LOADING_ROLES = frozenset({"kv_consumer", "kv_both"})
 # worker events that may name their model runner (``runner``: "v1" | "v2"; absent = unknown);
 # ``runner`` (hooks/runner.py) is the one every worker emits when it builds its runner
 RUNNER_KINDS = ("runner", "kvmeta.bind", "spec.phase", "d2h.issue", "acc.read", "batch.add", "acc.device")
@@ -86,6 +88,10 @@ class ClassSpec:
     runner_hooks: tuple[str, ...] = ()
     na_when: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     side: str = ""  # where the events come from, for "not checked" texts
+    # hooks one of which must have been applied (hooks.status / the footer) for the class to be
+    # checked: for a class whose own events appear only when the bug's path runs (a failed load),
+    # a trace recorded without them says nothing either way
+    applied: tuple[str, ...] = ()
 
 
 def _no_spec(c: Event) -> bool:
@@ -106,6 +112,10 @@ def _no_kv_drafter(c: Event) -> bool:
 
 def _not_saving(c: Event) -> bool:
     return (c.get("kv_role") or "") not in SAVING_ROLES
+
+
+def _not_loading(c: Event) -> bool:
+    return (c.get("kv_role") or "") not in LOADING_ROLES
 
 
 def _no_state_group(c: Event) -> bool:
@@ -158,6 +168,13 @@ CLASSES: dict[str, ClassSpec] = {
         runner_hooks=("accepted_counts.issue", "accepted_counts.read", "states_v2.acc_device"),
         side="d2h.issue or acc.read events (worker)",
     ),
+    KV_LOAD_FAILURE_RECOVERY: ClassSpec(
+        feeds=(("sched.config", {"kv_role": "kv_consumer"}), ("sched.config", {"kv_role": "kv_both"})),
+        hooks=(*_SCHED_HOOKS, "scheduler.schedule", "scheduler.finish", "kv_load.*"),
+        rules=((_not_loading, "no instance loads KV from another (no kv_consumer / kv_both scheduler)"),),
+        applied=("kv_load.invalid_blocks",),
+        side="scheduler config of an instance that loads KV (kv_consumer / kv_both)",
+    ),
 }
 
 
@@ -195,6 +212,7 @@ class _Facts:
     runners: set[Any]
     runner_procs: dict[str, set]  # runner -> {"inst pid N"} of the workers that named it
     runner_pids: dict[str, set]  # runner -> pids of the workers whose ``runner`` event named it
+    applied: set  # hooks some process applied (hooks.status, the footer)
 
 
 def _facts(idx: Any, footer: dict | None) -> _Facts:
@@ -219,11 +237,13 @@ def _facts(idx: Any, footer: dict | None) -> _Facts:
         if p.get("dropped"):
             dropped[p.get("pid")] = max(dropped.get(p.get("pid"), 0), int(p["dropped"]))
     skipped = dict(((footer or {}).get("hooks") or {}).get("skipped") or {})
+    applied = set(((footer or {}).get("hooks") or {}).get("applied") or ())
     for e in idx.kind("hooks.status"):
         for h, why in (e.get("skipped") or {}).items():
             skipped.setdefault(h, why)
         for h in e.get("applied") or ():
             skipped.pop(h, None)
+            applied.add(h)
     runners = set(idx.runner_values())
     runners.discard(None)
     procs: dict[str, set] = {}
@@ -231,7 +251,7 @@ def _facts(idx: Any, footer: dict | None) -> _Facts:
     for e in idx.kind("runner"):
         procs.setdefault(e.get("runner"), set()).add(f"{e.get('inst', '?')} pid {e.get('pid')}")
         pids.setdefault(e.get("runner"), set()).add(e.get("pid"))
-    return _Facts(errors, messages, skipped, dropped, list(idx.kind("sched.config")), runners, procs, pids)
+    return _Facts(errors, messages, skipped, dropped, list(idx.kind("sched.config")), runners, procs, pids, applied)
 
 
 def _runner_verdicts(spec: ClassSpec, idx: Any, facts: _Facts) -> tuple[dict[str, str], str]:
@@ -318,6 +338,13 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
         return Coverage(kind, NOT_CHECKED, why + ": some of this class's events may be missing", n)
     missing = [k for k in spec.needs if not idx.has(k)]
     na, unhooked = _runner_verdicts(spec, idx, facts)
+    if n and spec.applied and not facts.applied.intersection(spec.applied):
+        why = (f"recorded without the hook(s) {', '.join(spec.applied)} (a pdtrace older than this class, or "
+               f"the hook was not applied): the events that would show this bug cannot be in the trace")
+        skipped = {h: r for h, r in facts.skipped.items() if h in spec.applied}
+        if skipped:
+            why += "; skipped: " + "; ".join(f"{h} ({r})" for h, r in sorted(skipped.items()))
+        return Coverage(kind, NOT_CHECKED, why, n)
     if n and not missing and not unhooked:
         note = "; ".join(f"does not apply on {RUNNER_NAMES.get(r, r)}: {why}" for r, why in sorted(na.items()))
         return Coverage(kind, CHECKED, note, n)

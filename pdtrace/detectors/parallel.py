@@ -39,7 +39,7 @@ from ..tracefile.compress import is_zstd
 from ..tracefile.reading import SEGMENT, Rescan, Unfiltered
 from ..tracefile.segments import LineFilter
 from ..tracefile.trace import ProgressFn, read_header
-from . import drafter_window, lookahead, metadata, sort_key, stale_read
+from . import drafter_window, kv_load, lookahead, metadata, sort_key, stale_read
 from .index import Index
 from .stream import STREAMS, Result, _run
 from .stream import run as run_serial
@@ -50,6 +50,7 @@ UNITS = (
     (stale_read.STALE_ACCEPTED_COUNT_READ,),
     (lookahead.LOOKAHEAD_MISALIGNMENT,),
     (metadata.METADATA_CLEARED_BEFORE_DRAFTER,),
+    (kv_load.KV_LOAD_FAILURE_RECOVERY,),
 )
 MAX_JOBS = len(UNITS)
 ALWAYS = ("sched.config",)  # every part reads the configs (block sizes, roles)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from ..tracefile.reading import SEGMENT, Rescan, fast_segments, scan_segments
 from ..tracefile.trace import Problem, ProgressFn, _derive, is_complete
-from . import DETECTORS, drafter_window, lookahead, metadata, sort_key, stale_read
+from . import DETECTORS, drafter_window, kv_load, lookahead, metadata, sort_key, stale_read
 from .base import Finding
 from .coverage import CLASSES, RUNNER_KINDS, WHOLE_KINDS, matching
 from .index import Configs, Index
@@ -38,6 +38,7 @@ STREAMS: dict[str, Callable[[dict], Any]] = {
     metadata.METADATA_CLEARED_BEFORE_DRAFTER: metadata.Stream,
     drafter_window.DRAFTER_WINDOW_OUTSIDE_ALLOCATION: drafter_window.Stream,
     stale_read.STALE_ACCEPTED_COUNT_READ: stale_read.Stream,
+    kv_load.KV_LOAD_FAILURE_RECOVERY: kv_load.Stream,
 }
 assert tuple(STREAMS) == tuple(DETECTORS)
 

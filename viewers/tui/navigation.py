@@ -24,6 +24,7 @@ PANE_OF_KIND = {
     "drafter-window-outside-allocation": "window",
     "connector-metadata-cleared-before-drafter": "meta",
     "stale-accepted-count-read": "acc",
+    "kv-load-failure-recovery": "blocks",  # the request's blocks, where the failed ones sit
 }
 
 

@@ -22,6 +22,7 @@ SHORT = {
     "drafter-window-outside-allocation": "drafter window",
     "connector-metadata-cleared-before-drafter": "metadata cleared",
     "stale-accepted-count-read": "stale acc read",
+    "kv-load-failure-recovery": "kv load failure",
 }
 _PREFIX = re.compile(r"^(?:request \S+?)?(?:\s*step \d+)?:\s+")
 

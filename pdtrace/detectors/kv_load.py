@@ -1,0 +1,231 @@
+"""kv-load-failure-recovery (issue 36): KV that failed to load, and the recovery that followed.
+
+When D's connector reports a failed load (``kvload.handled``: blocks, or whole requests), the
+scheduler either fails the affected requests (``kv_load_failure_policy="fail"``) or cuts their
+computed tokens back to the first failed block and recomputes from there ("recompute"). What
+the scheduler decided per request is recorded before and after (``kvload.request``). The
+findings, per request:
+
+- *recompute did not restart at the first failed block*: the request's computed tokens, as the
+  scheduler left them, still cover a block reported failed (from the request's own block list,
+  the reported block ids and its computed tokens before the step), and no earlier request of
+  the same call recomputes that block (vLLM lets one request recompute a block others share);
+- *scheduled beyond what remains after a rollback*: the first step that schedules the request
+  after it was cut back gives it more tokens (draft tokens aside) than it has left to compute
+  (``num_tokens - computed``). An error when the request still carried output placeholders
+  after the rollback (async scheduling; vLLM #49250 / #45138: the placeholders are not rolled
+  back, so the recompute runs past the prompt), else a warning;
+- *a failed request that never finished*: failed by the policy, but no ``req.finish`` follows;
+- *a rolled-back request that never ran again*: its scheduler went on stepping, but no step
+  schedules it and it never finishes (a trace whose scheduler stopped stepping cannot tell);
+- *stranded after the recompute*: it ran again, then its scheduler went on stepping without it
+  (two steps or more) while it kept its blocks, and it never finished (vLLM #45138: the stale
+  placeholders trip async scheduling's stop check and the request sits in the running queue).
+
+Oracles are vLLM's own values as the hooks read them (block lists, num_computed_tokens,
+num_tokens, num_output_placeholders, the scheduled token counts), never another detector.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR, SEVERITY_WARNING, Finding
+from .index import feed_all, kind_code
+
+Event = dict[str, Any]
+
+_KINDS = ("kvload.handled", "kvload.request", "sched.step", "req.finish", "sched.free")
+STRANDED = 2  # steps of its scheduler without the request, after it last ran, before it counts as stranded
+KEPT = 1 << 14  # open rollbacks / failed requests kept per stream (the oldest go first)
+
+
+class Stream:
+    """The detector over events fed in trace order. It keeps, per scheduler process, the last
+    handled failure's block ids (until that step's requests are read), the rollbacks waiting
+    for the request's next step, and the failed requests waiting for their finish."""
+
+    KINDS = _KINDS
+
+    def __init__(self, header: dict | None = None):
+        self.calls: dict[tuple, tuple[Event, list]] = {}  # (pid, inst) -> (handled, its requests so far)
+        self.steps: dict[tuple, Event] = {}  # (pid, inst) -> the latest sched.step
+        self.waiting: dict[tuple, tuple[Event, Event]] = {}  # (pid, inst, req) -> (request, handled): next step
+        self.failed: dict[tuple, tuple[Event, Event]] = {}  # (pid, inst, req) -> (request, handled): a finish
+        self.passed: dict[tuple, int] = {}  # (pid, inst, req) waiting -> steps of its scheduler without it
+        self.after: dict[tuple, list] = {}  # ran again after a rollback: [request, handled, steps without it since]
+        self.findings: list[Finding] = []
+        self.configs: Any = None
+
+    def _where(self, e: Event) -> tuple:
+        """The scheduler an event is from: its process and instance, and the scheduler config
+        before it there (one process may build several schedulers in turn: vLLM's own tests)."""
+        c = self.configs.config_of(e) if self.configs is not None else None
+        return (e.get("pid"), e.get("inst"), (c or {}).get("id"))
+
+    def feed(self, idx: Any) -> None:
+        self.configs = idx.configs
+        if not idx.kind("kvload.handled") and not self.waiting and not self.failed and not self.after:
+            # no failure to follow: only each scheduler's latest step (a failure handled at the
+            # start of the next segment reads the tokens its step scheduled)
+            for e in idx.kind("sched.step"):
+                self.steps[self._where(e)] = e
+            return
+        HANDLED, REQUEST, STEP, FINISH, FREE = (kind_code(k) for k in _KINDS)
+        for e, k in zip(*idx.ordered_codes(_KINDS)):
+            where = self._where(e)
+            if k == STEP:
+                self.steps[where] = e
+                if self.waiting or self.after:
+                    self._scheduled(where, e)
+            elif k == HANDLED:
+                self.calls[where] = (e, [])
+            elif k == REQUEST:
+                call = self.calls.get(where)
+                if call is None or call[0].get("step") != e.get("step") or call[0].get("source") != e.get("source"):
+                    continue  # (its kvload.handled is not in the trace)
+                self._request(where, e, call)
+            elif k == FINISH or k == FREE:  # (freed: finished, or preempted and left the batch)
+                key = (*where, e.get("req"))
+                self.after.pop(key, None)
+                if k == FINISH:
+                    self.failed.pop(key, None)
+                    self.waiting.pop(key, None)
+                    self.passed.pop(key, None)
+        for d in (self.waiting, self.failed, self.after):
+            while len(d) > KEPT:
+                del d[next(iter(d))]
+
+    def _request(self, where: tuple, e: Event, call: tuple[Event, list]) -> None:
+        handled, earlier = call
+        key = (*where, e.get("req"))
+        if e.get("action") == "fail" or e.get("req") in (handled.get("failed") or ()):
+            self.failed[key] = (e, handled)
+            self.waiting.pop(key, None)
+        elif e.get("computed", 0) < e.get("computed_before", 0) or e.get("retry"):
+            self.waiting[key] = (e, handled)
+        if handled.get("source") == "invalid_blocks" and e.get("policy") == "recompute":
+            self._check_restart(where, e, handled, earlier)
+        earlier.append(e)
+
+    def _block_size(self, e: Event) -> int | None:
+        c = self.configs.config_of(e) if self.configs is not None else None
+        sizes = (c or {}).get("block_sizes") or []
+        return int(sizes[0]) if sizes else None
+
+    def _check_restart(self, where: tuple, e: Event, handled: Event, earlier: list[Event]) -> None:
+        B = self._block_size(e)
+        blocks = (e.get("block_ids") or [[]])[0]
+        bad = set(handled.get("block_ids") or ())
+        if not B or not blocks or not bad:
+            return
+        step = self.steps.get(where)
+        this_step = ((step or {}).get("tokens") or {}).get(e.get("req"), 0) if (step or {}).get("step") == e.get(
+            "step") else 0
+        had = e.get("computed_before", 0) - this_step  # computed before this step's tokens (vLLM's own rule)
+        n_blocks = -(-had // B)
+        first = next((i for i, b in enumerate(blocks[:n_blocks]) if b in bad), None)
+        if first is None or e.get("computed", 0) <= first * B:
+            return
+        block = blocks[first]
+        for o in earlier:  # an earlier request of the call recomputes that shared block
+            ob = (o.get("block_ids") or [[]])[0]
+            if block in ob and o.get("computed", 0) <= ob.index(block) * B:
+                return
+        self.findings.append(Finding(
+            KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR, e.get("req"), e.get("step"), e.get("inst"),
+            [x["id"] for x in (handled, e) if "id" in x],
+            f"recompute did not restart at the first failed block: {e.get('req')} keeps {e.get('computed')} "
+            f"computed tokens, block {block} (index {first}) failed to load",
+            f"The connector reported block(s) {sorted(bad)[:8]} as failed to load. Request {e.get('req')} held "
+            f"block {block} at index {first} of its blocks, inside the {had} tokens it had computed (block size "
+            f"{B}), so a recompute must restart at token {first * B} or before; the scheduler left it at "
+            f"{e.get('computed')} tokens, and no earlier request of this step recomputes that block. Its next "
+            f"steps read KV that never arrived.",
+            {"block": block, "index": first, "block_size": B, "computed": e.get("computed"),
+             "restart_at": first * B, "failed_blocks": sorted(bad), "policy": e.get("policy")}))
+
+    def _scheduled(self, where: tuple, step: Event) -> None:
+        tokens = step.get("tokens") or {}
+        spec = step.get("spec") or {}
+        for key in self.waiting:
+            if key[:3] == where and key[3] not in tokens:
+                self.passed[key] = self.passed.get(key, 0) + 1
+        for key, st in self.after.items():
+            if key[:3] == where:
+                st[2] = 0 if key[3] in tokens else st[2] + 1
+        for req, n in tokens.items():
+            key = (*where, req)
+            hit = self.waiting.pop(key, None)
+            self.passed.pop(key, None)
+            if hit is None:
+                continue
+            e, handled = hit
+            self.after[key] = [e, handled, 0]
+            n_new = int(n) - int(spec.get(req, 0) or 0)
+            left = int(e.get("num_tokens", 0)) - int(e.get("computed", 0))
+            if n_new <= left:
+                continue
+            ph = int(e.get("placeholders", 0) or 0)
+            sev = SEVERITY_ERROR if ph else SEVERITY_WARNING
+            why = (f"it still carried {ph} output placeholder(s) after the rollback (async scheduling reserves "
+                   f"them for tokens in flight; they were not rolled back with its computed tokens)" if ph else
+                   "it carried no output placeholders: the trace does not say where the extra tokens came from")
+            self.findings.append(Finding(
+                KV_LOAD_FAILURE_RECOVERY, sev, req, step.get("step"), step.get("inst"),
+                [x["id"] for x in (handled, e, step) if "id" in x],
+                f"scheduled {n_new} token(s) after a KV load rollback, {n_new - left} more than the {left} it had "
+                f"left to compute",
+                f"After the failed load (step {e.get('step')}), the scheduler cut {req} back to {e.get('computed')} "
+                f"computed tokens of {e.get('num_tokens')}; at step {step.get('step')} it scheduled {n_new} "
+                f"token(s) for it (draft tokens aside), {n_new - left} past the end of what it holds: {why}. The "
+                f"recompute runs past the request's tokens (vLLM #49250 / #45138).",
+                {"scheduled": n_new, "left": left, "computed": e.get("computed"), "num_tokens": e.get("num_tokens"),
+                 "placeholders": ph, "rollback_step": e.get("step"), "policy": e.get("policy")}))
+
+    def finish(self) -> list[Finding]:
+        for (pid, inst, _cfg, req), (e, handled) in self.failed.items():
+            self.findings.append(Finding(
+                KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR, req, e.get("step"), inst,
+                [x["id"] for x in (handled, e) if "id" in x],
+                f"{req} was failed for a KV load failure but never finished",
+                f"The scheduler failed {req} at step {e.get('step')} (policy {e.get('policy')}, "
+                f"{e.get('source')}), but no req.finish follows in the trace: the client waits for a request the "
+                f"engine dropped, and its blocks stay held.",
+                {"policy": e.get("policy"), "source": e.get("source")}))
+        for key, (e, handled) in self.waiting.items():
+            pid, inst, _cfg, req = key
+            passed = self.passed.get(key, 0)
+            if not passed:
+                continue  # (its scheduler did not step again in the trace: nothing to tell)
+            self.findings.append(Finding(
+                KV_LOAD_FAILURE_RECOVERY, SEVERITY_WARNING, req, e.get("step"), inst,
+                [x["id"] for x in (handled, e) if "id" in x],
+                f"{req} was rolled back after a KV load failure and never ran again",
+                f"At step {e.get('step')} the scheduler cut {req} back to {e.get('computed')} computed tokens "
+                f"({'queued for a retry of its load' if e.get('retry') else 'to recompute'}), but none of the "
+                f"{passed} step(s) its scheduler ran after that schedules it, and it never finishes in the trace.",
+                {"computed": e.get("computed"), "retry": bool(e.get("retry")), "policy": e.get("policy"),
+                 "steps_without_it": passed}))
+        for key, (e, handled, missed) in self.after.items():
+            if missed < STRANDED:
+                continue
+            pid, inst, _cfg, req = key
+            self.findings.append(Finding(
+                KV_LOAD_FAILURE_RECOVERY, SEVERITY_WARNING, req, e.get("step"), inst,
+                [x["id"] for x in (handled, e) if "id" in x],
+                f"{req} stalled after its KV load recompute: {missed} step(s) without it, never finished",
+                f"After the failed load (step {e.get('step')}) the scheduler cut {req} back to {e.get('computed')} "
+                f"computed tokens; the request ran again, then its scheduler ran {missed} step(s) without it while "
+                f"it kept its blocks, and it never finished in the trace. With output placeholders left after the "
+                f"rollback ({e.get('placeholders', 0)} here), async scheduling's stop check can leave a request in "
+                f"the running queue for good (vLLM #45138).",
+                {"steps_without_it": missed, "placeholders": e.get("placeholders"), "computed": e.get("computed"),
+                 "policy": e.get("policy")}))
+        self.failed, self.waiting, self.passed, self.after = {}, {}, {}, {}
+        out, self.findings = self.findings, []
+        return out
+
+
+def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
+    return feed_all(Stream(header), events)

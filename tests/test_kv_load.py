@@ -1,0 +1,152 @@
+"""KV that failed to load, and the recovery (issue 36), on real vLLM code: P's and D's real
+``Scheduler`` / ``AsyncScheduler`` with the NIXL connector's scheduler side, the scheduler's
+whole failure path (``_handle_failed_recving``, ``_handle_invalid_blocks``,
+``_update_requests_with_invalid_blocks``), and D's NIXL worker's own ``_log_failure`` and
+``get_block_ids_with_load_errors`` (``pdtrace.testing.kv_load_sim``; the failed read itself is
+simulated as vLLM 0.32.0's worker reports it). The oracle is vLLM's state read from its own
+objects (D's block list, num_computed_tokens after the failure, the tokens it scheduled next,
+how the request finished), never the detector."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from pdtrace.detectors import kv_load, run_all  # noqa: E402
+from pdtrace.detectors.base import KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR  # noqa: E402
+from pdtrace.detectors.coverage import CHECKED, coverage  # noqa: E402
+from pdtrace.testing.kv_load_sim import _has_failed_recving, failed_load  # noqa: E402
+from pdtrace.testing.pd_harness import PDConfig  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+NOSPEC = PDConfig(spec_method="")
+
+
+def _found(r):
+    return [f for f in run_all(r.events) if f.kind == KV_LOAD_FAILURE_RECOVERY]
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+@pytest.mark.parametrize("how", ["blocks", "both"])
+def test_a_failed_nixl_read_is_recorded_with_the_schedulers_decision(policy, how):
+    r = failed_load(NOSPEC, policy=policy, how=how, steps=8)
+    (err,) = r.of("kvload.error")
+    assert err["req"] == r.d_req and err["failure"] == "transfer_failed" and "NIXL_ERR" in err["error"]
+    (rep,) = r.of("kvload.reported")
+    assert rep["block_ids"] == sorted(r.d_local)  # what the worker queued: D's own blocks
+    handled = r.of("kvload.handled")
+    sources = [h["source"] for h in handled]
+    assert sources == (["failed_recving", "invalid_blocks"] if r.how == "both" else ["invalid_blocks"])
+    assert all(h["policy"] == policy and h["groups"] == 1 for h in handled)
+    reqs = r.of("kvload.request")
+    assert reqs and all(e["req"] == r.d_req and e["status"] == "WAITING_FOR_REMOTE_KVS" for e in reqs)
+    assert [e["block_ids"][0] for e in reqs] == [r.d_local] * len(reqs)
+    if policy == "fail":
+        assert r.finished == "FINISHED_ERROR"  # vLLM failed it
+        assert all(e["action"] == "fail" for e in reqs) and handled[-1]["failed"] == [r.d_req]
+    else:
+        assert reqs[-1]["computed"] == r.computed_after == 0 and reqs[-1]["retry"]
+        assert r.scheduled_after[0] == r.prompt_len  # the whole prompt recomputed on D
+        assert r.finished == "FINISHED_LENGTH_CAPPED"
+    assert _found(r) == []  # vLLM 0.32's NIXL path recovers as it should
+
+
+def test_a_partly_failed_load_restarts_at_the_first_failed_block():
+    """Block index 2 of 4 fails (block size 16): vLLM cuts the request back to 32 tokens."""
+    r = failed_load(NOSPEC, policy="recompute", how="blocks", failed=(2,), steps=8)
+    (req,) = r.of("kvload.request")
+    assert r.computed_after == req["computed"] == 2 * 16
+    assert r.scheduled_after[0] == r.prompt_len - 32
+    assert _found(r) == []
+
+
+def test_a_recompute_that_keeps_a_failed_block_is_flagged():
+    """The detector's restart rule, on the recorded events of a real run edited the way a
+    scheduler that ignored the failed block would have left them (computed not cut back)."""
+    r = failed_load(NOSPEC, policy="recompute", how="blocks", failed=(2,), steps=8)
+    events = [dict(e) for e in r.events]
+    for e in events:
+        if e["ev"] == "kvload.request":
+            e["computed"] = e["computed_before"]
+    (f,) = [f for f in kv_load.detect(events) if "did not restart" in f.title]
+    assert f.req == r.d_req and f.data["block"] == r.d_local[2] and f.data["restart_at"] == 32
+
+
+@pytest.mark.parametrize("spec", ["", "eagle"])
+@pytest.mark.parametrize("failed", [None, (2,)])
+def test_async_scheduling_schedules_past_the_request_after_a_rollback(spec, failed):
+    """vLLM #49250 (part 2) / #45138, open in 0.32.0 and 0.33.0: under async scheduling the
+    placeholders are not rolled back with num_computed_tokens, so the recompute is scheduled
+    num_tokens + placeholders - computed tokens. No planted fault: vLLM's own AsyncScheduler."""
+    cfg = PDConfig(spec_method=spec, async_scheduling=True)
+    r = failed_load(cfg, policy="recompute", how="blocks", when="running", failed=failed, max_tokens=8, steps=8)
+    (req,) = r.of("kvload.request")
+    assert req["status"] == "RUNNING" and req["placeholders"] > 0 and req["placeholders"] == req["placeholders_before"]
+    left = req["num_tokens"] - r.computed_after
+    k = cfg.num_spec_tokens if spec else 0
+    assert r.scheduled_after[0] - k == left + req["placeholders"]  # vLLM's own count: past the request
+    found = _found(r)
+    (f,) = [f for f in found if "more than the" in f.title]
+    assert f.severity == SEVERITY_ERROR and f.req == r.d_req
+    assert f.data["scheduled"] - f.data["left"] == req["placeholders"]
+    # #45138: the request then stops being scheduled and never finishes (vLLM's own state says so)
+    stalled = [g for g in found if "stalled" in g.title]
+    assert bool(stalled) == (r.finished is None and r.scheduled_after[-2:] == [0, 0])
+    assert len(found) == 1 + len(stalled)
+
+
+@pytest.mark.parametrize("spec", ["", "eagle"])
+def test_the_labelled_placeholder_rollback_runs_the_same_step_clean(spec):
+    """vLLM PRs #45430 / #49252's approach (not merged in 0.32.0 / 0.33.0), as a labelled fixture:
+    placeholders reset with the rollback; the recompute is scheduled exactly what is left."""
+    cfg = PDConfig(spec_method=spec, async_scheduling=True)
+    r = failed_load(cfg, policy="recompute", how="blocks", when="running", failed=(2,), max_tokens=8, steps=10,
+                    fix_placeholders=True)
+    (req,) = r.of("kvload.request")
+    k = cfg.num_spec_tokens if spec else 0
+    assert req["placeholders"] == 0 and r.scheduled_after[0] - k == req["num_tokens"] - r.computed_after
+    assert r.finished == "FINISHED_LENGTH_CAPPED" and _found(r) == []
+    assert any(e["ev"] == "mark" and e.get("label") == "fixture" for e in r.events)
+
+
+@pytest.mark.parametrize("failed", [None, (2,)])
+def test_the_synchronous_scheduler_recomputes_exactly_what_is_left(failed):
+    r = failed_load(NOSPEC, policy="recompute", how="blocks", when="running", failed=failed, max_tokens=8, steps=8)
+    (req,) = r.of("kvload.request")
+    assert req["placeholders"] == 0 and r.scheduled_after[0] == req["num_tokens"] - r.computed_after
+    assert _found(r) == []
+
+
+def test_a_failed_request_that_never_finishes_and_a_rollback_that_never_runs_are_flagged():
+    r = failed_load(NOSPEC, policy="fail", how="blocks", steps=4)
+    cut = [e for e in r.events if not (e["ev"] == "req.finish" and e.get("req") == r.d_req)]
+    (f,) = kv_load.detect(cut)
+    assert f.severity == SEVERITY_ERROR and "never finished" in f.title
+    r2 = failed_load(NOSPEC, policy="recompute", how="blocks", steps=4)
+    (i,) = [i for i, e in enumerate(r2.events) if e["ev"] == "kvload.request"]
+    assert kv_load.detect(r2.events[:i + 1]) == []  # its scheduler never stepped again: cannot tell
+    # its scheduler stepped on without it (the request left out of every later step's tokens)
+    later = [dict(e, tokens={k: v for k, v in e["tokens"].items() if k != r2.d_req}) if e["ev"] == "sched.step"
+             else e for e in r2.events[i + 1:] if not (e["ev"] == "req.finish" and e.get("req") == r2.d_req)]
+    (g,) = kv_load.detect(r2.events[:i + 1] + later)
+    assert "never ran again" in g.title and g.data["steps_without_it"] >= 1
+
+
+def test_coverage_checks_the_class_where_d_loads_and_the_hooks_were_applied():
+    r = failed_load(NOSPEC, policy="recompute", how="blocks", steps=4)
+    assert coverage(r.events)[KV_LOAD_FAILURE_RECOVERY].status == CHECKED
+    without = [dict(e) for e in r.events]
+    for e in without:
+        if e["ev"] == "hooks.status":
+            e["applied"] = [h for h in e["applied"] if not h.startswith("kv_load.")]
+    c = coverage(without)[KV_LOAD_FAILURE_RECOVERY]
+    assert c.status != CHECKED and "kv_load.invalid_blocks" in c.reason
+
+
+def test_failed_recving_exists_where_the_release_has_it():
+    import dataclasses
+
+    from vllm.v1.outputs import KVConnectorOutput
+
+    assert _has_failed_recving() == ("failed_recving" in {f.name for f in dataclasses.fields(KVConnectorOutput)})
