@@ -80,6 +80,11 @@ def provenance_md(sc) -> str:
         lines.append("- Simulated (events carry `sim: true`): " + "; ".join(sc.provenance["simulated"]) + ".")
     if sc.provenance.get("faults"):
         lines.append("- Fault injected (labelled `fault.inject` event): " + "; ".join(sc.provenance["faults"]) + ".")
+    elif sc.provenance.get("fixture"):
+        lines.append("- Labelled fixture (a `mark` event, label `fixture`): " + "; ".join(sc.provenance["fixture"])
+                     + ".")
+    elif sc.provenance.get("own_bug"):
+        lines.append("- No fault: the bug is " + sc.provenance["own_bug"] + ".")
     else:
         lines.append("- No fault: the fixed vLLM 0.32.0 code path.")
     lines.append(f"- Expected findings: {', '.join(sc.expected) or 'none'}.")

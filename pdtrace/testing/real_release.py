@@ -1,7 +1,7 @@
 """The seed bugs as the installed vLLM release's own code produces them: no planted fault.
 
 ``python -m pdtrace.testing.real_release OUT_DIR`` runs, against whatever vLLM this venv has
-(``scripts/real_bugs.sh VERSION`` installs one release per venv), three families of scenarios,
+(``scripts/real_bugs.sh VERSION`` installs one release per venv), four families of scenarios,
 writes one trace per family under OUT_DIR, runs ``pdtrace check -f json`` on each (the CLI, as a
 user would) and prints, as its last line, one JSON object::
 
@@ -32,6 +32,10 @@ never looks at a trace or a detector:
   rest of that method needs a GPU). The D2H copy is a CPU copy here: it lands at once, as a quick
   GPU copy does. Oracle: a request is wrong when the release's code synchronized and then put a
   count other than the one its own sampled tokens give into ``num_accepted_tokens``.
+- KV load rollback (vLLM #49250 / #45138, open in every release here): a running request's blocks
+  reported failed, policy "recompute", on the release's Scheduler and AsyncScheduler
+  (``kv_load_sim``). Oracle: the request's num_tokens and num_computed_tokens, read from vLLM's
+  object right after the failure was handled, against the tokens the next step gave it.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from typing import Any
 
 from pdtrace.detectors.base import (
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    KV_LOAD_FAILURE_RECOVERY,
     LOOKAHEAD_MISALIGNMENT,
     STALE_ACCEPTED_COUNT_READ,
 )
@@ -241,10 +246,38 @@ def stale_family(k: int = 3) -> tuple[list[dict], list[dict]]:
     return list(rec.events), cases
 
 
+# (async scheduling, indices of D's blocks reported failed) for a running request, policy "recompute"
+KV_LOAD_RUNS = ((False, (0,)), (False, (2,)), (False, None), (True, (0,)), (True, (2,)), (True, None))
+
+
+def kv_load_family() -> tuple[list[dict], list[dict]]:
+    """vLLM #49250 (part 2) / #45138, open upstream: a running request's blocks reported failed
+    (a synchronous load, as vLLM's own tests report it), policy "recompute", on the release's own
+    Scheduler and AsyncScheduler. Oracle: vLLM's objects, read right after the failure was handled
+    (the request's num_tokens and num_computed_tokens) against the tokens the release's scheduler
+    gave it on the next step: wrong when more than it had left."""
+    from pdtrace.testing import pd_harness as pd
+    from pdtrace.testing.kv_load_sim import failed_load
+
+    events: list[dict] = []
+    cases = []
+    for async_scheduling, failed in KV_LOAD_RUNS:
+        cfg = pd.PDConfig(spec_method="", async_scheduling=async_scheduling)
+        r = failed_load(cfg, policy="recompute", how="blocks", when="running", failed=failed, max_tokens=8, steps=10)
+        left = (r.num_tokens_after or 0) - (r.computed_after or 0)
+        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
+        cases.append({"family": "kv-load-rollback", "req": r.d_req, "wrong": r.scheduled_after[0] > left,
+                      "facts": {"async_scheduling": async_scheduling, "failed": failed, "d_local": r.d_local,
+                                "computed_after": r.computed_after, "num_tokens_after": r.num_tokens_after,
+                                "scheduled_after": r.scheduled_after, "finished": r.finished}})
+    return events, cases
+
+
 FAMILIES = {
     "seed000-lookahead": (lookahead_family, LOOKAHEAD_MISALIGNMENT),
     "seed003-dflash": (dflash_family, DRAFTER_WINDOW_OUTSIDE_ALLOCATION),
     "seed004-stale": (stale_family, STALE_ACCEPTED_COUNT_READ),
+    "kv-load-rollback": (kv_load_family, KV_LOAD_FAILURE_RECOVERY),
 }
 
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from pdtrace.detectors.base import (
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    KV_LOAD_FAILURE_RECOVERY,
     LOOKAHEAD_MISALIGNMENT,
     METADATA_CLEARED_BEFORE_DRAFTER,
     STALE_ACCEPTED_COUNT_READ,
@@ -93,7 +94,8 @@ def _attn_kinds(attn: tuple[str, ...], fault: bool, spec: str = "eagle", prompt_
 
 
 # What each builder records (an oracle from construction, not from the detectors): the
-# scheduler-side P/D run feeds the lookahead class only; the worker simulations add one
+# scheduler-side P/D run feeds the lookahead class, and the KV-load class (D's scheduler with
+# the kv_load hooks applied and no load failing: checked, nothing to flag); the worker simulations add one
 # class each. The accepted-count copy exists only on hybrid models (else "does not apply"),
 # the drafter and metadata classes apply to every EAGLE / DFlash P/D pair built here.
 _WORKER_CLASSES = (METADATA_CLEARED_BEFORE_DRAFTER, DRAFTER_WINDOW_OUTSIDE_ALLOCATION)
@@ -236,7 +238,54 @@ def _race(order: str, fix: bool) -> Callable[[], Scenario]:
             "faults": ["#51599 approach (labelled, not merged upstream): the copy goes to a runner-owned "
                        "snapshot rows do not move"] if fix else [],
             "facts": {"order": order, "rows": out["rows"], "reads": out["reads"], "wrong": out["wrong"]},
-        }, _unrecorded(STALE_ACCEPTED_COUNT_READ, hybrid=True) + [LOOKAHEAD_MISALIGNMENT])
+        }, _unrecorded(STALE_ACCEPTED_COUNT_READ, hybrid=True) + [LOOKAHEAD_MISALIGNMENT]
+            # a worker alone: no scheduler, so nothing says whether a load failed or how it was handled
+            + [KV_LOAD_FAILURE_RECOVERY])
+    return build
+
+
+REAL_KV_LOAD = ("vLLM 0.32.0 Scheduler / AsyncScheduler failure path (update_from_output -> "
+                "_handle_failed_recving / _handle_invalid_blocks -> _update_requests_with_invalid_blocks), D's "
+                "NIXL worker's _log_failure and get_block_ids_with_load_errors, on CPU with pdtrace hooks")
+SIM_KV_LOAD = ("the failed NIXL read itself: the worker's failure log, its invalid blocks queued and the "
+               "KVConnectorOutput (finished_recving / failed_recving / invalid_block_ids) as vLLM 0.32.0's worker "
+               "reports them")
+SIM_KV_SYNC = ("the report of a failed synchronous load: the running request's blocks in "
+               "KVConnectorOutput.invalid_block_ids (queued through D's NIXL worker's get_block_ids_with_load_errors), "
+               "as vLLM's own tests report them; the model's forward (sampled tokens fed back)")
+
+
+def _kv_load(policy: str, *, when: str = "load", how: str = "both", failed: tuple[int, ...] | None = None,
+             async_scheduling: bool = False, fix: bool = False) -> Callable[[], Scenario]:
+    """A KV load that fails on D (pdtrace.testing.kv_load_sim); expected findings from vLLM's own
+    numbers: the tokens it scheduled next against what the request had left, how it finished."""
+    def build() -> Scenario:
+        from pdtrace.testing import kv_load_sim
+
+        cfg = _pd().PDConfig(spec_method="", async_scheduling=async_scheduling)
+        r = kv_load_sim.failed_load(cfg, policy=policy, how=how, when=when, failed=failed, max_tokens=8, steps=10,
+                                    fix_placeholders=fix)
+        reqs = r.of("kvload.request")
+        last = reqs[-1]
+        left = last["num_tokens"] - (r.computed_after or 0)
+        over = policy == "recompute" and bool(r.scheduled_after) and r.scheduled_after[0] > left
+        expected = [KV_LOAD_FAILURE_RECOVERY] if over else []
+        if policy == "fail":
+            assert r.finished == "FINISHED_ERROR", "oracle: vLLM fails the request under the 'fail' policy"
+        elif not over:
+            assert r.finished == "FINISHED_LENGTH_CAPPED", "oracle: the recompute runs to the request's end"
+        return Scenario("", "", r.events, expected, {
+            "real": [REAL_KV_LOAD], "simulated": [SIM_KV_LOAD if when == "load" else SIM_KV_SYNC],
+            "faults": [],
+            "fixture": ["LABELLED FIX (not in vLLM 0.32.0): _update_requests_with_invalid_blocks resets the "
+                        "affected requests' num_output_placeholders (vLLM PR #45430 / #49252)"] if fix else [],
+            "own_bug": ("vLLM 0.32.0's own AsyncScheduler: _update_requests_with_invalid_blocks does not roll back "
+                        "num_output_placeholders (open upstream: #49250, #45138)") if over else "",
+            "facts": {"policy": policy, "when": when, "how": r.how, "d_local": r.d_local, "failed": failed,
+                      "computed_after": r.computed_after, "scheduled_after": r.scheduled_after,
+                      "left_after_rollback": left, "placeholders_after": last["placeholders"],
+                      "finished": r.finished},
+        }, [])
     return build
 
 
@@ -281,8 +330,9 @@ def _hook_failure(kinds: tuple[str, ...], fault: bool) -> Callable[[], Scenario]
             + (["old_p_block_rule: P reports its full allocation (pre-fix rule of vLLM PR #44151)"] if fault else []),
             "facts": {"hook_errors": errors, "p_reported": r.p_reported, "trim_remote": r.trim_remote},
         }, [LOOKAHEAD_MISALIGNMENT, *_unrecorded()]
-            # no sched.config recorded: nothing rules the accepted-count class out either
-            + ([STALE_ACCEPTED_COUNT_READ] if "sched.config" in kinds else []))
+            # no sched.config recorded: nothing rules the accepted-count class out either; the
+            # scheduler's hooks failed, so its handling of a failed load is not recorded
+            + ([STALE_ACCEPTED_COUNT_READ, KV_LOAD_FAILURE_RECOVERY] if "sched.config" in kinds else []))
     return build
 
 

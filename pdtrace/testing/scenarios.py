@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Callable
 
 from .scenario_builders import (  # noqa: F401 - Scenario and the fixtures' kinds are part of this module's API
-    NIXL_HOOK_KINDS, SCHED_KINDS, Scenario, _attn_kinds, _dflash, _hook_failure, _lookahead, _metadata, _race,
-    _reused_ids, _stale, _two_p_two_d, failing_recorder,
+    NIXL_HOOK_KINDS, SCHED_KINDS, Scenario, _attn_kinds, _dflash, _hook_failure, _kv_load, _lookahead, _metadata,
+    _race, _reused_ids, _stale, _two_p_two_d, failing_recorder,
 )
 
 
@@ -88,6 +88,27 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
                                            "synchronize): every read is its own count", _race("after", False)),
     "race_51571_snapshot_fixed": ("the same step with vLLM PR #51599's approach (labelled): the copy lands in a "
                                   "runner-owned snapshot; the read is right", _race("before", True)),
+    # issue 36: a KV load that fails on D, and the recovery
+    "kv_load_nixl_read_fail_fixed": ("D's NIXL read fails (finished_recving + failed_recving + invalid_block_ids, as "
+                                     "vLLM 0.32.0's worker reports it), policy 'fail': the request is failed and "
+                                     "finishes FINISHED_ERROR", _kv_load("fail")),
+    "kv_load_nixl_read_recompute_fixed": ("D's NIXL read fails, policy 'recompute': the request is retried from token "
+                                          "0 and runs to its end", _kv_load("recompute")),
+    "kv_load_sync_rollback_fixed": ("block index 2 of a running request reported failed (a synchronous load, as vLLM's "
+                                    "own tests report it), policy 'recompute', synchronous scheduler: cut back to 32 "
+                                    "tokens, exactly what is left is recomputed", _kv_load("recompute", when="running",
+                                                                                          how="blocks", failed=(2,))),
+    "kv_load_async_rollback_buggy": ("block index 2 of a running request reported failed, policy 'recompute', on vLLM "
+                                     "0.32.0's own AsyncScheduler, no planted fault: the placeholders are not rolled "
+                                     "back (vLLM #49250 / #45138), the recompute is scheduled one token past the "
+                                     "request, which then stalls", _kv_load("recompute", when="running",
+                                                                                    how="blocks", failed=(2,),
+                                                                                    async_scheduling=True)),
+    "kv_load_async_rollback_fixed": ("block index 2 of a running request reported failed, policy 'recompute', "
+                                     "AsyncScheduler with the placeholders reset on rollback (the approach of vLLM PRs "
+                                     "#45430 / #49252, labelled): exactly what is left is recomputed", _kv_load(
+                                         "recompute", when="running", how="blocks", failed=(2,), async_scheduling=True,
+                                         fix=True)),
     # issue 19: two schedulers per role in one process reusing request ids
     "reused_ids_two_pairs_buggy": ("two P/D pairs in one process (block 16 and 32), both with request id "
                                    "'id-1'; pair 1 under the pre-fix P rule", _reused_ids(True)),
@@ -101,12 +122,14 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
                                 _hook_failure(NIXL_HOOK_KINDS, True)),
 }
 
-# The bundled sample traces (sample_traces/): one buggy and one fixed per seed bug class.
+# The bundled sample traces (sample_traces/): one buggy and one fixed per seed bug class, and per the
+# KV-load-failure class (issue 36).
 SAMPLES = (
     "lookahead_aligned16_k1_buggy", "lookahead_aligned16_k1_fixed",
     "metadata_cleared_before_drafter_buggy", "metadata_cleared_before_drafter_fixed",
     "dflash_window_buggy", "dflash_window_fixed",
     "stale_read_rowmoves_buggy", "stale_read_rowmoves_fixed",
+    "kv_load_async_rollback_buggy", "kv_load_async_rollback_fixed",
 )
 DEMO_SAMPLE = "lookahead_aligned16_k1_buggy"
 
