@@ -183,45 +183,43 @@ class Stream:
                 {"scheduled": n_new, "left": left, "computed": e.get("computed"), "num_tokens": e.get("num_tokens"),
                  "placeholders": ph, "rollback_step": e.get("step"), "policy": e.get("policy")}))
 
+    def _flag(self, severity: str, key: tuple, e: Event, handled: Event, title: str, why: str, data: dict) -> None:
+        self.findings.append(Finding(KV_LOAD_FAILURE_RECOVERY, severity, key[3], e.get("step"), key[1],
+                                     [x["id"] for x in (handled, e) if "id" in x], title, why, data))
+
     def finish(self) -> list[Finding]:
-        for (pid, inst, _cfg, req), (e, handled) in self.failed.items():
-            self.findings.append(Finding(
-                KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR, req, e.get("step"), inst,
-                [x["id"] for x in (handled, e) if "id" in x],
-                f"{req} was failed for a KV load failure but never finished",
-                f"The scheduler failed {req} at step {e.get('step')} (policy {e.get('policy')}, "
-                f"{e.get('source')}), but no req.finish follows in the trace: the client waits for a request the "
-                f"engine dropped, and its blocks stay held.",
-                {"policy": e.get("policy"), "source": e.get("source")}))
+        for key, (e, handled) in self.failed.items():
+            req = key[3]
+            self._flag(SEVERITY_ERROR, key, e, handled, f"{req} was failed for a KV load failure but never finished",
+                       f"The scheduler failed {req} at step {e.get('step')} (policy {e.get('policy')}, "
+                       f"{e.get('source')}), but no req.finish follows in the trace: the client waits for a request "
+                       f"the engine dropped, and its blocks stay held.",
+                       {"policy": e.get("policy"), "source": e.get("source")})
         for key, (e, handled) in self.waiting.items():
-            pid, inst, _cfg, req = key
-            passed = self.passed.get(key, 0)
+            req, passed = key[3], self.passed.get(key, 0)
             if not passed:
                 continue  # (its scheduler did not step again in the trace: nothing to tell)
-            self.findings.append(Finding(
-                KV_LOAD_FAILURE_RECOVERY, SEVERITY_WARNING, req, e.get("step"), inst,
-                [x["id"] for x in (handled, e) if "id" in x],
-                f"{req} was rolled back after a KV load failure and never ran again",
-                f"At step {e.get('step')} the scheduler cut {req} back to {e.get('computed')} computed tokens "
-                f"({'queued for a retry of its load' if e.get('retry') else 'to recompute'}), but none of the "
-                f"{passed} step(s) its scheduler ran after that schedules it, and it never finishes in the trace.",
-                {"computed": e.get("computed"), "retry": bool(e.get("retry")), "policy": e.get("policy"),
-                 "steps_without_it": passed}))
+            self._flag(SEVERITY_WARNING, key, e, handled, f"{req} was rolled back after a KV load failure and never "
+                       f"ran again",
+                       f"At step {e.get('step')} the scheduler cut {req} back to {e.get('computed')} computed tokens "
+                       f"({'queued for a retry of its load' if e.get('retry') else 'to recompute'}), but none of the "
+                       f"{passed} step(s) its scheduler ran after that schedules it, and it never finishes in the "
+                       f"trace.",
+                       {"computed": e.get("computed"), "retry": bool(e.get("retry")), "policy": e.get("policy"),
+                        "steps_without_it": passed})
         for key, (e, handled, missed) in self.after.items():
             if missed < STRANDED:
                 continue
-            pid, inst, _cfg, req = key
-            self.findings.append(Finding(
-                KV_LOAD_FAILURE_RECOVERY, SEVERITY_WARNING, req, e.get("step"), inst,
-                [x["id"] for x in (handled, e) if "id" in x],
-                f"{req} stalled after its KV load recompute: {missed} step(s) without it, never finished",
-                f"After the failed load (step {e.get('step')}) the scheduler cut {req} back to {e.get('computed')} "
-                f"computed tokens; the request ran again, then its scheduler ran {missed} step(s) without it while "
-                f"it kept its blocks, and it never finished in the trace. With output placeholders left after the "
-                f"rollback ({e.get('placeholders', 0)} here), async scheduling's stop check can leave a request in "
-                f"the running queue for good (vLLM #45138).",
-                {"steps_without_it": missed, "placeholders": e.get("placeholders"), "computed": e.get("computed"),
-                 "policy": e.get("policy")}))
+            req = key[3]
+            self._flag(SEVERITY_WARNING, key, e, handled, f"{req} stalled after its KV load recompute: {missed} "
+                       f"step(s) without it, never finished",
+                       f"After the failed load (step {e.get('step')}) the scheduler cut {req} back to "
+                       f"{e.get('computed')} computed tokens; the request ran again, then its scheduler ran {missed} "
+                       f"step(s) without it while it kept its blocks, and it never finished in the trace. With "
+                       f"output placeholders left after the rollback ({e.get('placeholders', 0)} here), async "
+                       f"scheduling's stop check can leave a request in the running queue for good (vLLM #45138).",
+                       {"steps_without_it": missed, "placeholders": e.get("placeholders"),
+                        "computed": e.get("computed"), "policy": e.get("policy")})
         self.failed, self.waiting, self.passed, self.after = {}, {}, {}, {}
         out, self.findings = self.findings, []
         return out

@@ -35,7 +35,7 @@ from typing import Any, Iterator
 
 from .pd_harness import PDConfig, make_pair, recording
 from .pd_nixl import _pull_worker_cls
-from .pd_steps import _kv_params_from, _make_request, _mro, _step
+from .pd_steps import _make_request, _mro, _step, p_prefill
 
 HOWS = ("blocks", "both")
 WHENS = ("load", "running")
@@ -143,18 +143,7 @@ def failed_load(cfg: PDConfig = PDConfig(spec_method=""), *, policy: str = "fail
         rec.emit("mark", label="scenario", sim=True,
                  detail=f"failed_load {cfg.label()} policy={policy} how={how} when={when} failed={failed} "
                         f"prompt_len={prompt_len}")
-        pr = _make_request(p_req, prompt, 1, {"do_remote_decode": True, "do_remote_prefill": False,
-                                              "remote_engine_id": None, "remote_block_ids": None,
-                                              "remote_host": None, "remote_port": None}, cfg.block_size)
-        pair.p.add_request(pr)
-        params = None
-        for _ in range(8):
-            _out, eco = _step(pair.p, p_req, 100)
-            params = _kv_params_from(eco, p_req)
-            if params is not None:
-                break
-        if params is None:
-            raise RuntimeError("P did not finish the request / produced no kv_transfer_params")
+        params = p_prefill(pair.p, p_req, prompt, cfg.block_size)
         dr = _make_request(d_req, prompt, max_tokens, dict(params), cfg.block_size)
         pair.d.add_request(dr)
         out_d = pair.d.schedule()

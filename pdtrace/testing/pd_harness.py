@@ -45,7 +45,7 @@ from .pd_faults import FAULTS, old_dflash_lookahead, old_p_block_rule  # noqa: F
 from .pd_nixl import (  # noqa: F401 - part of this module's API
     _inline_read, _inline_worker_cls, _pull_worker_cls, _trim, _worker_for_trim, has_inline_trim, has_trim_method,
 )
-from .pd_steps import _kv_params_from, _make_request, _mro, _step, _tokens_for, drive  # noqa: F401
+from .pd_steps import _kv_params_from, _make_request, _mro, _step, _tokens_for, drive, p_prefill  # noqa: F401
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 TARGET_DIR = os.path.join(CONFIG_DIR, "tiny-llama")
@@ -327,18 +327,7 @@ def run_pd_request(
             stack.enter_context(old_dflash_lookahead(pair.d, rec, dflash_variant))
 
         # --- P: prefill, one token, finish -> kv_transfer_params
-        pr = _make_request(p_req, prompt, 1, {"do_remote_decode": True, "do_remote_prefill": False,
-                                              "remote_engine_id": None, "remote_block_ids": None,
-                                              "remote_host": None, "remote_port": None}, cfg.block_size)
-        pair.p.add_request(pr)
-        params = None
-        for _ in range(8):
-            out, eco = _step(pair.p, p_req, 100)
-            params = _kv_params_from(eco, p_req)
-            if params is not None:
-                break
-        if params is None:
-            raise RuntimeError("P did not finish the request / produced no kv_transfer_params")
+        params = p_prefill(pair.p, p_req, prompt, cfg.block_size)
         p_blocks = [list(g) for g in pair.p.kv_cache_manager.get_block_ids(p_req)]  # held until send_done
 
         # --- D: add with P's params, schedule: remote alloc

@@ -94,6 +94,21 @@ def _step(sched: Any, req_id: str | None, next_tok: int, **kvo: Any) -> tuple[An
     return out, eco
 
 
+def p_prefill(sched: Any, p_req: str, prompt: list[int], block_size: int) -> dict:
+    """P's side of a disaggregated request: add it (do_remote_decode), schedule, feed one sampled
+    token until P's real ``_connector_finished`` / ``request_finished`` give kv_transfer_params."""
+    pr = _make_request(p_req, prompt, 1, {"do_remote_decode": True, "do_remote_prefill": False,
+                                          "remote_engine_id": None, "remote_block_ids": None,
+                                          "remote_host": None, "remote_port": None}, block_size)
+    sched.add_request(pr)
+    for _ in range(8):
+        _out, eco = _step(sched, p_req, 100)
+        params = _kv_params_from(eco, p_req)
+        if params is not None:
+            return params
+    raise RuntimeError("P did not finish the request / produced no kv_transfer_params")
+
+
 def _kv_params_from(eco: dict, req_id: str) -> dict | None:
     for outs in eco.values():
         for o in outs.outputs:
