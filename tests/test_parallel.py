@@ -260,3 +260,15 @@ def test_a_damaged_line_goes_straight_to_scan(tmp_path, monkeypatch):
     noid.write_bytes(b"".join(lines[:40] + [json.dumps(e, separators=(",", ":")).encode() + b"\n"] + lines[41:]))
     got = parallel.run(str(noid), jobs=2)
     assert got.jobs == 1 and calls[0] is True and _outcome(got) == _outcome(stream.run(str(noid)))
+
+
+def test_check_help_says_how_many_processes_at_most():
+    """`check --help` named 4 after the fifth detector made it 5 (a new user saw it): the help
+    text of -j is held against parallel.MAX_JOBS."""
+    import typer.main
+
+    from pdtrace.cli import app
+
+    check = typer.main.get_command(app).commands["check"]
+    (jobs,) = [p for p in check.params if "--jobs" in p.opts]
+    assert f"at most {parallel.MAX_JOBS}," in jobs.help and f"runs {parallel.MAX_JOBS};" in jobs.help

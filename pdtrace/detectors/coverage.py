@@ -339,8 +339,9 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
     missing = [k for k in spec.needs if not idx.has(k)]
     na, unhooked = _runner_verdicts(spec, idx, facts)
     if n and spec.applied and not facts.applied.intersection(spec.applied):
-        why = (f"recorded without the hook(s) {', '.join(spec.applied)} (a pdtrace older than this class, or "
-               f"the hook was not applied): the events that would show this bug cannot be in the trace")
+        why = (f"recorded without the hook(s) {', '.join(spec.applied)} (none of its processes applied it: "
+               f"recorded before pdtrace had this class, or the hook was skipped): the events that would show "
+               f"this bug cannot be in the trace")
         skipped = {h: r for h, r in facts.skipped.items() if h in spec.applied}
         if skipped:
             why += "; skipped: " + "; ".join(f"{h} ({r})" for h, r in sorted(skipped.items()))
