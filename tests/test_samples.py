@@ -38,6 +38,9 @@ def test_demo(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "lookahead-block-misalignment" in r.stdout
     assert "pdtrace view" in r.stdout
+    from pdtrace.testing.scenarios import DEMO_SAMPLE  # the sample the demo copies: named, with its provenance
+
+    assert f"sample_traces/{DEMO_SAMPLE}.jsonl" in r.stdout
 
 
 @pytest.mark.vllm
