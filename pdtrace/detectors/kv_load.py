@@ -41,18 +41,19 @@ KEPT = 1 << 14  # open rollbacks / failed requests kept per stream (the oldest g
 
 
 class Stream:
-    """The detector over events fed in trace order. It keeps, per scheduler process, the last
-    handled failure's block ids (until that step's requests are read), the rollbacks waiting
+    """The detector over events fed in trace order. It keeps, per scheduler (``_where``: pid,
+    instance, the config before the event), the last handled failure's block ids (until that step's requests are read), the rollbacks waiting
     for the request's next step, and the failed requests waiting for their finish."""
 
     KINDS = _KINDS
 
     def __init__(self, header: dict | None = None):
-        self.calls: dict[tuple, tuple[Event, list]] = {}  # (pid, inst) -> (handled, its requests so far)
-        self.steps: dict[tuple, Event] = {}  # (pid, inst) -> the latest sched.step
-        self.waiting: dict[tuple, tuple[Event, Event]] = {}  # (pid, inst, req) -> (request, handled): next step
-        self.failed: dict[tuple, tuple[Event, Event]] = {}  # (pid, inst, req) -> (request, handled): a finish
-        self.passed: dict[tuple, int] = {}  # (pid, inst, req) waiting -> steps of its scheduler without it
+        # keys: a scheduler (pid, inst, config id; ``_where``), then the request id
+        self.calls: dict[tuple, tuple[Event, list]] = {}  # scheduler -> (handled, its requests so far)
+        self.steps: dict[tuple, Event] = {}  # scheduler -> its latest sched.step
+        self.waiting: dict[tuple, tuple[Event, Event]] = {}  # (*scheduler, req) -> (request, handled): next step
+        self.failed: dict[tuple, tuple[Event, Event]] = {}  # (*scheduler, req) -> (request, handled): a finish
+        self.passed: dict[tuple, int] = {}  # (*scheduler, req) waiting -> steps of its scheduler without it
         self.after: dict[tuple, list] = {}  # ran again after a rollback: [request, handled, steps without it since]
         self.findings: list[Finding] = []
         self.configs: Any = None
