@@ -39,6 +39,7 @@ sys.path.insert(0, str(HERE))
 import make_tiny_models  # noqa: E402
 import pd_proxy  # noqa: E402
 
+from live_kv_failure import send_failures  # noqa: E402
 from live_load import completion_body, request_plan, send_load, warm_decoders  # noqa: E402,F401
 from live_report import CPU_ABSENT_REASONS, format_report, summarize  # noqa: E402,F401
 from live_servers import (  # noqa: E402,F401
@@ -58,19 +59,21 @@ def _pdtrace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_spec: int = 3,
              block_size: int = 32, start_timeout: float = 420.0, record: bool = True,
-             log=print, decoders: int = 1) -> dict:
+             log=print, decoders: int = 1, kv_failures: dict[str, str] | None = None) -> dict:
+    """``kv_failures``: decoder name -> its kv_load_failure_policy; those decoders start with that
+    policy and, after the load, get requests whose P is gone (scripts/live_kv_failure.py)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     res: dict = {"workdir": str(workdir), "spec": spec, "num_spec": num_spec, "block_size": block_size,
-                 "decoders": decoder_names(decoders), "status": "failed"}
+                 "decoders": decoder_names(decoders), "status": "failed", "kv_failure_policies": kv_failures}
     servers: dict[str, tuple[Server, int]] = {}
     proxy = None
     sampler = None
     try:
         models = make_tiny_models.build(workdir / "models", eagle=(spec == "eagle"))
         log(f"models: {models}")
-        servers = start_pair(workdir, models, spec, num_spec, block_size, record, decoders)
+        servers = start_pair(workdir, models, spec, num_spec, block_size, record, decoders, kv_failures)
         sampler = MemSampler({k: s.proc.pid for k, (s, _) in servers.items()})
         sampler.start()
         log("starting P and D concurrently: " + " | ".join(" ".join(s.cmd[-14:]) for s, _ in servers.values()))
@@ -87,6 +90,11 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
         t = time.monotonic()
         res["requests"] = send_load(f"http://127.0.0.1:{pport}", p_url, request_plan(block_size))
         res["load_s"] = round(time.monotonic() - t, 1)
+        if kv_failures:
+            t = time.monotonic()
+            res["kv_failures"] = send_failures(p_url, {d: (f"http://127.0.0.1:{servers[d][1]}", pol)
+                                                       for d, pol in kv_failures.items()}, block_size)
+            res["kv_failures_s"] = round(time.monotonic() - t, 1)
         time.sleep(1.0)  # let D's finished-transfer notifications reach P
         res["status"] = "served"
     except (Exception, KeyboardInterrupt) as exc:
@@ -141,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--start-timeout", type=float, default=420.0)
     ap.add_argument("--decoders", type=int, default=1, help="kv_consumer instances (2: a 1P2D run, 3 traces merged)")
+    ap.add_argument("--kv-failures", metavar="D=POLICY[,D2=POLICY]",
+                    help="start these decoders with this kv_load_failure_policy (fail|recompute) and, after the "
+                         "load, send each requests whose P is gone (scripts/live_kv_failure.py)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
     a = ap.parse_args(argv)
     why = preflight()
@@ -148,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"live_cpu_pd: cannot run: {why}", file=sys.stderr)
         return 2
     res = run_live(a.workdir, spec=a.spec, num_spec=a.num_spec, block_size=a.block_size,
-                   start_timeout=a.start_timeout, decoders=a.decoders, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
+                   start_timeout=a.start_timeout, decoders=a.decoders,
+                   kv_failures=dict(x.split("=", 1) for x in a.kv_failures.split(",")) if a.kv_failures else None, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
     print(json.dumps(res, indent=1, default=str) if a.json else format_report(res))
     print(f"live_cpu_pd: workdir {res['workdir']}", file=sys.stderr)
     return 0 if res["status"] == "served" and res.get("summary") else 1

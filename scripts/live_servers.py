@@ -184,9 +184,12 @@ class MemSampler(threading.Thread):
 # servers
 # ----------------------------------------------------------------------------------------
 
-def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block_size: int) -> list[str]:
+def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block_size: int,
+               load_failure_policy: str | None = None) -> list[str]:
     kv = {"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": KV_BUFFER,
           "kv_connector_extra_config": {"backends": ["UCX"]}}
+    if load_failure_policy:  # what D does with KV that failed to load: "fail" (vLLM's default) or "recompute"
+        kv["kv_load_failure_policy"] = load_failure_policy
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
            "--max-model-len", "512", "--max-num-seqs", "4", "--dtype", "float32",
@@ -290,8 +293,9 @@ def decoder_names(n: int) -> list[str]:
 
 
 def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, block_size: int,
-               record: bool, decoders: int = 1) -> dict[str, tuple[Server, int]]:
-    """Start P (kv_producer) and `decoders` kv_consumer servers concurrently (1P1D by default)."""
+               record: bool, decoders: int = 1, policies: dict[str, str] | None = None) -> dict[str, tuple[Server, int]]:
+    """Start P (kv_producer) and `decoders` kv_consumer servers concurrently (1P1D by default);
+    ``policies``: a decoder's kv_load_failure_policy, by instance name (vLLM's default if absent)."""
     cfg = spec_config(spec, models, num_spec)
     # EAGLE drafts from the target's hidden states and has its own KV layer, so P runs the same
     # speculative config (its drafter's KV is part of what D reads). ngram has no KV: D only.
@@ -307,7 +311,7 @@ def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, 
         else:  # more servers than halves: one core each, round-robin (P idles once it has prefilled)
             half = [cpus[i % len(cpus)]] if cpus else None
         cpu = ",".join(map(str, half)) if half else None
-        srv = Server(name, server_cmd(models["target"], port, role, sc, block_size),
+        srv = Server(name, server_cmd(models["target"], port, role, sc, block_size, (policies or {}).get(name)),
                      server_env(free_port(), cpu), workdir / f"{name}.log",
                      workdir / f"{name}.jsonl" if record else None)
         out[name] = (srv, port)

@@ -9,9 +9,12 @@ how the request finished), never the detector."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("vllm")
+ROOT = Path(__file__).resolve().parent.parent
 
 from pdtrace.detectors import kv_load, run_all  # noqa: E402
 from pdtrace.detectors.base import KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR  # noqa: E402
@@ -150,3 +153,45 @@ def test_failed_recving_exists_where_the_release_has_it():
     from vllm.v1.outputs import KVConnectorOutput
 
     assert _has_failed_recving() == ("failed_recving" in {f.name for f in dataclasses.fields(KVConnectorOutput)})
+
+
+def _notes(r):
+    st = kv_load.Stream()
+    kv_load.feed_all(st, r.events)
+    return st.notes()
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_check_says_what_happened_to_each_request(policy):
+    """Per request a failed load touched, the notes (what `pdtrace check` prints) carry vLLM's
+    own decision and the request's end, read from the trace, one entry per request although
+    vLLM 0.30+ handles one failed receive twice in the step (request, then blocks)."""
+    r = failed_load(NOSPEC, policy=policy, how="both", steps=8)
+    (n,) = _notes(r)
+    assert n["req"] == r.d_req and n["policy"] == policy and n["failures"] == 1
+    assert sorted(n["failed_blocks"]) == sorted(r.d_local) and n["blocks"] == len(r.d_local)
+    assert n["finished"]["status"] == r.finished
+    words = kv_load.describe(n)
+    if policy == "fail":
+        assert n["action"] == "fail" and "ran_again" not in n and "failed by the policy" in words
+    else:
+        assert n["action"] == "recompute" and n["computed"] == 0 and n["ran_again"] > n["step"]
+        assert f"cut back from {n['computed_before']} to 0 computed tokens" in words
+    assert f"finished at step {n['finished']['step']} ({r.finished}" in words
+
+
+def test_check_prints_the_notes_in_every_format_and_path(tmp_path):
+    """The fixed sample through `pdtrace check`: text, markdown and JSON, one process and -j 2
+    (the detector in its own process), and --request naming another request (none listed)."""
+    import json
+    import subprocess
+    import sys
+    sample = "sample_traces/kv_load_async_rollback_fixed.jsonl"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "pdtrace", "check", sample, *a],  # noqa: E731
+                                    capture_output=True, text=True, cwd=ROOT)
+    text = run().stdout
+    assert "KV load failures: 1 request(s)" in text and "D load-2-D" in text and "ran again at step 5" in text
+    assert "| D | `load-2-D` | step 4, policy recompute" in run("--format", "markdown").stdout
+    docs = [json.loads(run("--format", "json", "-j", j).stdout) for j in ("1", "2")]
+    assert docs[0]["kv_load"] == docs[1]["kv_load"] and docs[0]["kv_load"][0]["req"] == "load-2-D"
+    assert json.loads(run("--format", "json", "--request", "load-2-P").stdout)["kv_load"] == []

@@ -6,6 +6,14 @@ scripts/pd_proxy.py sends the requests round-robin to the decoders; `pdtrace mer
 D.jsonl D2.jsonl` joins the three traces, aligning clocks on the KV hand-overs. The assertions
 read the merged trace: both decoders pulled KV from P, each decoder's request names exactly the
 blocks P reported for that request, and `pdtrace check` finds nothing on fixed vLLM.
+
+KV that fails to load (issue 36), made real: D runs kv_load_failure_policy "fail" (vLLM's
+default), D2 "recompute"; after the load each gets requests whose prefill ran on P but whose
+transfer params name a P that is gone (scripts/live_kv_failure.py): D's real NIXL handshake times
+out, vLLM's worker reports the request's blocks failed and its scheduler fails or recomputes. The
+oracles are vLLM's answers (HTTP 500 under "fail"; under "recompute" the tokens of P's own local
+decode of the same prompt) and vLLM's block lists (the blocks D already held before the failed
+ones come back from its prefix cache), not pdtrace's detectors.
 ~4 min, ~8.5 GB RAM on 2 cores (three servers, one core each, round-robin; the servers start
 with scripts/live_site on PYTHONPATH, which gives NIXL's idle progress thread a poll delay so
 that it does not spin on the core D2 shares with P).
@@ -16,20 +24,25 @@ with the reason; under PDTRACE_STRICT_SKIPS=1 that is a failure (tests/conftest.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from conftest import load_live_events
 
 pytestmark = pytest.mark.live
+KV_FAILURES = {"D": "fail", "D2": "recompute"}
 
 
 @pytest.fixture(scope="module")
 def xpyd(live_scripts, tmp_path_factory):
     L = live_scripts.pd
     res = L.run_live(live_scripts.workdir("1p2d", tmp_path_factory), spec="eagle", num_spec=3, block_size=32,
-                     decoders=2, start_timeout=600, log=lambda m: None)
+                     decoders=2, start_timeout=600, log=lambda m: None, kv_failures=KV_FAILURES)
     assert res["status"] == "served", L.format_report(res)
     assert res.get("summary"), f"no merged trace: {res.get('merge')}"
     res["events"] = load_live_events(res)
+    res["check_doc"] = json.loads((Path(res["workdir"]) / "check.json").read_text())
     return res
 
 
@@ -65,7 +78,9 @@ def test_both_decoders_pull_exactly_what_p_reported(xpyd):
     failed = [w for w in xpyd["warmup"] if not w["ok"]]
     last = {w["decode"]: w for w in xpyd["warmup"]}  # each decoder's last warm-up attempt
     assert len(last) == 2 and all(w["ok"] for w in last.values()), xpyd["warmup"]
-    errs = [x for x in _ev(xpyd, "nixl.read_done") if x["status"] != "DONE"]
+    # (or one of the requests sent to a gone P on purpose: test_kv_load_failure_* below)
+    gone = {_failed_d_request(xpyd, f)["req"] for f in xpyd["kv_failures"]}
+    errs = [x for x in _ev(xpyd, "nixl.read_done") if x["status"] != "DONE" and x.get("req") not in gone]
     assert len(errs) <= len(failed), (errs, failed)
     # no request was decoded on both decoders
     d_reqs = {d: {e["remote_req"] for e in _ev(xpyd, "nixl.remote_alloc", d)} for d in ("D", "D2")}
@@ -79,3 +94,75 @@ def test_tokens_match_a_local_decode_and_check_is_clean(xpyd):
     assert ref["ok"] and ref["matches_disaggregated"], ref
     chk = xpyd["check"]
     assert "by_kind" in chk and not chk.get("findings"), chk
+
+
+def _failed_d_request(r, f):
+    """D's request for a kv-failure request: the one whose remote_alloc names P's request."""
+    ra = [e for e in _ev(r, "nixl.remote_alloc", f["decode"]) if e.get("remote_req") == f["p_req"]]
+    assert len(ra) == 1, (f["name"], f["p_req"], ra)
+    return ra[0]
+
+
+def test_kv_load_failure_fail_and_recompute_served_as_vllm_says(xpyd):
+    fails = xpyd["kv_failures"]
+    assert [(f["decode"], f["name"]) for f in fails] == [
+        ("D", "gone"), ("D", "gone-prefix"), ("D2", "gone"), ("D2", "gone-prefix")], fails
+    for f in fails:
+        assert f.get("warm_ok", True), f
+        if f["policy"] == "fail":  # vLLM fails the request: the client gets an error, no tokens
+            assert not f["ok"] and f["http_status"] == 500, f
+        else:  # recomputed on D: the same tokens as P's own decode of the prompt (no transfer)
+            assert f["ok"] and f["n_out"] == f["max_tokens"] and f["finish_reason"] == "length", f
+            assert f["matches_local"] and f["tokens"] == f["local_tokens"], f
+
+
+def test_kv_load_failure_recorded_per_request(xpyd):
+    """The trace shows each failure and the recovery: the worker's failed handshake for the gone
+    engine, the blocks it reported, the scheduler's decision under the decoder's policy, the
+    request's end; `pdtrace check` lists each such request with what happened, and flags
+    nothing (fixed vLLM 0.32.0)."""
+    notes = {n["req"]: n for n in xpyd["check_doc"]["kv_load"]}
+    for f in xpyd["kv_failures"]:
+        d, ra = f["decode"], _failed_d_request(xpyd, f)
+        req = ra["req"]
+        errs = [e for e in _ev(xpyd, "kvload.error", d) if e.get("req") == req]
+        assert errs and errs[0]["failure"] == "handshake_failed", errs
+        assert errs[0]["remote_engine"] == f["gone_engine_id"] and errs[0]["remote_req"] == f["p_req"]
+        decided = [e for e in _ev(xpyd, "kvload.request", d) if e["req"] == req]
+        assert decided and all(e["policy"] == f["policy"] for e in decided), decided
+        handled = [e for e in _ev(xpyd, "kvload.handled", d) if e["step"] == decided[0]["step"]]
+        reported = {b for e in handled for b in e.get("block_ids") or ()}
+        held = decided[0]["block_ids"][0]
+        assert reported and reported <= set(held), (reported, held)
+        fin = [e for e in _ev(xpyd, "req.finish", d) if e["req"] == req]
+        assert len(fin) == 1, fin
+        n = notes[req]
+        if f["policy"] == "fail":
+            assert decided[0]["action"] == "fail" and fin[0]["status"] == "FINISHED_ERROR", (decided, fin)
+            assert n["action"] == "fail" and n["finished"]["status"] == "FINISHED_ERROR"
+        else:
+            first = decided[0]
+            assert first["action"] == "recompute" and first["computed"] == 0 and first["retry"], first
+            assert fin[0]["status"] == "FINISHED_LENGTH_CAPPED" and fin[0]["num_output_tokens"] == f["max_tokens"]
+            assert n["action"] == "recompute" and n["ran_again"] > n["step"] and n["finished"]["output_tokens"] == 12
+        assert sorted(n["failed_blocks"]) == sorted(reported), (n, reported)
+    assert xpyd["check"]["rc"] == 0 and not xpyd["check"].get("findings"), xpyd["check"]
+
+
+def test_recompute_restarts_at_the_first_failed_block(xpyd):
+    """gone-prefix on D2: D held the prompt's first blocks from its own decode of them (prefix
+    cache), loaded the rest and that load failed. vLLM cuts the request to 0 computed tokens and
+    schedules it again; its next allocation takes the blocks before the first failed one from
+    the prefix cache and recomputes from there. Oracle: vLLM's own block list and block size."""
+    f = next(x for x in xpyd["kv_failures"] if x["decode"] == "D2" and x["name"] == "gone-prefix")
+    req = _failed_d_request(xpyd, f)["req"]
+    decided = [e for e in _ev(xpyd, "kvload.request", "D2") if e["req"] == req]
+    step = decided[0]["step"]
+    handled = [e for e in _ev(xpyd, "kvload.handled", "D2") if e["step"] == step and e.get("block_ids")]
+    held = decided[0]["block_ids"][0]
+    first = min(held.index(b) for b in handled[0]["block_ids"])
+    assert first > 0, (held, handled)  # D's prefix hit: the failure is past it
+    again = [e for e in _ev(xpyd, "sched.alloc", "D2") if e["req"] == req and e["step"] > step]
+    bs = next(e for e in _ev(xpyd, "sched.config", "D2"))["block_sizes"][0]
+    assert again[0]["num_computed_tokens"] == 0 and again[0]["num_new_computed_tokens"] == first * bs, again[0]
+    assert again[0]["block_ids"][0][:first] == held[:first]  # the same blocks, from D's cache

@@ -61,6 +61,7 @@ from ..detectors.coverage import Coverage, coverage, not_checked
 from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, check_writable, write_stdout
 from ..tracefile.damage import incomplete_reason, warn_problems
 from ..tracefile.trace import Trace
+from . import check_notes
 from .progress import load_progress
 
 FORMATS = ("text", "markdown", "json")
@@ -97,14 +98,14 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         _unknown_request(tr.path, request or "", checked.requests)
     findings, cov, wi = checked.findings, checked.coverage, checked.replay
     if format == "json":
-        text = render_json(tr, findings, ran, request, what_if, wi, cov=cov)
+        text = render_json(tr, findings, ran, request, what_if, wi, cov=cov, notes=checked.notes)
     elif format == "markdown":
-        text = render_markdown(tr, findings, ran, request, cov=cov)
+        text = render_markdown(tr, findings, ran, request, cov=cov, notes=checked.notes)
         if wi is not None:
             text += "\n" + _whatif.render_markdown(wi)
     else:
         width = text_width() if output is None else None
-        text = render_text(tr, findings, ran, request, cov=cov, width=width)
+        text = render_text(tr, findings, ran, request, cov=cov, width=width, notes=checked.notes)
         if wi is not None:
             wi_text = _whatif.render_text(wi)
             text += "\n" + (wi_text if width is None else _wrap_block(wi_text, width))
@@ -176,7 +177,7 @@ def _cov(tr: Trace, ran: list[str], cov: dict[str, Coverage] | None) -> dict[str
 
 def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
                 what_if: str | None = None, wi: list | None = None,
-                cov: dict[str, Coverage] | None = None) -> str:
+                cov: dict[str, Coverage] | None = None, notes: dict[str, list] | None = None) -> str:
     cov = _cov(tr, ran, cov)
     h = tr.header
     doc: dict[str, Any] = {
@@ -188,6 +189,7 @@ def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str
         "detectors": list(ran), "request": request, "summary": _counts(findings, cov),
         "coverage": {k: c.to_dict() for k, c in cov.items()},
         "findings": [f.to_dict() for f in findings],
+        "kv_load": check_notes.kv_load_notes(notes or {}),
     }
     if what_if is not None:
         doc["what_if"] = {"rule": what_if, "requests": wi or []}
@@ -241,7 +243,8 @@ def by_severity(findings: list[Finding]) -> list[Finding]:
 
 
 def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
-                cov: dict[str, Coverage] | None = None, width: int | None = None) -> str:
+                cov: dict[str, Coverage] | None = None, width: int | None = None,
+                notes: dict[str, list] | None = None) -> str:
     """The text report: every line wrapped at ``width`` columns (``text_width()``: a
     terminal); with None (piped, written to a file), the explanations at 100 columns and
     each header and coverage line whole."""
@@ -265,6 +268,11 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
             out += line(f"{k:<{kw}}  {c.line()}", width, "  ", " " * (2 + kw + 2))
         else:  # too narrow for the column: the verdict under the class
             out += ["  " + k] + _wrap(c.line(), width, "      ")
+    kv_title = check_notes.title(notes or {})
+    if kv_title:
+        out += ["", *line(kv_title, width, "", "  ")]
+        for head, words in check_notes.text_lines(notes or {}):
+            out += line(head, width, "  ", "    ") + line(words, width, "    ", "      ")
     for n, f in enumerate(by_severity(findings), 1):
         where = " ".join(x for x in (f"step{_NBSP}{f.step}" if f.step is not None else "",
                                       f"inst{_NBSP}{f.inst}" if f.inst else "", f"req{_NBSP}{f.req}" if f.req else "") if x)
@@ -283,7 +291,7 @@ def _md_escape(s: Any) -> str:
 
 
 def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
-                    cov: dict[str, Coverage] | None = None) -> str:
+                    cov: dict[str, Coverage] | None = None, notes: dict[str, list] | None = None) -> str:
     cov = _cov(tr, ran, cov)
     v = _versions(tr)
     h = tr.header
@@ -307,6 +315,9 @@ def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request:
         out += [f"No findings from: {', '.join(f'`{k}`' for k in ran)}.", ""]
     out += ["### Coverage", "", "| bug class | verdict |", "| --- | --- |"]
     out += [f"| `{k}` | {_md_escape(c.line())} |" for k, c in cov.items()]
+    kv_md = check_notes.markdown(notes or {})
+    if kv_md:
+        out += ["", *kv_md[:-1]]
     out += ["", "### Environment", "",
             "| | |", "| --- | --- |",
             f"| pdtrace (check) | {__version__} |",

@@ -13,6 +13,7 @@ from typing import Any
 from ..tracefile.damage import incomplete_reason
 from ..tracefile.trace import ProgressFn, load, read_header
 from . import DETECTORS, Finding, parallel, run_all, stream, whatif
+from .index import feed_all
 from .coverage import Coverage, coverage, coverage_of
 
 
@@ -29,6 +30,7 @@ class Checked:
     replay: list | None = None
     request_seen: bool = True
     requests: list[str] = dataclasses.field(default_factory=list)
+    notes: dict[str, list] = dataclasses.field(default_factory=dict)  # detector -> facts (``Stream.notes``)
 
 
 def check_file(path: str, *, only: list[str] | tuple = (), request: str | None = None, lenient: bool = False,
@@ -49,11 +51,31 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
         return Checked(res, res.findings, coverage_of(res.summary, res.footer, kinds=kinds,
                                                       incomplete=incomplete_reason(res.footer, res.problems)),
                        replay=res.observed.finish() if what_if else None,
-                       request_seen=request is None or seen.seen, requests=list(seen.known))
+                       request_seen=request is None or seen.seen, requests=list(seen.known),
+                       notes=_about_request(res.notes, request))
     tr = load(path, lenient=lenient, progress=progress, header=header)
     seen = request is None or any(e.get("req") == request or e.get("remote_req") == request for e in tr.events)
     return Checked(tr, run_all(tr.events, tr.header, only=only, request=request),
                    coverage(tr.events, tr.header, tr.footer, kinds=kinds,
                             incomplete=incomplete_reason(tr.footer, tr.problems)),
                    replay=whatif.run(what_if, tr.events, request) if what_if else None, request_seen=seen,
-                   requests=[] if seen else [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"])
+                   requests=[] if seen else [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"],
+                   notes=_about_request(_notes(tr.events, tr.header, kinds), request))
+
+
+def _notes(events: list, header: dict, kinds: list[str]) -> dict[str, list]:
+    """The detectors' facts over a loaded trace (``stream.run`` gathers them as it streams)."""
+    out = {}
+    for kind in kinds:
+        cls = stream.STREAMS.get(kind)
+        if cls is not None and hasattr(cls, "notes"):
+            st = cls(header)
+            feed_all(st, events)
+            out[kind] = st.notes()
+    return out
+
+
+def _about_request(notes: dict[str, list], request: str | None) -> dict[str, list]:
+    if request is None:
+        return notes
+    return {k: [n for n in v if n.get("req") == request] for k, v in notes.items()}

@@ -57,6 +57,7 @@ class Stream:
         self.after: dict[tuple, list] = {}  # ran again after a rollback: [request, handled, steps without it since]
         self.findings: list[Finding] = []
         self.configs: Any = None
+        self.told: dict[tuple, dict] = {}  # (*scheduler, req) -> what happened to it (``outcomes``)
 
     def _where(self, e: Event) -> tuple:
         """The scheduler an event is from: its process and instance, and the scheduler config
@@ -89,6 +90,9 @@ class Stream:
             elif k == FINISH or k == FREE:  # (freed: finished, or preempted and left the batch)
                 key = (*where, e.get("req"))
                 self.after.pop(key, None)
+                if k == FINISH and key in self.told:
+                    self.told[key].setdefault("finished", {"step": e.get("step"), "status": e.get("status"),
+                                                           "output_tokens": e.get("num_output_tokens")})
                 if k == FINISH:
                     self.failed.pop(key, None)
                     self.waiting.pop(key, None)
@@ -100,6 +104,7 @@ class Stream:
     def _request(self, where: tuple, e: Event, call: tuple[Event, list]) -> None:
         handled, earlier = call
         key = (*where, e.get("req"))
+        self._tell(key, e, handled)
         if e.get("action") == "fail" or e.get("req") in (handled.get("failed") or ()):
             self.failed[key] = (e, handled)
             self.waiting.pop(key, None)
@@ -108,6 +113,29 @@ class Stream:
         if handled.get("source") == "invalid_blocks" and e.get("policy") == "recompute":
             self._check_restart(where, e, handled, earlier)
         earlier.append(e)
+
+    def _tell(self, key: tuple, e: Event, handled: Event) -> None:
+        """What the scheduler decided for the request, kept for ``notes``: its first failed load
+        (vLLM 0.30+ handles one failed receive twice in a step, the request then its blocks: one
+        load, the blocks from the second), and how many loads of it failed in all."""
+        bad = set(handled.get("block_ids") or ())
+        blocks = (e.get("block_ids") or [[]])[0]
+        n = self.told.get(key)
+        if n is not None:
+            if n["step"] != e.get("step"):
+                n["failures"] += 1
+            elif bad and n["failed_blocks"] is None:
+                n["failed_blocks"] = [b for b in blocks if b in bad]
+            return
+        if len(self.told) >= KEPT:
+            return
+        self.told[key] = {
+            "inst": key[1], "req": key[3], "step": e.get("step"), "source": e.get("source"),
+            "policy": e.get("policy"), "action": e.get("action"), "retry": bool(e.get("retry")),
+            "computed_before": e.get("computed_before"), "computed": e.get("computed"),
+            "num_tokens": e.get("num_tokens"), "blocks": len(blocks),
+            "failed_blocks": [b for b in blocks if b in bad] if bad else None, "failures": 1,
+            "events": [x["id"] for x in (handled, e) if "id" in x]}
 
     def _block_size(self, e: Event) -> int | None:
         c = self.configs.config_of(e) if self.configs is not None else None
@@ -161,6 +189,8 @@ class Stream:
             self.passed.pop(key, None)
             if hit is None:
                 continue
+            if key in self.told:
+                self.told[key].setdefault("ran_again", step.get("step"))
             e, handled = hit
             self.after[key] = [e, handled, 0]
             n_new = int(n) - int(spec.get(req, 0) or 0)
@@ -225,6 +255,37 @@ class Stream:
         out, self.findings = self.findings, []
         return out
 
+    def notes(self) -> list[dict]:
+        """Per request a failed load touched, what happened (``pdtrace check`` prints them; facts,
+        not findings): its scheduler's decision (``action``: fail, recompute, retry or none),
+        computed tokens before and after, its failed blocks, the step it ran again at and its
+        finish (status, step), in trace order."""
+        return list(self.told.values())
+
 
 def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     return feed_all(Stream(header), events)
+
+
+def describe(n: dict) -> str:
+    """One request's ``notes()`` entry in words: the decision, then what followed."""
+    fb = n.get("failed_blocks")
+    blocks = (f"{len(fb)} of its {n.get('blocks')} block(s) failed to load" if fb is not None else
+              "its load failed" + (f" ({n.get('blocks')} block(s))" if n.get("blocks") else ""))
+    act = n.get("action")
+    if act == "fail":
+        what = "failed by the policy"
+    elif act == "recompute":
+        what = (f"cut back from {n.get('computed_before')} to {n.get('computed')} computed tokens"
+                + (", queued to be scheduled again" if n.get("retry") else "") + ", recomputes from there")
+    else:
+        what = f"kept at {n.get('computed')} computed tokens (another request recomputes its failed blocks)"
+    out = f"step {n.get('step')}, policy {n.get('policy')}: {blocks}; {what}"
+    if n.get("failures", 1) > 1:
+        out += f"; {n['failures']} failed loads in all"
+    if n.get("ran_again") is not None:
+        out += f"; ran again at step {n['ran_again']}"
+    fin = n.get("finished")
+    out += (f"; finished at step {fin.get('step')} ({fin.get('status')}, {fin.get('output_tokens')} output token(s))"
+            if fin else "; no finish in the trace")
+    return out

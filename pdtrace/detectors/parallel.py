@@ -232,6 +232,7 @@ def _merge(results: list[Result]) -> Result:
     mine = results[0]
     for other in results[1:]:
         mine.summary.merge(other.summary)
+        mine.notes.update(other.notes)
         if mine.request is not None and other.request is not None:
             mine.request.merge(other.request)
     found = [f for r in results for f in r.findings]

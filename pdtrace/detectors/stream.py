@@ -161,6 +161,7 @@ class Result:
         self.problems: list[Problem] = []
         self.n_events = 0
         self.findings: list[Finding] = []
+        self.notes: dict[str, list] = {}  # detector -> its facts for the report (a Stream's ``notes()``)
         self.summary = Summary()
         self.request: RequestSeen | None = None
         self.observed: Any = None  # run(observe=...)'s callback of the pass that finished
@@ -229,7 +230,8 @@ def _run(path: str, only: Any, request: str | None, lenient: bool, progress: Pro
     res = Result(path)
     seen = res.observed = observe() if observe is not None else None
     res.request = RequestSeen(request)
-    streams = [cls({}) for kind, cls in STREAMS.items() if not only or kind in only]
+    named = [(kind, cls({})) for kind, cls in STREAMS.items() if not only or kind in only]
+    streams = [st for _, st in named]
     configs = Configs()
     held: dict[tuple, list] = {}  # schema v2 block lists, per (pid, inst, request)
     index: Any = Index
@@ -254,8 +256,10 @@ def _run(path: str, only: Any, request: str | None, lenient: bool, progress: Pro
             if fast:  # a value the fast path did not type-check: scan decides
                 raise _Retry from None
             raise
-    for st in streams:
+    for kind, st in named:
         res.findings.extend(st.finish())
+        if hasattr(st, "notes"):
+            res.notes[kind] = st.notes()
     if request is not None:
         from . import _about
         res.findings = [f for f in res.findings if _about(f, request)]

@@ -1,0 +1,40 @@
+"""The facts ``pdtrace check`` prints beside its findings: per request a failed KV load touched,
+what the scheduler decided and what followed (``detectors.kv_load.Stream.notes``). Facts, not
+verdicts: they change no exit code; a wrong recovery is a finding of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..detectors.base import KV_LOAD_FAILURE_RECOVERY
+from ..detectors.kv_load import describe
+
+SHOWN = 20  # requests listed in text and markdown; JSON lists them all
+
+
+def kv_load_notes(notes: dict[str, list]) -> list[dict[str, Any]]:
+    return list(notes.get(KV_LOAD_FAILURE_RECOVERY) or [])
+
+
+def text_lines(notes: dict[str, list]) -> list[tuple[str, str]]:
+    """(head, words) per request: ``head`` the instance and request, ``words`` ``describe``'s."""
+    kv = kv_load_notes(notes)
+    return [(f"{n.get('inst') or '-'} {n.get('req')}", describe(n)) for n in kv[:SHOWN]]
+
+
+def title(notes: dict[str, list]) -> str | None:
+    kv = kv_load_notes(notes)
+    if not kv:
+        return None
+    more = f"; the first {SHOWN} listed, --format json has all" if len(kv) > SHOWN else ""
+    return f"KV load failures: {len(kv)} request(s) ({KV_LOAD_FAILURE_RECOVERY}: what happened, facts{more})"
+
+
+def markdown(notes: dict[str, list]) -> list[str]:
+    t = title(notes)
+    if t is None:
+        return []
+    out = [f"### {t}", "", "| instance | request | what happened |", "| --- | --- | --- |"]
+    for n in kv_load_notes(notes)[:SHOWN]:
+        out.append(f"| {n.get('inst') or ''} | `{str(n.get('req')).replace('|', chr(92) + '|')}` | {describe(n)} |")
+    return out + [""]
