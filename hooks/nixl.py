@@ -26,6 +26,7 @@ before the pull/push split (0.20-0.23), the trim's older signature (0.22-0.25), 
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -199,11 +200,18 @@ register("nixl.remote_alloc", CONN_MOD, "NixlBaseConnector.update_state_after_al
 # --- _apply_prefix_caching (D worker) ------------------------------------------------------------
 
 def _trim_after(rec: Any, st: Any, result: Any, self: Any, *a: Any, **kw: Any) -> None:
-    if st is None or result is None:
+    if st is None:
         return
+    extra: dict[str, Any] = {}
+    if result is None:  # the trim raised (the wrapper calls this from its except block)
+        exc = sys.exc_info()[1]
+        if exc is None:
+            return
+        # vLLM #50558: D holds more blocks to load than P reported; the trim asserts on it
+        extra["raised"] = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)[:300]
+        result = ([[] for _ in st[0]], [[] for _ in st[1]])
     local_out, remote_out = _groups(result[0]), _groups(result[1])
     self._pdtrace_last_trim = (local_out, remote_out)
-    extra: dict[str, Any] = {}
     push = getattr(self, "_pdtrace_push", None)
     if push is not None:  # inside push mode's _xfer_blocks, on P: decode = D's blocks, prefill = P's
         extra = {"mode": "push", "remote_req": push}

@@ -241,6 +241,8 @@ _KINDS: tuple[Kind, ...] = (
         F("by_region", "bool", "true: the region-layout trim (per KV region, not per group)", required=False),
         F("inline", "bool", "true: vLLM 0.20-0.21, whose _read_blocks trims inline: the out lists are the ones "
           "it handed _get_block_descs_ids", required=False),
+        F("raised", "str", "the trim raised ('Type: message'; the out lists are then empty): e.g. D holds more "
+          "blocks to load than P reported (vLLM #50558)", required=False),
     ), hook="nixl"),
     Kind("nixl.read", "D side: a NIXL read was issued.", (
         F("local_block_ids", "list[list[int]]", "destination (local) blocks"),

@@ -11,6 +11,9 @@ scheduler handles them under the decoder's ``kv_load_failure_policy``: "fail" en
 with an error, "recompute" cuts its computed tokens back to the first failed block and
 recomputes the prompt on D.
 
+Last, on the "recompute" decoder, ``prefix-hit``: a normal request extending the prompt D just
+recomputed, so D has a real prefix-cache hit and loads only the rest (the trim's positions).
+
 Two shapes per decoder: ``gone`` (nothing of the prompt on D: every block fails, the recompute
 restarts at token 0) and ``gone-prefix`` (the same prompt's first blocks decoded on D just before,
 so D's prefix cache holds them and only the rest is loaded: the recompute restarts at the first
@@ -88,4 +91,26 @@ def send_failures(prefill_url: str, decoders: dict[str, tuple[str, str]], block_
             r["local_tokens"] = local.get("tokens")
             r["matches_local"] = bool(r["ok"] and local.get("ok") and r.get("tokens") == local.get("tokens"))
             out.append(r)
+        if policy == "recompute":  # after the recompute D holds that prompt's blocks: a normal request
+            out.append(_prefix_hit(prefill_url, name, url, policy, block_size, 40 + i))  # that extends it
     return out
+
+
+def _prefix_hit(prefill_url: str, name: str, url: str, policy: str, block_size: int, seed: int) -> dict:
+    """A normal disaggregated request extending the prompt ``gone-prefix`` recomputed on D: D has a
+    prefix-cache hit and loads only the rest from P (D's trim pairs its suffix with P's blocks;
+    pdtrace places each block by D's own list). Oracle: P's local decode of the same prompt."""
+    r = {"name": "prefix-hit", "len": 7 * block_size + 3, "max_tokens": 12, "seed": seed, "decode": name,
+         "policy": policy, "group": "kv-failure"}
+    body = completion_body(r)
+    try:
+        d = pd_proxy.disaggregated_completion(body, prefill_url, url)
+        kvp = d.get("pd_proxy", {}).get("prefill_kv_transfer_params", {})
+        r.update({"ok": True, "tokens": _tokens(d), "n_out": len(_tokens(d)), "p_req": kvp.get("remote_request_id"),
+                  "remote_block_ids": kvp.get("remote_block_ids")})
+    except Exception as exc:
+        r.update({"ok": False, "error": str(exc)[:300]})
+    local = _post(prefill_url + "/v1/completions", body)
+    r["local_tokens"] = local.get("tokens")
+    r["matches_local"] = bool(r["ok"] and local.get("ok") and r.get("tokens") == local.get("tokens"))
+    return r

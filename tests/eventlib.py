@@ -107,7 +107,7 @@ def lookahead_scenario(b: EventBuilder | None = None, *, prompt_len: int = 16, b
         b.config("P", block_sizes=block_sizes, group_kinds=kinds)
         b.config("D", block_sizes=block_sizes, group_kinds=kinds, lookahead=0)
         kv_load_hooks(b)
-    p_blocks, reported, d_blocks = [], [], []
+    p_blocks, reported, d_blocks, d_full = [], [], [], []
     nb = p_first_block
     db = d_first_block
     for B, kind in zip(block_sizes, kinds):
@@ -123,6 +123,10 @@ def lookahead_scenario(b: EventBuilder | None = None, *, prompt_len: int = 16, b
         p_blocks.append(blocks)
         reported.append(blocks if (not fixed or _is_state(kind)) else blocks[:n_needed])
         d_blocks.append(list(range(db, db + n_local)))
+        # what the hook records in nixl.remote_alloc: D's whole list (KVCacheBlocks.get_block_ids(): the
+        # prefix-cache hits first, then the blocks to load)
+        d_full.append(d_blocks[-1] if _is_state(kind) else list(range(900 + db, 900 + db + d_cached_blocks))
+                      + d_blocks[-1])
         db += n_local + 5
     b.add("req.add", inst="P", req=req, step=step - 1, prompt_len=prompt_len, prompt_hash="h",
           kv={"do_remote_decode": True})
@@ -135,7 +139,7 @@ def lookahead_scenario(b: EventBuilder | None = None, *, prompt_len: int = 16, b
           num_computed_tokens=prompt_len, prompt_len=prompt_len, delay_free=True)
     if not d_side:
         return b
-    b.add("nixl.remote_alloc", inst="D", req=d_req, step=step + 1, local_block_ids=d_blocks,
+    b.add("nixl.remote_alloc", inst="D", req=d_req, step=step + 1, local_block_ids=d_full,
           remote_block_ids=reported, remote_num_tokens=prompt_len,
           num_external_tokens=prompt_len - d_cached_blocks * block_sizes[0], remote_req=req, remote_engine="P0")
     local_out, remote_out = [], []

@@ -79,7 +79,7 @@ def test_both_decoders_pull_exactly_what_p_reported(xpyd):
     last = {w["decode"]: w for w in xpyd["warmup"]}  # each decoder's last warm-up attempt
     assert len(last) == 2 and all(w["ok"] for w in last.values()), xpyd["warmup"]
     # (or one of the requests sent to a gone P on purpose: test_kv_load_failure_* below)
-    gone = {_failed_d_request(xpyd, f)["req"] for f in xpyd["kv_failures"]}
+    gone = {_failed_d_request(xpyd, f)["req"] for f in xpyd["kv_failures"] if f["name"] != "prefix-hit"}
     errs = [x for x in _ev(xpyd, "nixl.read_done") if x["status"] != "DONE" and x.get("req") not in gone]
     assert len(errs) <= len(failed), (errs, failed)
     # no request was decoded on both decoders
@@ -104,7 +104,7 @@ def _failed_d_request(r, f):
 
 
 def test_kv_load_failure_fail_and_recompute_served_as_vllm_says(xpyd):
-    fails = xpyd["kv_failures"]
+    fails = [f for f in xpyd["kv_failures"] if f["name"] != "prefix-hit"]
     assert [(f["decode"], f["name"]) for f in fails] == [
         ("D", "gone"), ("D", "gone-prefix"), ("D2", "gone"), ("D2", "gone-prefix")], fails
     for f in fails:
@@ -122,7 +122,7 @@ def test_kv_load_failure_recorded_per_request(xpyd):
     request's end; `pdtrace check` lists each such request with what happened, and flags
     nothing (fixed vLLM 0.32.0)."""
     notes = {n["req"]: n for n in xpyd["check_doc"]["kv_load"]}
-    for f in xpyd["kv_failures"]:
+    for f in [f for f in xpyd["kv_failures"] if f["name"] != "prefix-hit"]:
         d, ra = f["decode"], _failed_d_request(xpyd, f)
         req = ra["req"]
         errs = [e for e in _ev(xpyd, "kvload.error", d) if e.get("req") == req]
@@ -166,3 +166,22 @@ def test_recompute_restarts_at_the_first_failed_block(xpyd):
     bs = next(e for e in _ev(xpyd, "sched.config", "D2"))["block_sizes"][0]
     assert again[0]["num_computed_tokens"] == 0 and again[0]["num_new_computed_tokens"] == first * bs, again[0]
     assert again[0]["block_ids"][0][:first] == held[:first]  # the same blocks, from D's cache
+
+
+def test_a_real_d_prefix_hit_is_placed_by_ds_own_block_list(xpyd):
+    """prefix-hit on D2: the prompt D2 just recomputed, extended. D2's real scheduler takes the
+    prompt's blocks from its prefix cache and loads the rest from P; its trim pairs the blocks it
+    loads into with the end of P's list. Oracle: D2's own block list (nixl.remote_alloc, the
+    hook's record of KVCacheBlocks.get_block_ids()) puts the loaded blocks at token blocks k..n-1,
+    and P's report holds token block i at index i; the tokens equal P's local decode."""
+    (f,) = [x for x in xpyd["kv_failures"] if x["name"] == "prefix-hit"]
+    assert f["ok"] and f["matches_local"], f
+    ra = _failed_d_request(xpyd, f)
+    full = ra["local_block_ids"][0]
+    (trim,) = [e for e in _ev(xpyd, "nixl.trim", "D2") if e.get("req") == ra["req"]]
+    loads = trim["local_in"][0]
+    assert 0 < len(loads) < len(full) and full[-len(loads):] == loads  # a real hit: D loads its suffix only
+    p_blocks = ra["remote_block_ids"][0]
+    for d, p in zip(trim["local_out"][0], trim["remote_out"][0]):
+        assert p_blocks[full.index(d)] == p  # each D block reads the P block of its own tokens
+    assert xpyd["check"]["rc"] == 0 and not xpyd["check"].get("findings")

@@ -222,3 +222,32 @@ def test_report_lists_coverage_and_never_calls_unchecked_clean(tmp_path):
     assert "No findings in the classes checked; 1 class(es) not checked: connector-metadata-cleared-before-drafter" in page
     for k, c in cov.items():
         assert f"<td>{k}</td><td>{c.line()}" in page
+
+
+@pytest.mark.parametrize("sample", ["kv_load_async_rollback_buggy", "kv_load_async_rollback_fixed"])
+def test_report_draws_each_failed_kv_load(tmp_path, sample):
+    """The KV-load samples: a block map per request a failed load touched (the failed block as a
+    red ×, where the scheduler left its computed tokens) and the recovery as a row of the
+    timeline (failed -> scheduled again -> finished, when it finished), against the trace's
+    own kvload.request / req.finish events."""
+    trace = ROOT / "sample_traces" / f"{sample}.jsonl"
+    out = tmp_path / "r.html"
+    assert report_cmd.run(trace, out, lenient=False) == 0
+    page = out.read_text(encoding="utf-8")
+    assert 'href="#kvload"' in page and 'id="kvload"' in page
+    tr = load(str(trace))
+    (dec,) = [e for e in tr.events if e["ev"] == "kvload.request"]
+    handled = next(e for e in tr.events if e["ev"] == "kvload.handled" and e["step"] == dec["step"])
+    data = report.unpack_data(page)
+    (fig,) = [f for k, f in data["figs"].items() if k.startswith("fig-kvload-")]
+    failed = next(t for t in fig["data"] if t.get("name") == "failed to load")
+    blocks = dec["block_ids"][0]
+    assert [blocks[x] for x in failed["x"]] == [b for b in blocks if b in handled["block_ids"]]
+    assert any(t.get("hovertext") == f"computed after (restart): {dec['computed']} tokens" for t in fig["data"])
+    assert dec["req"] in fig["layout"]["title"]["text"]
+    rows = [t for t in data["figs"]["fig-timeline"]["data"] if t["name"].startswith("KV load recovery")]
+    assert rows and rows[0]["y"][0] == f"{dec['inst']} KV load recovery"
+    finished = [e for e in tr.events if e["ev"] == "req.finish" and e.get("req") == dec["req"]]
+    n = 2 + bool(finished)  # failed, scheduled again, finished (the buggy sample never finishes)
+    assert rows[0]["marker"]["symbol"][:n] == ["x", "circle", "square"][:n] and rows[0]["x"][n] is None
+    assert any(k.startswith("fig-kvload-") and dec["req"] in v for k, v in data["reqfigs"].items())

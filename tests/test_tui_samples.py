@@ -29,6 +29,7 @@ VERDICTS = {
     "dflash_window_buggy": ("window", ["OUTSIDE THE ALLOCATION", "past the allocation", "not owned"]),
     "metadata_cleared_before_drafter_buggy": ("meta", ["✗ clear (phase between)",
                                                        "✗ has_connector_metadata() -> False (drafter)"]),
+    "kv_load_async_rollback_buggy": ("blocks", ["KV LOAD FAILED", "cut back", "✗ LOAD FAILED"]),
     "stale_read_rowmoves_buggy": ("acc", ["STALE: read before the copy's event completed",
                                           "WRONG ROW: row 0 held req-7-D"]),
 }

@@ -76,26 +76,48 @@ def analyze_group(tr: Transfer, g: int) -> dict[str, Any]:
     pos_of = {lb: i for i, lb in enumerate(L)}
     n = len(L)
     first = needed - n if n <= needed else 0
+    held = _held_positions(tr, g, L, tail)
+    if held is not None:  # D's own list says where each local block sits (vLLM's block list, not an assumption)
+        info["positions"] = "D's block list (sched.alloc)"
+    if n > len(R) and tr.mapping_source != "inferred":  # vLLM #50558: the trim asserts on it (raised)
+        info["unpaired_local"] = ([lb for lb in L if held[lb] >= needed] if held is not None else []) or L[len(R):]
+        info["mismatches"] += len(info["unpaired_local"])
     shifts = set()
     for k, (lb, rb) in enumerate(pairs):
         i = pos_of.get(lb, k)
-        gi = first + i
+        gi = held[lb] if held is not None else first + i
         expected = truth[gi] if 0 <= gi < min(needed, len(truth)) else None
+        beyond = held is not None and gi >= needed  # D's block holds tokens P never computed
         shift = None
-        if expected is not None and rb != expected:
+        if (expected is not None and rb != expected) or beyond:
             info["mismatches"] += 1
             j = pos_in_truth.get(rb)
             shift = (j - gi) if j is not None else None
             shifts.add(shift)
         info["pairs"].append({
-            "local_index": i, "local": lb, "remote": rb, "expected": expected,
-            "tokens": [gi * B, min((gi + 1) * B, rnt)] if expected is not None else None,
-            "ok": expected is None or rb == expected, "shift": shift,
+            "local_index": gi if held is not None else i, "local": lb, "remote": rb, "expected": expected,
+            "tokens": [gi * B, min((gi + 1) * B, rnt)] if expected is not None else [gi * B, (gi + 1) * B],
+            "ok": not beyond and (expected is None or rb == expected), "shift": shift, "beyond": beyond,
         })
     known = sorted(x for x in shifts if x is not None)
     if known:
         info["shift"] = known[0] if len(known) == 1 and None not in shifts else known
     return info
+
+
+def _held_positions(tr: Transfer, g: int, L: list[int], tail: bool) -> dict[int, int] | None:
+    """Each local block's token-block index in D's own block list, when the trace has that list
+    and it holds every local block (not for in-window tail groups, whose lists are cut)."""
+    if tail or tr.d_positions is None or g >= len(tr.d_positions):
+        return None
+    where = tr.d_positions[g]
+    full = ((tr.d_alloc or {}).get("local_block_ids") or [])
+    n_full = len(full[g]) if g < len(full) else 0
+    if not L or not all(b in where for b in L):
+        return None  # (kernel block ids, when a logical block spans several: not positions in D's list)
+    pos = [where[b] for b in L]
+    # the blocks D loads into are the unhashed suffix of its list: consecutive, to its end
+    return where if pos == list(range(pos[0], pos[0] + len(pos))) and pos[-1] == n_full - 1 else None
 
 
 def _flagged(tr: Transfer) -> bool:
@@ -120,6 +142,11 @@ def _flagged(tr: Transfer) -> bool:
         L = tr.local[g] if tr.local is not None and g < len(tr.local) and tr.local[g] else [lb for lb, _ in pairs]
         n = len(L)
         first = needed - n if n <= needed else 0
+        if n > len(R) and tr.mapping_source != "inferred":
+            return True  # local > remote (vLLM #50558)
+        held = _held_positions(tr, g, L, False)
+        if held is not None and (held[L[0]] != first or held[L[-1]] >= needed):
+            return True  # D's list places its blocks elsewhere than the count rule assumes
         top = min(needed, len(R))
         m = len(pairs)
         if m <= n and len(set(L)) == n:
@@ -186,6 +213,8 @@ def judge(idx: Any, p: Event | None, a: Event | None, ctx: tuple) -> Finding | N
     if bad:
         step_ev = (tr.reads[0] if tr.reads else tr.trim or tr.d_alloc) or {}
         g0 = bad[0]
+        if not g0["extra_blocks"]:  # nothing of P's lookahead: D's list is off P's tokens (#50558)
+            return _past_p(tr, g0, step_ev, len(bad), data)
         wrong = [p for p in g0["pairs"] if not p["ok"]]
         w = wrong[0]
         sh = g0["shift"]
@@ -232,6 +261,50 @@ def judge(idx: Any, p: Event | None, a: Event | None, ctx: tuple) -> Finding | N
             kind=LOOKAHEAD_MISALIGNMENT, severity=SEVERITY_WARNING, req=tr.req,
             step=p.get("step"), inst=p.get("inst"), event_ids=tr.event_ids(),
             title=title, explanation=expl, data=data)
+
+
+def _past_p(tr: Transfer, g0: dict, step_ev: Event, n_bad: int, data: dict) -> Finding:
+    """D's local blocks against P's tokens when P reported no lookahead block: D's own block
+    list places them past the tokens P computed (D's prompt is longer than P's), or D holds more
+    blocks to load than P reported (vLLM #50558)."""
+    unpaired = g0.get("unpaired_local") or []
+    wrong = [p for p in g0["pairs"] if not p["ok"]]
+    n_local = len(tr.local[g0["group"]]) if tr.local is not None else 0
+    rnt, B = tr.remote_num_tokens, g0["block_size"]
+    full = ((tr.d_alloc or {}).get("local_block_ids") or [[]])
+    full_g = full[g0["group"]] if g0["group"] < len(full) else []
+    past = len(full_g) - (g0["blocks_needed"] or 0)
+    why = (f"D's own list for the request holds {len(full_g)} block(s) where P's {rnt} token(s) fill "
+           f"{g0['blocks_needed']}" + (f": D's request reaches {past} block(s) past the tokens P computed (a proxy "
+                                       f"that appends P's first sampled token to the prompt does this when the "
+                                       f"prompt ends on a block boundary: vLLM #50558)" if past > 0 else ""))
+    if unpaired and not [p for p in wrong if p["local"] not in unpaired]:
+        title = (f"request {tr.req}: D holds {n_local} block(s) to load for group {g0['group']}, P reported "
+                 f"{len(g0['reported'])}: D block(s) {unpaired} have no P block (local > remote)")
+        expl = (f"D's trim got {n_local} block(s) to load and P's {g0['reported']} (block size {B}). {why}. "
+                f"vLLM's _apply_prefix_caching assumes D never loads more blocks than P reports"
+                + (f" and raised ({tr.raised}) in D's worker, uncaught in start_load_kv: D's engine step fails "
+                   f"with it" if tr.raised else
+                   "; here it paired them anyway, D's extra block(s) with nothing P wrote") + ".")
+    else:
+        w = wrong[0]
+        lo, hi = w["tokens"]
+        what = (f"P block {w['expected']}" if w["expected"] is not None else "no P block (P never computed them)")
+        title = (f"request {tr.req}: D block {w['local']} (tokens {lo}-{hi - 1}) read P block {w['remote']}; "
+                 f"those tokens are in {what} (group {g0['group']})")
+        expl = (f"D's own block list puts its local block(s) at token blocks "
+                f"{sorted(p['local_index'] for p in g0['pairs'])} (block size {B}); P reported {g0['reported']} for "
+                f"{rnt} tokens. D paired them by count from the end of P's list (the end-trim assumes D's blocks end "
+                f"where P's tokens end), so "
+                + "; ".join(f"D block {p['local']} (tokens {p['tokens'][0]}-{p['tokens'][1] - 1}) <- P block "
+                            f"{p['remote']} instead of "
+                            + (f"{p['expected']}" if p["expected"] is not None else "none: past P's tokens")
+                            for p in wrong[:4])
+                + (f" (and {len(wrong) - 4} more)" if len(wrong) > 4 else "")
+                + f". {why}. D attends to KV of other tokens: silent corruption. {n_bad} group(s) affected.")
+    return Finding(kind=LOOKAHEAD_MISALIGNMENT, severity=SEVERITY_ERROR, req=tr.req, step=step_ev.get("step"),
+                   inst=step_ev.get("inst", "D"), event_ids=tr.event_ids(), title=title, explanation=expl,
+                   data={**data, "unpaired_local": unpaired, "raised": tr.raised})
 
 
 def _trimmed(tr: Transfer, g: int) -> bool:

@@ -52,6 +52,11 @@ class Transfer:
     mapping: list[list[tuple[int, int]]] | None  # recorded (local, remote) pairs per group
     mapping_source: str  # nixl.read | nixl.trim | inferred | none
     tokens_source: str = ""  # where remote_num_tokens came from
+    # each block D loads into, its token-block index in D's whole list for the request (the
+    # hook records that list in nixl.remote_alloc), per group; None without D's trim to say
+    # which blocks it loads into
+    d_positions: list[dict[int, int]] | None = None
+    raised: str = ""  # D's trim raised (nixl.trim.raised), e.g. more blocks to load than P reported
 
     @property
     def req(self) -> str | None:
@@ -340,6 +345,7 @@ def _make(idx: Index, p: Event | None, a: Event | None, trim: Event | None, rd: 
             msource = "nixl.read"
         elif trim is not None:
             mapping = [list(zip(lo, ro)) for lo, ro in zip(trim["local_out"], trim["remote_out"])]
+            mapping += [[] for _ in range(len(local) - len(mapping))]  # (a trim that raised paired nothing)
             msource = "nixl.trim"
         else:
             remote_in = lists(a["remote_block_ids"])
@@ -350,7 +356,21 @@ def _make(idx: Index, p: Event | None, a: Event | None, trim: Event | None, rd: 
                 kind = kinds[g] if g < len(kinds) else ""
                 mapping.append(end_trim(lo, ro) if is_attention_group(kind) else list(zip(lo, ro)))
             msource = "inferred"
-    return Transfer(p_req, d_req, p, a, trim, list(rd), config, rnt, reported, local, mapping, msource, source)
+    return Transfer(p_req, d_req, p, a, trim, list(rd), config, rnt, reported, local, mapping, msource, source,
+                    _positions(a, trim), (trim or {}).get("raised") or "")
+
+
+def _positions(a: Event | None, trim: Event | None) -> list[dict[int, int]] | None:
+    """Where the blocks of D's trim sit in D's whole list (nixl.remote_alloc.local_block_ids),
+    per group: vLLM's own block list, not the count rule the trim applies."""
+    if a is None or trim is None or trim.get("mode") == "push":
+        return None
+    full = a.get("local_block_ids") or []
+    out = []
+    for g, lo in enumerate(trim.get("local_in") or []):
+        where = {b: i for i, b in enumerate(full[g])} if g < len(full) else {}
+        out.append({b: where[b] for b in lo if b in where})
+    return out
 
 
 __all__ = ["Transfer", "blocks_needed", "end_trim", "join_transfers"]

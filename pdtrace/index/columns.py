@@ -48,6 +48,18 @@ class ColumnQueries:
         out.sort()
         return out
 
+    def kind_ordinals(self, kind: str) -> list[int]:
+        """Every event of ``kind``, in order (a byte search over the kind column)."""
+        code = KIND_CODE.get(kind)
+        if code is None:
+            return []
+        col, out = self.kinds.tobytes(), []
+        i = col.find(code)
+        while i >= 0:
+            out.append(i)
+            i = col.find(code, i + 1)
+        return out
+
     def steps_of(self, inst: str | None = None) -> list[int]:
         if inst is None:
             return sorted({s for (_ic, s) in list(self.step_ranges)})

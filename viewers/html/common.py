@@ -52,6 +52,7 @@ CATEGORY = {  # event kind prefix -> (legend name, colour)
     "d2h": ("accepted counts", ORANGE),
     "acc": ("accepted counts", ORANGE),
     "batch": ("input batch", CYAN),
+    "kvload": ("KV load failure", RED),
 }
 OTHER = ("process / marks", GREY)
 PALETTE = [BLUE, GREEN, PURPLE, BROWN, "#e377c2", CYAN, "#bcbd22", GREY,

@@ -10,6 +10,7 @@ import html
 import math
 from typing import Any
 
+from . import fig_kvload
 from .common import (GREEN, LIGHT_GREY, RED, STEP_BAR, STEP_BAR_FINDING, Model, cat, finding_markers, hover,
                      lane, lane_key, layout, legend, short)
 
@@ -207,7 +208,9 @@ def timeline(m: Model, budget: int, bins: int) -> tuple[dict[str, Any], dict[str
     fine = m.totals.bins if m.totals is not None else None  # a trace read in two passes (reduce)
     if m.totals is not None and m.n_events <= budget:
         fine = None  # every event was kept (reduce.OPENING) and is drawn
-    lanes = sorted({lane(e) for e in events} | (m.totals.lanes if m.totals is not None else set()), key=lane_key)
+    recovery = fig_kvload.recovery_traces(m)
+    lanes = sorted({lane(e) for e in events} | (m.totals.lanes if m.totals is not None else set())
+                   | {y for t in recovery for y in t["y"] if y}, key=lane_key)
     detail, rest = _split(m, budget)
     aggregated = len(rest)
     if fine:
@@ -217,6 +220,7 @@ def timeline(m: Model, budget: int, bins: int) -> tuple[dict[str, Any], dict[str
     traces += _event_ticks(m, detail)
     traces += _aggregated(m, rest, bins, stats, fine)
     traces += _transfers(m, stats)
+    traces += recovery
     traces += finding_markers(m, lambda e: lane(e))
     xaxis: dict[str, Any] = {"title": {"text": "time (ms since first event)"}, "zeroline": False}
     opened = m.findings_range()

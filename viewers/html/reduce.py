@@ -59,7 +59,8 @@ FINE_BINS = 4_000
 ACC_KINDS = ("d2h.issue", "d2h.done", "acc.read", "acc.truth", "batch.add", "batch.remove", "batch.swap",
              "batch.condense")
 META_KINDS = ("kvmeta.bind", "kvmeta.clear", "kvmeta.has", "kvmeta.save_layer", "kvmeta.wait_for_save", "spec.phase")
-ALWAYS = frozenset({"sched.config", "runner", "proc.start", "proc.exit", "proc.role", "hooks.status"})
+ALWAYS = frozenset({"sched.config", "runner", "proc.start", "proc.exit", "proc.role", "hooks.status",
+                    "kvload.handled", "kvload.request", "kvload.error", "kvload.reported"})  # (rare: failures)
 KV_KINDS = frozenset({"nixl.read", "nixl.read_done", "nixl.request_finished"})
 _W = itemgetter("w")
 
@@ -163,6 +164,7 @@ class Keep:
             if len(kv_reqs) >= KV_KEPT:
                 break
         self._kv = set(kv_reqs) | {m.d2p.get(r, r) for r in kv_reqs}
+        self._kvload: set[tuple] = set()  # (inst, req) a failed KV load touched
         span = max(totals.t_hi - totals.t_lo, 1)
         self._scale = FINE_BINS / span
 
@@ -202,7 +204,11 @@ class Keep:
 
     def _wanted(self, e: dict[str, Any], k: str, ln: str, eid: int) -> bool:
         if eid < OPENING or k in ALWAYS:
+            if k == "kvload.request":  # its finish is kept too (the recovery row ends there)
+                self._kvload.add((e.get("inst"), e.get("req")))
             return True
+        if k == "req.finish":
+            return (e.get("inst"), e.get("req")) in self._kvload
         if k == "sched.step":
             self._steps[ln] += 1
             if ln in self._next_step:

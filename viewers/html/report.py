@@ -32,7 +32,7 @@ import orjson
 
 from pdtrace.detectors.coverage import damaged_lines
 
-from . import events_table, fig_accepted, fig_blockmap, fig_metadata, fig_timeline, fig_windows, summary
+from . import events_table, fig_accepted, fig_blockmap, fig_kvload, fig_metadata, fig_timeline, fig_windows, summary
 from .common import GREEN, ORANGE, RED, FindingView, Model, esc  # noqa: F401 - re-exported for tests / tools
 
 MAX_BYTES = 5_000_000  # the whole page
@@ -146,6 +146,15 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
         body.append(f'<h3 id="req-{esc(req)}">{esc(req)}</h3>' + fig_div(f"fig-blockmap-{i}", fig))
     sections.append('<section id="blockmaps"><h2>Block mapping per affected request</h2>' + "".join(body) + "</section>")
 
+    loads, note = fig_kvload.load_maps(m, limit=12)
+    if loads:
+        body = [f'<p class="note">{fig_kvload.caption([fig for _r, _t, fig in loads], note)}</p>']
+        for i, (req, _title, fig) in enumerate(loads):
+            reqfigs[f"fig-kvload-{i}"] = sorted({req, m.d2p.get(req, req)})
+            body.append(f'<h3 id="kvload-{esc(req)}">{esc(req)}</h3>' + fig_div(f"fig-kvload-{i}", fig))
+        sections.append('<section id="kvload"><h2>KV load failures: blocks and recovery per request</h2>'
+                        + "".join(body) + "</section>")
+
     acc, note = fig_accepted.accepted(m, budget=max(500, budget // 4), limit=4)
     sections.append(_figure_section("accepted", "Accepted-token counts", fig_accepted.caption([fig for _ln, fig in acc]), note,
                                     "No accepted-count reads in this trace.", [fig for _ln, fig in acc], time_div))
@@ -174,7 +183,7 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
     title = f"pdtrace report: {os.path.basename(str(getattr(trace, 'path', '') or 'trace'))}"
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in (
         ("overview", "Summary"), ("findings", "Findings"), ("timeline", "Timeline"), ("blockmaps", "Block maps"),
-        ("accepted", "Accepted counts"), ("metadata", "Connector metadata"), ("events", "Events"),
+        *((("kvload", "KV load failures"),) if loads else ()), ("accepted", "Accepted counts"), ("metadata", "Connector metadata"), ("events", "Events"),
         ("summary", "Trace")))
     data = {"figs": figs, "timefigs": timefigs, "reqfigs": reqfigs,
             "findings": [{"x": list(r) if r else None, "span": list(m.finding_span(f) or []) or None,

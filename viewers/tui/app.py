@@ -220,6 +220,9 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         self._add_requests(force=True)
         steps = self.index.steps_of()
         self.query_one(StepScrubber).set_steps(steps)
+        loads = self.index.kind_ordinals("kvload.handled")
+        self.query_one(StepScrubber).set_load_marks({s for i in loads if (s := self.index.steps[i]) is not None
+                                                     and s >= 0})
         if self.step is None and steps:
             self.step = steps[0]
         if self.index.problems:

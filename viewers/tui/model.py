@@ -13,6 +13,7 @@ from typing import Any
 from pdtrace.index.trace_index import TraceIndex
 from pdtrace.tracefile.trace import derive_block_lists
 
+from . import model_kvload
 from .model_acc import ACC_KINDS, BATCH_KINDS, AccRow, AccView, RowTracker, acc_insts, accepted  # noqa: F401
 
 NIXL_KINDS = ("nixl.request_finished", "nixl.remote_alloc", "nixl.trim", "nixl.read")
@@ -65,6 +66,7 @@ class Cell:
     tokens: tuple[int, int] | None  # inclusive token range held, None for lookahead/state blocks
     lookahead: bool = False
     state: bool = False
+    failed: bool = False  # its KV failed to load (kvload.*)
 
 
 @dataclasses.dataclass
@@ -98,6 +100,7 @@ class BlockMap:
     groups: list[GroupMap]
     source: str  # which D event gave the pairs: nixl.trim | nixl.read | ''
     event_ids: list[int]
+    loads: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # failed loads (model_kvload.notes)
 
     @property
     def mismatches(self) -> int:
@@ -141,7 +144,8 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
     trim = _last(index, d_req, "nixl.trim")
     read = _last(index, d_req, "nixl.read")
     d_alloc = _last_alloc(index, d_req, (ra or trim or {}).get("inst", "D"))
-    if rf is None and ra is None and trim is None and read is None:
+    loads = model_kvload.notes(index, d_req)
+    if rf is None and ra is None and trim is None and read is None and not loads:
         return None
     p_cfg = _config(index, rf.get("inst") if rf else "P")
     d_cfg = _config(index, (ra or trim or read or {}).get("inst", "D"))
@@ -158,6 +162,8 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
         d_ids, pairs_l, pairs_r, source = read["local_block_ids"], read["local_block_ids"], read["remote_block_ids"], "nixl.read"
     else:
         d_ids, pairs_l, pairs_r, source = (ra or {}).get("local_block_ids") or [], [], [], ""
+    if not d_ids and loads:  # no NIXL events of it: the blocks the scheduler named at the failure
+        d_ids = [list(loads[0].get("failed_blocks") or [])]
     ngroups = max(len(p_ids), len(d_ids), len(pairs_l))
     groups = []
     for g in range(ngroups):
@@ -179,6 +185,9 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
             dpos = {b: base + k for k, b in enumerate(dg)}
         pcells = _cells(pg, bs, rnt, state)
         dcells = _cells(dg, bs, rnt, state, dpos)
+        bad = model_kvload.failed_blocks(loads) if g == 0 else set()  # (vLLM reports group 0's ids)
+        for c in dcells:
+            c.failed = c.block in bad
         pmap = {c.block: c for c in pcells}
         dmap = {c.block: c for c in dcells}
         pairs = []
@@ -204,7 +213,8 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
                               f"{len(lo)} local vs {len(ro)} remote blocks"))
         groups.append(GroupMap(g, gk, bs, pcells, dcells, pairs))
     ids = [e["id"] for e in (rf, ra, trim, read) if e]
-    return BlockMap(p_req, d_req, rnt, prompt_len, groups, source, ids)
+    ids += [i for n in loads for i in n["events"]]
+    return BlockMap(p_req, d_req, rnt, prompt_len, groups, source, ids, loads)
 
 
 # ------------------------------------------------------------------------------ connector metadata

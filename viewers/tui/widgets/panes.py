@@ -12,6 +12,8 @@ from typing import Any
 import orjson
 from rich.text import Text
 
+from pdtrace.detectors.kv_load import describe
+
 from .. import drafter, model
 from .base import BAD, OK, Pane, finding_footer, para
 from .window import draw_window
@@ -24,7 +26,9 @@ def _cell(c: model.Cell | None) -> Text:
         return Text(" " * CELL)
     t = Text()
     t.append(f"[{c.block:>5}]", style="bold")
-    if c.state:
+    if c.failed:
+        t.append(" ✗ LOAD FAILED", style="bold red")
+    elif c.state:
         t.append(" state      ", style="magenta")
     elif c.lookahead:
         t.append(" LA lookahead", style="yellow")
@@ -54,6 +58,8 @@ class BlockMapPane(Pane):
         if outside:
             t.append(" DRAFTER WRITES PAST THE ALLOCATION ", style=BAD)
             t.append(f"  {len(outside)} window(s); drawn below and in tab 4\n", style="bold red")
+        if bm is not None and bm.loads:
+            self._loads(t, width, bm)
         if bm is not None:
             self._pairs(t, width, bm)
         for w in outside[:3]:
@@ -61,6 +67,15 @@ class BlockMapPane(Pane):
             draw_window(t, w, width)
         finding_footer(t, findings, width, selected)
         return t
+
+    @staticmethod
+    def _loads(t: Text, width: int, bm: model.BlockMap) -> None:
+        """What the scheduler did with each failed load of the request, as `pdtrace check` says
+        it (the blocks are marked ✗ LOAD FAILED in D's column below)."""
+        t.append(" KV LOAD FAILED ", style=BAD)
+        t.append(f"  {len(bm.loads)} failed load(s)\n", style="bold red")
+        for n in bm.loads:
+            para(t, describe(n), width, "red", indent=4, first="  ")
 
     @staticmethod
     def _pairs(t: Text, width: int, bm: model.BlockMap) -> None:  # noqa: C901
@@ -72,7 +87,8 @@ class BlockMapPane(Pane):
             t.append(_middle(p, width - 9) + "\n", style="bold cyan")
             t.append("    ->  " + _middle(d, width - 9) + "\n", style="bold cyan")
         para(t, f"remote_num_tokens={bm.remote_num_tokens}  prompt_len={bm.prompt_len}  "
-                f"pairs from {bm.source or '(no trim/read yet)'}", width, "dim")
+                f"pairs from {bm.source or ('(none: the load failed before a read)' if bm.loads else '(no trim/read yet)')}",
+             width, "dim")
         if bm.mismatches:
             t.append(f" {bm.mismatches} MISMATCHED local<-remote pair(s) ", style=BAD)
             t.append("\n")

@@ -1,8 +1,9 @@
 """The step scrubber: a one-line timeline of engine steps with finding markers.
 
 Line 1: the selected step, whether a finding is at it, and a legend of the marks;
-line 2: the bar. ``┃`` (red) marks steps with findings, ``╵`` the steps the selected
-request has events at (``n`` / ``N`` jump between them), ``◆`` the selected step.
+line 2: the bar. ``┃`` (red) marks steps with findings, ``✗`` (yellow) steps where the
+scheduler handled KV that failed to load (only in a trace that has one), ``╵`` the steps the
+selected request has events at (``n`` / ``N`` jump between them), ``◆`` the selected step.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from textual.widget import Widget
 
 LEGEND = (("┃", "bold red", "finding", "finding"), ("╵", "cyan", "request events", "req"),
           ("◆", "bold reverse", "selected", "here"))
+LOAD_MARK = ("✗", "bold yellow", "KV load failed", "kv")
 
 
 class StepScrubber(Widget):
@@ -41,6 +43,7 @@ class StepScrubber(Widget):
         super().__init__(**kw)
         self.steps: list[int] = []
         self.marks: set[int] = set()
+        self.load_marks: set[int] = set()
         self.req_steps: list[int] = []
 
     def set_steps(self, steps: list[int]) -> None:
@@ -49,6 +52,10 @@ class StepScrubber(Widget):
 
     def set_marks(self, marks: set[int]) -> None:
         self.marks = marks
+        self.refresh()
+
+    def set_load_marks(self, marks: set[int]) -> None:
+        self.load_marks = marks
         self.refresh()
 
     def set_req_steps(self, steps: list[int]) -> None:
@@ -61,8 +68,9 @@ class StepScrubber(Widget):
     def legend(self, room: int) -> Text:
         """The legend, in words when there is room, else the marks alone."""
         t = Text()
-        long = sum(len(w) + 4 for _, _, w, _ in LEGEND)
-        for mark, style, word, short in LEGEND:
+        legend = LEGEND[:1] + ((LOAD_MARK,) if self.load_marks else ()) + LEGEND[1:]
+        long = sum(len(w) + 4 for _, _, w, _ in legend)
+        for mark, style, word, short in legend:
             t.append(mark, style=style)
             t.append(f" {word}  " if room >= long else f"{short} ", style="dim")
         return t
@@ -78,6 +86,8 @@ class StepScrubber(Widget):
         head.append(f" ({pos + 1}/{n}, {self.steps[0]}..{self.steps[-1]}) ", style="dim")
         if self.step in self.marks:
             head.append("● finding here ", style="bold red")
+        elif self.step in self.load_marks:
+            head.append("✗ KV load failed here ", style="bold yellow")
         width = self._bar_width()
         room = width - len(head.plain)
         legend = self.legend(room)
@@ -91,6 +101,10 @@ class StepScrubber(Widget):
             k = bisect_left(self.steps, s)
             c = min(width - 1, k * width // n)
             cells[c], styles[c] = "╵", "cyan"
+        for s in self.load_marks:
+            k = bisect_left(self.steps, s)
+            c = min(width - 1, k * width // n)
+            cells[c], styles[c] = LOAD_MARK[0], LOAD_MARK[1]
         for s in self.marks:
             k = bisect_left(self.steps, s)
             c = min(width - 1, k * width // n)

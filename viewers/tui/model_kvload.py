@@ -1,0 +1,49 @@
+"""KV that failed to load, for the Block map pane (issue 36): per D request, each failed load
+the scheduler handled (``kvload.request`` with its step's ``kvload.handled``) as the note
+``pdtrace check`` prints (``detectors.kv_load.describe`` words it), and the failed block ids.
+No Textual imports; events parsed on demand through the index."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdtrace.index.trace_index import TraceIndex
+
+
+def notes(index: TraceIndex, req: str | None) -> list[dict[str, Any]]:
+    """One note per step a failed load of ``req`` was handled at (vLLM 0.30+ handles a failed
+    receive twice in a step: the request, then its blocks; one load), in trace order."""
+    if not req:
+        return []
+    out: dict[tuple, dict[str, Any]] = {}
+    for e in index.events(index.request_ordinals(req, ["kvload.request"])):
+        key = (e.get("inst"), e.get("step"))
+        handled = [h for h in index.events(index.step_ordinals(e.get("step"), e.get("inst"), ["kvload.handled"]))
+                   if h.get("source") == e.get("source")] if e.get("step") is not None else []
+        bad = set((handled[-1] if handled else {}).get("block_ids") or ())
+        blocks = (e.get("block_ids") or [[]])[0]
+        failed = [b for b in blocks if b in bad] if bad else None
+        n = out.get(key)
+        if n is not None:
+            if n["failed_blocks"] is None and failed is not None:
+                n["failed_blocks"] = failed
+            n["events"].append(e["id"])
+            continue
+        out[key] = {"inst": e.get("inst"), "req": req, "step": e.get("step"), "source": e.get("source"),
+                    "policy": e.get("policy"), "action": e.get("action"), "retry": bool(e.get("retry")),
+                    "computed_before": e.get("computed_before"), "computed": e.get("computed"),
+                    "num_tokens": e.get("num_tokens"), "blocks": len(blocks), "failed_blocks": failed,
+                    "failures": 1, "events": [h["id"] for h in handled[-1:]] + [e["id"]]}
+    got = list(out.values())
+    if got:
+        fin = [f for f in index.events(index.request_ordinals(req, ["req.finish"])) if f.get("inst") == got[0]["inst"]]
+        if fin:
+            got[-1]["finished"] = {"step": fin[-1].get("step"), "status": fin[-1].get("status"),
+                                   "output_tokens": fin[-1].get("num_output_tokens")}
+        else:
+            got[-1]["finished"] = None
+    return got
+
+
+def failed_blocks(loads: list[dict[str, Any]]) -> set[int]:
+    return {b for n in loads for b in (n.get("failed_blocks") or ())}
