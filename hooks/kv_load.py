@@ -21,6 +21,7 @@ Older layouts as in hooks/nixl.py: nixl/worker.py (0.20-0.23), nixl_connector.py
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from . import after, around, before, register
@@ -90,8 +91,11 @@ def _invalid_after(rec: Any, state: Any, result: Any, self: Any, *a: Any, **kw: 
         return
     snap, ids = state
     fields: dict[str, Any] = {"block_ids": ids}
-    if result is None:  # the handler raised (vLLM refuses block-level failures of multi-group models)
-        fields["error"] = "raised (see the engine's log)"
+    if result is None:  # the handler raised (the wrapper calls this from its except block)
+        exc = sys.exc_info()[1]
+        # vLLM 0.2x: ValueError unpacking a multi-group block list (#50687); 0.32+: RuntimeError, block-level
+        # failures of multi-group models refused (#56855)
+        fields["error"] = (f"{type(exc).__name__}: {exc}"[:300] if exc is not None else "raised (see the engine's log)")
     _after(rec, "invalid_blocks", self, snap, result, fields)
 
 

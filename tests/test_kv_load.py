@@ -195,3 +195,23 @@ def test_check_prints_the_notes_in_every_format_and_path(tmp_path):
     docs = [json.loads(run("--format", "json", "-j", j).stdout) for j in ("1", "2")]
     assert docs[0]["kv_load"] == docs[1]["kv_load"] and docs[0]["kv_load"][0]["req"] == "load-2-D"
     assert json.loads(run("--format", "json", "--request", "load-2-P").stdout)["kv_load"] == []
+
+
+def test_a_hybrid_models_failed_blocks_as_the_release_handles_them():
+    """A model with two KV cache groups (full attention + sliding window) whose load fails, reported
+    as blocks (as vLLM's own tests and block-level connectors report it), on the installed
+    release's real Scheduler. vLLM 0.2x raises ValueError unpacking the per-group block lists
+    (#50687), 0.30/0.31 recompute the whole request (#50388), 0.32+ refuse with RuntimeError
+    (#56855). Oracle: what vLLM did (the exception the scheduler raised, or the request's computed
+    tokens and finish); a raise ends the engine core, and check says so, once, with vLLM's text."""
+    r = failed_load(PDConfig(spec_method="", attn=("full", "sliding")), policy="recompute", how="blocks", steps=6)
+    (handled,) = r.of("kvload.handled")
+    assert handled["groups"] == 2
+    found = _found(r)
+    if r.raised is not None:
+        assert handled["error"] == r.raised
+        (f,) = found
+        assert f.severity == SEVERITY_ERROR and r.raised in f.title and f.data["groups"] == 2
+    else:
+        assert "error" not in handled and r.computed_after == 0 and r.finished == "FINISHED_LENGTH_CAPPED"
+        assert found == []

@@ -43,6 +43,16 @@ FIXED_FROM = (0, 25, 0)  # every seed fixed from 0.25.0 on
 # touches num_output_placeholders (read in each release's vllm/v1/core/sched/scheduler.py), so under
 # async scheduling a rolled-back request is scheduled past its tokens (vLLM #49250, #45138).
 OPEN = {"kv-load-rollback"}
+# From each release's scheduler.py: 0.19.1-0.28.0 unpack `(req_block_ids,) = get_block_ids(req_id)`
+# (ValueError on a multi-group model, vLLM #50687); 0.30.0 recomputes multi-group requests whole
+# (#50388); 0.32.0+ refuse block-level failures of multi-group models (RuntimeError, #56855). A raise
+# in the scheduler ends the engine core.
+HYBRID_RAISES = ((0, 0, 0), (0, 30, 0)), ((0, 32, 0), (99, 0, 0))  # [from, to) ranges
+
+
+def _hybrid_raises(version: str) -> bool:
+    v = tuple(int(x) for x in version.split(".")[:3])
+    return any(lo <= v < hi for lo, hi in HYBRID_RAISES)
 
 # What pdtrace cannot see on a release, said here rather than skipped. 0.19-0.21's V2 runner has
 # no MambaHybridModelState (the hook that says the stale-read class does not apply on V2), so that
@@ -60,11 +70,12 @@ def _version() -> str:
 
 
 def _carries(version: str) -> set[str]:
+    hybrid = {"kv-load-hybrid"} if _hybrid_raises(version) else set()
     if tuple(int(x) for x in version.split(".")[:3]) >= FIXED_FROM:
-        return set(OPEN)
+        return set(OPEN) | hybrid
     if version not in CARRIES:
         pytest.fail(f"vLLM {version}: no entry in CARRIES; add what its sources say before testing it")
-    return CARRIES[version] | OPEN
+    return CARRIES[version] | OPEN | hybrid
 
 
 @pytest.fixture(scope="module")

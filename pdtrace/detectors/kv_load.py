@@ -20,7 +20,10 @@ findings, per request:
   schedules it and it never finishes (a trace whose scheduler stopped stepping cannot tell);
 - *stranded after the recompute*: it ran again, then its scheduler went on stepping without it
   (two steps or more) while it kept its blocks, and it never finished (vLLM #45138: the stale
-  placeholders trip async scheduling's stop check and the request sits in the running queue).
+  placeholders trip async scheduling's stop check and the request sits in the running queue);
+- *the handler raised* (per scheduler call, not per request): the engine core's step does not
+  catch it, one failed load ends the instance (multi-group models: vLLM #50687 on 0.2x, the
+  refusal of #56855 on 0.32+).
 
 Oracles are vLLM's own values as the hooks read them (block lists, num_computed_tokens,
 num_tokens, num_output_placeholders, the scheduled token counts), never another detector.
@@ -35,7 +38,7 @@ from .index import feed_all, kind_code
 
 Event = dict[str, Any]
 
-_KINDS = ("kvload.handled", "kvload.request", "sched.step", "req.finish", "sched.free")
+_KINDS = ("kvload.handled", "kvload.request", "sched.step", "req.finish", "sched.free", "kvload.error")
 STRANDED = 2  # steps of its scheduler without the request, after it last ran, before it counts as stranded
 KEPT = 1 << 14  # open rollbacks / failed requests kept per stream (the oldest go first)
 
@@ -58,6 +61,7 @@ class Stream:
         self.findings: list[Finding] = []
         self.configs: Any = None
         self.told: dict[tuple, dict] = {}  # (*scheduler, req) -> what happened to it (``outcomes``)
+        self.loads_failed: dict[Any, list] = {}  # instance -> its worker's kvload.error events since its last handling
 
     def _where(self, e: Event) -> tuple:
         """The scheduler an event is from: its process and instance, and the scheduler config
@@ -67,21 +71,28 @@ class Stream:
 
     def feed(self, idx: Any) -> None:
         self.configs = idx.configs
-        if not idx.kind("kvload.handled") and not self.waiting and not self.failed and not self.after:
+        if not idx.kind("kvload.handled") and not idx.kind("kvload.error") and not self.waiting and not self.failed \
+                and not self.after:
             # no failure to follow: only each scheduler's latest step (a failure handled at the
             # start of the next segment reads the tokens its step scheduled)
             for e in idx.kind("sched.step"):
                 self.steps[self._where(e)] = e
             return
-        HANDLED, REQUEST, STEP, FINISH, FREE = (kind_code(k) for k in _KINDS)
+        HANDLED, REQUEST, STEP, FINISH, FREE, ERROR = (kind_code(k) for k in _KINDS)
         for e, k in zip(*idx.ordered_codes(_KINDS)):
             where = self._where(e)
             if k == STEP:
                 self.steps[where] = e
                 if self.waiting or self.after:
                     self._scheduled(where, e)
+            elif k == ERROR:  # D's worker: a failed load, of which request (the scheduler's handler follows)
+                if e.get("req") is not None and len(self.loads_failed) < KEPT:
+                    self.loads_failed.setdefault(e.get("inst"), []).append(e)
             elif k == HANDLED:
                 self.calls[where] = (e, [])
+                errs = self.loads_failed.pop(e.get("inst"), [])
+                if e.get("error"):
+                    self._crashed(e, errs)
             elif k == REQUEST:
                 call = self.calls.get(where)
                 if call is None or call[0].get("step") != e.get("step") or call[0].get("source") != e.get("source"):
@@ -113,6 +124,27 @@ class Stream:
         if handled.get("source") == "invalid_blocks" and e.get("policy") == "recompute":
             self._check_restart(where, e, handled, earlier)
         earlier.append(e)
+
+    def _crashed(self, h: Event, errs: list[Event]) -> None:
+        """The scheduler's failure handler raised: nothing catches it in the engine core's step, so
+        the engine exits and every request on the instance with it, for one failed load (named
+        by the worker's failure record before it, when the trace has one)."""
+        groups = h.get("groups") or 1
+        reqs = list(dict.fromkeys(str(x["req"]) for x in errs))
+        why = (f"With {groups} KV cache groups: vLLM 0.2x unpacks one block list per request and raises "
+               f"ValueError on a multi-group (hybrid) model (vLLM #50687, fixed by #50388 in 0.30); 0.32+ refuses "
+               f"block-level failures of multi-group models with RuntimeError (#56855: the connector must report "
+               f"failed requests, failed_recving)" if groups > 1 else "")
+        self.findings.append(Finding(
+            KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR, reqs[0] if reqs else None, h.get("step"), h.get("inst"),
+            [x["id"] for x in (*errs, h) if "id" in x],
+            f"the scheduler raised handling a KV load failure ({h.get('source')}): {h.get('error')}",
+            f"The connector reported a failed load ({h.get('source')}: {len(h.get('block_ids') or h.get('reqs') or [])} "
+            f"block(s) or request(s)), and the scheduler's handler raised {h.get('error')}. Nothing in the engine "
+            f"core's step catches it: the engine exits, and every request on the instance fails for one failed "
+            f"load. " + (why + "." if why else ""),
+            {"error": h.get("error"), "groups": groups, "source": h.get("source"), "policy": h.get("policy"),
+             "failed_loads": reqs}))
 
     def _tell(self, key: tuple, e: Event, handled: Event) -> None:
         """What the scheduler decided for the request, kept for ``notes``: its first failed load
@@ -251,7 +283,7 @@ class Stream:
                        f"scheduling's stop check can leave a request in the running queue for good (vLLM #45138).",
                        {"steps_without_it": missed, "placeholders": e.get("placeholders"),
                         "computed": e.get("computed"), "policy": e.get("policy")})
-        self.failed, self.waiting, self.passed, self.after = {}, {}, {}, {}
+        self.failed, self.waiting, self.passed, self.after, self.loads_failed = {}, {}, {}, {}, {}
         out, self.findings = self.findings, []
         return out
 

@@ -24,6 +24,7 @@ from .transfers import Joiner, Transfer, _make, blocks_needed, end_trim, join_tr
 Event = dict[str, Any]
 
 
+_NO_TAIL_PAIRS = "in-window tail and no trim or read of D's in the trace: what D paired is not recorded"
 _TAIL_MARKERS = ("SlidingWindow", "ChunkedLocal")  # groups whose exchanged lists are in-window tails
 
 
@@ -61,6 +62,8 @@ def analyze_group(tr: Transfer, g: int) -> dict[str, Any]:
         info["judged"], info["why"] = False, "no token count: remote_num_tokens missing, no P side"
     elif A is None and tail:
         info["judged"], info["why"] = False, "in-window tail reported and P's allocation not in the trace"
+    elif tail and tr.mapping_source == "inferred":  # (D's whole list is not what the connector clips to send)
+        info["judged"], info["why"] = False, _NO_TAIL_PAIRS
     if not info["judged"]:
         return info
     assert needed is not None
@@ -202,7 +205,8 @@ def judge(idx: Any, p: Event | None, a: Event | None, ctx: tuple) -> Finding | N
     groups = [analyze_group(tr, g) for g in range(len(tr.reported))]
     bad = [gi for gi in groups if gi["mismatches"]]
     latent = [gi for gi in groups if gi["extra_blocks"]]
-    open_ = [gi for gi in groups if not gi["judged"] and not gi["state_group"] and _trimmed(tr, gi["group"])]
+    open_ = [gi for gi in groups if not gi["judged"] and not gi["state_group"] and _trimmed(tr, gi["group"])
+             and gi["why"] != _NO_TAIL_PAIRS]
     if not bad and not latent and not open_:
         return None
     data = {

@@ -54,6 +54,7 @@ class FailedLoad:
     num_tokens_after: int | None  # the request's num_tokens then (what a recompute has to cover)
     scheduled_after: list[int]  # tokens D scheduled for the request on each later step
     finished: str | None  # the request's status when it left D (None: still there at the end)
+    raised: str | None = None  # vLLM's scheduler raised handling the failure ('Type: message'): engine dead
 
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["ev"] == kind]
@@ -151,6 +152,7 @@ def failed_load(cfg: PDConfig = PDConfig(spec_method=""), *, policy: str = "fail
         d_local = list(pair.d.kv_cache_manager.get_block_ids(d_req)[0])
         bad = set(d_local) if failed is None else {d_local[i] for i in failed}
         tok = 300
+        raised = None
         worker = _worker(str(getattr(pair.d.connector, "engine_id", "D")))
         if when == "load":  # D's worker: the read fails (the real _log_failure, get_block_ids_with_load_errors)
             worker._log_failure(failure_type="transfer_failed", req_id=d_req, msg="simulated: the NIXL read failed",
@@ -159,7 +161,10 @@ def failed_load(cfg: PDConfig = PDConfig(spec_method=""), *, policy: str = "fail
             kvo = {"finished_recving": {d_req}, "invalid_block_ids": worker.get_block_ids_with_load_errors()}
             if how == "both":
                 kvo["failed_recving"] = {d_req}
-            _step(pair.d, None, 0, **kvo)
+            try:
+                _step(pair.d, None, 0, **kvo)
+            except Exception as exc:  # vLLM's scheduler raised on the failure: its engine core would exit
+                raised = f"{type(exc).__name__}: {exc}"[:300]
         else:  # the load completes, the request runs a step; then its blocks are reported invalid
             _step(pair.d, None, 0, finished_recving={d_req})
             _step(pair.d, d_req, tok)
@@ -168,9 +173,9 @@ def failed_load(cfg: PDConfig = PDConfig(spec_method=""), *, policy: str = "fail
             _step(pair.d, d_req, tok, invalid_block_ids=worker.get_block_ids_with_load_errors())
             tok += 2
         req = pair.d.requests.get(d_req)
-        computed_after = req.num_computed_tokens if req is not None else None
+        computed_after = req.num_computed_tokens if req is not None and raised is None else None
         num_tokens_after = req.num_tokens if req is not None else None
-        for _ in range(steps):
+        for _ in range(steps if raised is None else 0):
             out, _eco = _step(pair.d, d_req, tok)
             scheduled.append(out.num_scheduled_tokens.get(d_req, 0))
             tok += 2
@@ -183,4 +188,4 @@ def failed_load(cfg: PDConfig = PDConfig(spec_method=""), *, policy: str = "fail
     fin = [e for e in events if e["ev"] == "req.finish" and e.get("req") == d_req]
     finished = fin[-1]["status"] if fin else None
     return FailedLoad(events, d_req, policy, how, prompt_len, d_local, computed_after, num_tokens_after, scheduled,
-                      finished)
+                      finished, raised)

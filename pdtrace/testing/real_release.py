@@ -273,11 +273,34 @@ def kv_load_family() -> tuple[list[dict], list[dict]]:
     return events, cases
 
 
+def kv_load_hybrid_family() -> tuple[list[dict], list[dict]]:
+    """A model with two KV cache groups (full attention + sliding window) whose load fails,
+    reported as blocks, under each policy, on the release's own Scheduler. 0.19-0.28 unpack one
+    block list per request and raise ValueError (vLLM #50687); 0.30 recomputes the whole request
+    (#50388); 0.32+ refuse block-level failures of multi-group models with RuntimeError (#56855).
+    Oracle: whether the release's scheduler raised (nothing in the engine core's step catches it:
+    the instance exits for one failed load)."""
+    from pdtrace.testing import pd_harness as pd
+    from pdtrace.testing.kv_load_sim import failed_load
+
+    events: list[dict] = []
+    cases = []
+    for policy in ("fail", "recompute"):
+        cfg = pd.PDConfig(spec_method="", attn=("full", "sliding"))
+        r = failed_load(cfg, policy=policy, how="blocks", steps=6)
+        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
+        cases.append({"family": "kv-load-hybrid", "req": r.d_req, "wrong": r.raised is not None,
+                      "facts": {"policy": policy, "raised": r.raised, "computed_after": r.computed_after,
+                                "finished": r.finished}})
+    return events, cases
+
+
 FAMILIES = {
     "seed000-lookahead": (lookahead_family, LOOKAHEAD_MISALIGNMENT),
     "seed003-dflash": (dflash_family, DRAFTER_WINDOW_OUTSIDE_ALLOCATION),
     "seed004-stale": (stale_family, STALE_ACCEPTED_COUNT_READ),
     "kv-load-rollback": (kv_load_family, KV_LOAD_FAILURE_RECOVERY),
+    "kv-load-hybrid": (kv_load_hybrid_family, KV_LOAD_FAILURE_RECOVERY),
 }
 
 
