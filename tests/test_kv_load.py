@@ -202,16 +202,23 @@ def test_a_hybrid_models_failed_blocks_as_the_release_handles_them():
     as blocks (as vLLM's own tests and block-level connectors report it), on the installed
     release's real Scheduler. vLLM 0.2x raises ValueError unpacking the per-group block lists
     (#50687), 0.30/0.31 recompute the whole request (#50388), 0.32+ refuse with RuntimeError
-    (#56855). Oracle: what vLLM did (the exception the scheduler raised, or the request's computed
-    tokens and finish); a raise ends the engine core, and check says so, once, with vLLM's text."""
+    (#56855, by design: vLLM's own tests expect it). Oracle: what vLLM did (the exception the
+    scheduler raised, or the request's computed tokens and finish); a raise ends the engine core,
+    and check flags it, once, with vLLM's text, except the designed refusal, which it tells."""
     r = failed_load(PDConfig(spec_method="", attn=("full", "sliding")), policy="recompute", how="blocks", steps=6)
     (handled,) = r.of("kvload.handled")
     assert handled["groups"] == 2
     found = _found(r)
-    if r.raised is not None:
+    if r.raised is not None and r.raised.startswith("RuntimeError"):  # 0.32+: refused by design (#56855)
+        assert handled["error"] == r.raised and "multiple KV cache groups" in r.raised
+        assert found == []  # vLLM's own tests expect this refusal: told, not flagged
+        (n,) = _notes(r)
+        assert n["action"] == "refused" and n["req"] == r.d_req and "fail closed" in kv_load.describe(n)
+    elif r.raised is not None:  # 0.2x: ValueError unpacking the per-group lists (#50687)
         assert handled["error"] == r.raised
         (f,) = found
         assert f.severity == SEVERITY_ERROR and r.raised in f.title and f.data["groups"] == 2
+        assert f.req == r.d_req
     else:
         assert "error" not in handled and r.computed_after == 0 and r.finished == "FINISHED_LENGTH_CAPPED"
         assert found == []

@@ -12,14 +12,18 @@ run and the recorded run alike; a few others fail on this host in both runs (no
 accelerator, Hugging Face models other than the config-only ``facebook/opt-125m``). Their
 outcomes are compared like every other; the plain run must pass at least MIN_PASSED.
 
-1. Unmodified, plainly and under ``pdtrace record``: identical outcomes per test, and
-   ``pdtrace check`` reports no error or warning (findings whose token count the trace does
-   not give are "inconclusive", by design).
+1. Unmodified, plainly and under ``pytest --pdtrace`` (pdtrace's pytest plugin: each test its
+   own trace, checked when it ends): identical outcomes per test, a trace per test, no error
+   or warning (findings whose token count the trace does not give are "inconclusive", by
+   design).
 2. A fresh shape of the same tests (``PDTRACE_UPSTREAM_SPEC_TOKENS``: an EAGLE-style
-   lookahead of 3, see ``pdtrace/testing/upstream_fault.py``), fixed code: no error or
-   warning. The same shape with the pre-fix P rule re-introduced (labelled fault): the
-   lookahead findings name exactly the (scheduler, request) pairs the fault changed, per
-   the fault's own ground truth, and nothing else is flagged.
+   lookahead of 3, see ``pdtrace/testing/upstream_fault.py``) under ``--pdtrace``, fixed code:
+   no error or warning. The same shape with the pre-fix P rule re-introduced (labelled fault):
+   the tests that fail are exactly those the fault changed a P report in, and the lookahead
+   findings name exactly the (scheduler, request) pairs it changed, per the fault's own ground
+   truth, and nothing else is flagged.
+3. The installed release's own code in that shape under ``pdtrace record`` (one trace for the
+   session): the findings name exactly what the release's own ``_connector_finished`` sent.
 """
 
 from __future__ import annotations
@@ -70,17 +74,41 @@ def _outcomes(junit: Path) -> dict[str, str]:
     return out
 
 
-def _run(src: Path, tmp: Path, name: str, record: bool, **env_extra: str) -> tuple[dict[str, str], Path]:
+def _plugin_results(junit: Path) -> dict[str, dict]:
+    """Per test (node id), what `pytest --pdtrace` recorded of it (the report property the plugin
+    sets: its trace, events, findings, classes not checked), with the test's outcome and message."""
+    out = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        if "pdtrace" not in props:
+            continue
+        res = json.loads(props["pdtrace"])
+        bad = [c for c in case if c.tag in ("failure", "error")]
+        res["outcome"] = bad[0].tag if bad else ("skipped" if case.find("skipped") is not None else "passed")
+        res["message"] = (bad[0].get("message") or "") + (bad[0].text or "") if bad else ""
+        out[res["test"]] = res
+    return out
+
+
+def _run(src: Path, tmp: Path, name: str, record: bool | str, *args: str, **env_extra: str) -> tuple[dict[str, str], Path]:
+    """vLLM's tests plainly (record False), under `pdtrace record` (True: one trace for the session,
+    returned) or under `pytest --pdtrace` ("plugin": a trace per test, kept under the returned dir)."""
     junit, trace = tmp / f"{name}.xml", tmp / f"{name}.jsonl"
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pdtrace.testing.upstream_fault",
                   "--confcutdir", UNIT, f"--junitxml={junit}", *[f"{UNIT}/{f}" for f in FILES]]
-    cmd = (PDTRACE + ["record", "-o", str(trace), "--"] + pytest_cmd) if record else pytest_cmd
+    if record == "plugin":
+        trace = tmp / f"{name}-traces"
+        pytest_cmd += ["--pdtrace", f"--pdtrace-dir={trace}", "--pdtrace-keep=all", "-o", "junit_family=xunit1",
+                       *args]
+    cmd = (PDTRACE + ["record", "-o", str(trace), "--"] + pytest_cmd) if record is True else pytest_cmd
     env = {k: v for k, v in os.environ.items() if not k.startswith("PDTRACE_")}
     env.update({"HF_HOME": str(src / "hf"), "HF_HUB_OFFLINE": "1", "PDTRACE_UPSTREAM_FAULT": "0", **env_extra})
     r = subprocess.run(cmd, cwd=src, env=env, capture_output=True, text=True, timeout=900)
     assert junit.exists(), f"{name}: vLLM's tests did not run (rc {r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}"
-    if record:
+    if record is True:
         assert trace.exists(), f"{name}: no trace (rc {r.returncode}): {r.stderr[-2000:]}"
+    if record == "plugin":
+        assert "test(s) recorded" in r.stdout, r.stdout[-3000:]  # the plugin's terminal summary
     return _outcomes(junit), trace
 
 
@@ -101,54 +129,83 @@ def _flagged(report: dict) -> list[dict]:
 
 
 def test_outcomes_unchanged_and_no_findings_on_fixed_vllm(upstream, tmp_path):
+    """vLLM's tests plainly and under `pytest --pdtrace` (each test its own trace, checked when it
+    ends; a test with an error finding would fail): the same outcome for every test, a trace for
+    every test, no error or warning anywhere; vLLM's load-failure tests recorded and checked."""
     plain, _ = _run(upstream, tmp_path, "plain", record=False)
-    recorded, trace = _run(upstream, tmp_path, "recorded", record=True)
+    recorded, traces = _run(upstream, tmp_path, "plugin", record="plugin")
     passed = sum(1 for v in plain.values() if v == "passed")
     print(f"vLLM's tests: {len(plain)} outcomes, {passed} passed plainly")
     assert passed >= MIN_PASSED, plain
     changed = {k: (plain.get(k), recorded.get(k)) for k in plain.keys() | recorded.keys()
                if plain.get(k) != recorded.get(k)}
-    assert not changed, f"outcomes changed under pdtrace record: {changed}"
+    assert not changed, f"outcomes changed under pytest --pdtrace: {changed}"
 
-    evs = _events(trace)
-    kinds = [e["ev"] for e in evs.values()]
-    assert kinds.count("sched.config") >= 40 and kinds.count("nixl.request_finished") >= 10
+    res = _plugin_results(tmp_path / "plugin.xml")
+    assert len(res) == len(recorded), (len(res), len(recorded))  # every test recorded
+    files = sorted(traces.glob("*.jsonl"))
+    assert len(files) == len(res) and not list(traces.glob("*.shards"))
+    flagged = [(t, f["title"]) for t, r in res.items() for f in r["findings"] if f["severity"] in ("error", "warning")]
+    assert flagged == [], flagged
+    for t, r in res.items():  # what is left says why it could not be decided
+        assert not r.get("error"), (t, r["error"])
+        for f in r["findings"]:
+            assert f["severity"] == "inconclusive" and "remote_num_tokens" in f["explanation"], (t, f)
+    kinds: dict[str, int] = {}
+    handled = []
+    for path in files:
+        evs = _events(path)
+        for e in evs.values():
+            kinds[e["ev"]] = kinds.get(e["ev"], 0) + 1
+        handled += [e for e in evs.values() if e["ev"] == "kvload.handled"]
+    assert kinds.get("sched.config", 0) >= 40 and kinds.get("nixl.request_finished", 0) >= 10
     assert "hook.error" not in kinds
     # vLLM's own load-failure tests (test_kv_load_failure_recovery.py, test_invalid_blocks_correctness.py)
     # drive the scheduler's failure path: the kv_load hooks record it, and the class is decided on them
-    handled = [e for e in evs.values() if e["ev"] == "kvload.handled"]
     print(f"kvload: {len(handled)} handled ({sorted({e['source'] for e in handled})}, policies "
-          f"{sorted({e['policy'] for e in handled})}), {kinds.count('kvload.request')} requests")
+          f"{sorted({e['policy'] for e in handled})}), {kinds.get('kvload.request', 0)} requests")
     assert len(handled) >= KV_HANDLED and {e["policy"] for e in handled} == {"fail", "recompute"}
-    report = _check(trace)
-    assert _flagged(report) == [], [f["title"] for f in _flagged(report)]
-    for f in report["findings"]:  # what is left says why it could not be decided
-        assert f["severity"] == "inconclusive" and "remote_num_tokens" in f["explanation"], f
-    cov = {c["kind"]: c for c in report["coverage"]} if isinstance(report["coverage"], list) else report["coverage"]
-    assert "lookahead-block-misalignment" in json.dumps(cov)
-    assert cov["kv-load-failure-recovery"]["status"] == "checked", cov["kv-load-failure-recovery"]
+    kv_tests = [t for t, r in res.items() if "test_kv_load_failure_recovery" in t]
+    assert kv_tests and all("kv-load-failure-recovery" not in res[t]["not_checked"] for t in kv_tests)
 
 
-def test_pre_fix_p_rule_flags_exactly_the_requests_it_changed(upstream, tmp_path):
+def test_pre_fix_p_rule_fails_exactly_the_tests_it_changed(upstream, tmp_path):
+    """The EAGLE-style shape under `pytest --pdtrace`: clean on fixed code; with the pre-fix P rule
+    put back (labelled fault), the tests that fail are exactly those in which the fault changed a
+    P report (its own ground truth, with the test it happened in), each failure naming the request,
+    the blocks and the trace; the lookahead findings in their traces name exactly the (scheduler,
+    request) pairs it changed, and nothing else is flagged."""
     shape = {"PDTRACE_UPSTREAM_SPEC_TOKENS": "3"}
-    _, clean = _run(upstream, tmp_path, "shape-clean", record=True, **shape)
-    assert _flagged(_check(clean)) == []
+    # a warning fails a test too: P reporting lookahead blocks in a test with no D is the latent form
+    fail_on = "--pdtrace-fail-on=warning"
+    clean_out, _ = _run(upstream, tmp_path, "shape-clean", "plugin", fail_on, **shape)
+    clean = _plugin_results(tmp_path / "shape-clean.xml")
+    assert [t for t, r in clean.items() if r["findings"] and any(
+        f["severity"] in ("error", "warning") for f in r["findings"])] == []
 
     truth_file = tmp_path / "truth.jsonl"
-    _, buggy = _run(upstream, tmp_path, "shape-fault", record=True, PDTRACE_UPSTREAM_FAULT="1",
+    _, buggy = _run(upstream, tmp_path, "shape-fault", "plugin", fail_on, PDTRACE_UPSTREAM_FAULT="1",
                     PDTRACE_FAULT_TRUTH=str(truth_file), **shape)
-    truth = {(t["sched"], t["req"]) for t in map(json.loads, truth_file.read_text().splitlines())}
+    lines = list(map(json.loads, truth_file.read_text().splitlines()))
+    truth = {(t["sched"], t["req"]) for t in lines}
     assert truth, "the fault changed no P report: the shape no longer reaches the case"
-    evs = _events(buggy)
-    assert any(e["ev"] == "fault.inject" and e["rule"] == "p-sends-full-allocation" for e in evs.values())
+    res = _plugin_results(tmp_path / "shape-fault.xml")
+    newly_failed = {t for t, r in res.items() if r["outcome"] != "passed" and clean.get(t, {}).get("outcome") == "passed"}
+    assert newly_failed == {t["test"] for t in lines}, (sorted(newly_failed), sorted({t["test"] for t in lines}))
 
-    flagged = _flagged(_check(buggy))
-    assert {f["kind"] for f in flagged} == {"lookahead-block-misalignment"}
     named = set()
-    for f in flagged:
-        scheds = {evs[i].get("sched") for i in f["event_ids"] if i in evs} - {None}
-        assert len(scheds) == 1, f
-        named.add((scheds.pop(), f["req"]))
+    for t in sorted(newly_failed):
+        r = res[t]
+        assert "pdtrace:" in r["message"] and "trace: " in r["message"] and "block" in r["message"], r["message"]
+        assert {f["kind"] for f in r["findings"] if f["severity"] in ("error", "warning")} == \
+            {"lookahead-block-misalignment"}
+        evs = _events(Path(r["trace"]))
+        assert any(e["ev"] == "fault.inject" and e["rule"] == "p-sends-full-allocation" for e in evs.values())
+        for f in _flagged(_check(Path(r["trace"]))):
+            assert f["kind"] == "lookahead-block-misalignment", f
+            scheds = {evs[i].get("sched") for i in f["event_ids"] if i in evs} - {None}
+            assert len(scheds) == 1, f
+            named.add((scheds.pop(), f["req"]))
     assert named == truth
 
 

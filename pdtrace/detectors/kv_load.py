@@ -22,8 +22,9 @@ findings, per request:
   (two steps or more) while it kept its blocks, and it never finished (vLLM #45138: the stale
   placeholders trip async scheduling's stop check and the request sits in the running queue);
 - *the handler raised* (per scheduler call, not per request): the engine core's step does not
-  catch it, one failed load ends the instance (multi-group models: vLLM #50687 on 0.2x, the
-  refusal of #56855 on 0.32+).
+  catch it, one failed load ends the instance (multi-group models: vLLM #50687 on 0.2x). vLLM
+  0.32+'s deliberate refusal of block-level failures on such models (#56855, "fail closed", which
+  vLLM's own tests expect) is told as a fact per request, not flagged.
 
 Oracles are vLLM's own values as the hooks read them (block lists, num_computed_tokens,
 num_tokens, num_output_placeholders, the scheduled token counts), never another detector.
@@ -91,7 +92,9 @@ class Stream:
             elif k == HANDLED:
                 self.calls[where] = (e, [])
                 errs = self.loads_failed.pop(e.get("inst"), [])
-                if e.get("error"):
+                if e.get("error") and refused(e.get("error")):
+                    self._tell_refused(where, e, errs)
+                elif e.get("error"):
                     self._crashed(e, errs)
             elif k == REQUEST:
                 call = self.calls.get(where)
@@ -124,6 +127,19 @@ class Stream:
         if handled.get("source") == "invalid_blocks" and e.get("policy") == "recompute":
             self._check_restart(where, e, handled, earlier)
         earlier.append(e)
+
+    def _tell_refused(self, where: tuple, h: Event, errs: list[Event]) -> None:
+        """vLLM 0.32+ refusing block-level failures of a multi-group model is its design (fail closed,
+        #56855; vLLM's own test_block_level_load_failure_fails_closed_with_multiple_groups expects
+        it): a fact per request whose load failed, not a finding."""
+        for x in errs or [{"req": None}]:
+            key = (*where, x.get("req"))
+            if key not in self.told and len(self.told) < KEPT:
+                self.told[key] = {"inst": where[1], "req": x.get("req"), "step": h.get("step"),
+                                  "source": h.get("source"), "policy": h.get("policy"), "action": "refused",
+                                  "retry": False, "error": h.get("error"), "groups": h.get("groups"),
+                                  "blocks": len(h.get("block_ids") or []), "failed_blocks": None, "failures": 1,
+                                  "events": [y["id"] for y in (x, h) if "id" in y]}
 
     def _crashed(self, h: Event, errs: list[Event]) -> None:
         """The scheduler's failure handler raised: nothing catches it in the engine core's step, so
@@ -299,12 +315,22 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     return feed_all(Stream(header), events)
 
 
+def refused(error: str) -> bool:
+    """vLLM 0.32+'s deliberate refusal of block-level failures on a multi-group model (#56855)."""
+    return error.startswith("RuntimeError") and "multiple KV cache groups" in error
+
+
 def describe(n: dict) -> str:
     """One request's ``notes()`` entry in words: the decision, then what followed."""
     fb = n.get("failed_blocks")
     blocks = (f"{len(fb)} of its {n.get('blocks')} block(s) failed to load" if fb is not None else
               "its load failed" + (f" ({n.get('blocks')} block(s))" if n.get("blocks") else ""))
     act = n.get("action")
+    if act == "refused":
+        return (f"step {n.get('step')}, policy {n.get('policy')}: the connector reported {n.get('blocks')} failed "
+                f"block(s) of a model with {n.get('groups')} KV cache groups; vLLM refused them by design (fail "
+                f"closed, #56855: the scheduler raised RuntimeError, which ends its engine core; the connector "
+                f"must report failed requests, failed_recving)")
     if act == "fail":
         what = "failed by the policy"
     elif act == "recompute":

@@ -16,7 +16,9 @@ injection, never used in production:
   line to the file named by ``PDTRACE_FAULT_TRUTH`` (scheduler id as recorded in
   ``sched.config.sched``, request id, both block lists). A request whose params carry no
   blocks (a consumer finishing, an error) is not affected: nothing wrong reaches a D.
-- Each patched process emits one ``fault.inject`` event into the trace being recorded.
+- Each patched process emits one ``fault.inject`` event into the trace being recorded, and one
+  more per P report the fault changed (with the request), so that a per-test trace
+  (``pytest --pdtrace``) carries the label where the fault acted.
 
 ``PDTRACE_UPSTREAM_FAULT=truth`` puts no fault back: it only writes the same ground truth for the
 release's own ``_connector_finished`` (``truth_only``), for a release that still has the bug.
@@ -42,6 +44,9 @@ _patched = False
 
 def _truth(line: dict) -> None:
     path = os.environ.get("PDTRACE_FAULT_TRUTH")
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]  # pytest's "<nodeid> (call)"
+    if test:
+        line = {**line, "test": test}
     if path:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
@@ -78,6 +83,10 @@ def apply() -> None:
         params = out[1] if isinstance(out, tuple) and len(out) == 2 else None
         if diff is not None and isinstance(params, dict) and params.get("remote_block_ids"):
             _truth({"sched": getattr(self, "_pdtrace_sid", None), "req": request.request_id, **diff})
+            rec = recorder.get()
+            if rec is not None:  # where the fault acted: in the trace then being recorded (a test's, under --pdtrace)
+                rec.emit("fault.inject", req=request.request_id, rule=RULE,
+                         detail=f"this P report carries the full allocation {diff['full']}, not {diff['clipped']}")
         return out
 
     KVCacheManager.get_block_ids_for_computed_tokens = full_allocation
