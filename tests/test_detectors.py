@@ -362,3 +362,17 @@ def test_findings_same_from_loaded_and_plain_lists(tmp_path, seed):
     strip = [{k: v for k, v in e.items() if k != "block_ids_derived"} for e in v2.events]
     assert strip == [dict(e) for e in tr.events]  # the derived lists are the original ones
     assert dump(run_all(v2.events, v2.header)) == got
+
+
+def test_local_over_remote_without_a_token_count_is_worded_as_what_happened():
+    """D holds more blocks to load than P reported and nothing gives P's token count: no trim
+    happens there (vLLM asserts, #50558), so the inconclusive finding does not say 'end-trims'."""
+    b = E.lookahead_scenario(prompt_len=32, lookahead=0, trim=False, read=False, p_first_block=10, d_first_block=50)
+    for e in b.events:
+        if e["ev"] == "nixl.remote_alloc":
+            e["local_block_ids"] = [e["local_block_ids"][0] + [99]]  # one block more than P reported
+            e.pop("remote_num_tokens", None)
+    b.events = [e for e in b.events if e["ev"] != "nixl.request_finished"]
+    (f,) = _only(b.events, LOOKAHEAD_MISALIGNMENT)
+    assert f.severity == "inconclusive" and "local > remote" in f.title and "end-trims" not in f.title
+    assert "asserts" in f.explanation

@@ -187,8 +187,11 @@ def test_check_prints_the_notes_in_every_format_and_path(tmp_path):
     import subprocess
     import sys
     sample = "sample_traces/kv_load_async_rollback_fixed.jsonl"
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}  # (whole lines when piped)
     run = lambda *a: subprocess.run([sys.executable, "-m", "pdtrace", "check", sample, *a],  # noqa: E731
-                                    capture_output=True, text=True, cwd=ROOT)
+                                    capture_output=True, text=True, cwd=ROOT, env=env)
     text = run().stdout
     assert "KV load failures: 1 request(s)" in text and "D load-2-D" in text and "ran again at step 5" in text
     assert "| D | `load-2-D` | step 4, policy recompute" in run("--format", "markdown").stdout

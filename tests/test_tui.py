@@ -241,6 +241,9 @@ async def test_keyboard_navigation_steps_tabs_help_filter(tmp_path):
         await _ready(app, pilot)
         steps = app.query_one("StepScrubber").steps
         assert steps == [1, 2, 3]
+        first = next(f for f in app.findings if f.req)
+        assert app.step == app._finding_step(first) == 3  # the findings arrived: the first one's step
+        await pilot.press("home")
         assert app.step == 1
         await pilot.press("right", "right")
         assert app.step == 3

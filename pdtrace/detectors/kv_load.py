@@ -323,7 +323,9 @@ def refused(error: str) -> bool:
 def describe(n: dict) -> str:
     """One request's ``notes()`` entry in words: the decision, then what followed."""
     fb = n.get("failed_blocks")
-    blocks = (f"{len(fb)} of its {n.get('blocks')} block(s) failed to load" if fb is not None else
+    blocks = (f"{len(fb)} of its {n.get('blocks')} block(s) failed to load (D block id(s) "
+              f"{', '.join(map(str, fb[:8]))}{', ...' if len(fb) > 8 else ''})" if fb else
+              f"none of its {n.get('blocks')} block(s) among those reported failed" if fb is not None else
               "its load failed" + (f" ({n.get('blocks')} block(s))" if n.get("blocks") else ""))
     act = n.get("action")
     if act == "refused":

@@ -324,13 +324,19 @@ def _inconclusive(tr: Transfer, groups: list[dict], data: dict) -> Finding:
     g0 = groups[0]
     a = tr.d_alloc or tr.p_finished or {}
     n_local = len(tr.local[g0["group"]]) if tr.local is not None and g0["group"] < len(tr.local) else 0
-    title = (f"request {tr.req}: D end-trims P's {len(g0['reported'])} block(s) to its {n_local} for group "
-             f"{g0['group']}; whether that drops a cached prefix or lookahead block(s) is unknown")
+    if n_local > len(g0["reported"]):  # no trim happens there: vLLM asserts (#50558)
+        title = (f"request {tr.req}: D holds {n_local} block(s) to load for group {g0['group']}, P reported "
+                 f"{len(g0['reported'])} (local > remote); the trace does not say how many tokens P computed")
+    else:
+        title = (f"request {tr.req}: D end-trims P's {len(g0['reported'])} block(s) to its {n_local} for group "
+                 f"{g0['group']}; whether that drops a cached prefix or lookahead block(s) is unknown")
+    paired = ("D holds more blocks to load than P reported: vLLM's _apply_prefix_caching asserts on that "
+              "(vLLM #50558; the trim is not recorded here) rather than trimming" if n_local > len(g0["reported"])
+              else f"D paired its {n_local} local block(s) with the last {n_local} of P's {g0['reported']}")
     expl = (f"The trace does not say how many tokens P computed for this transfer ({g0['why']}): D's "
             f"kv_transfer_params carry no remote_num_tokens and nothing else in the trace gives it (P's "
-            f"nixl.request_finished, or a num_external_tokens that covers every block). D paired its {n_local} "
-            f"local block(s) with the last {n_local} of P's {g0['reported']}; with P's token count the "
-            f"pairing could be checked. Inconclusive, not an error.")
+            f"nixl.request_finished, or a num_external_tokens that covers every block). {paired}; with P's "
+            f"token count the pairing could be checked. Inconclusive, not an error.")
     return Finding(kind=LOOKAHEAD_MISALIGNMENT, severity=SEVERITY_INCONCLUSIVE, req=tr.req, step=a.get("step"),
                    inst=a.get("inst"), event_ids=tr.event_ids(), title=title, explanation=expl,
                    data={**data, "tokens_source": tr.tokens_source})

@@ -33,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import textwrap
 import time
 from typing import Any
 
@@ -63,17 +64,21 @@ def pytest_configure(config: Any) -> None:
     config.addinivalue_line("markers", "pdtrace_expect(*kinds): with --pdtrace, the test passes only if its "
                                        "trace's findings are of exactly these bug classes")
     config.addinivalue_line("markers", "pdtrace_skip: with --pdtrace, do not record this test")
+    ini = f"{config.inipath}: " if getattr(config, "inipath", None) else ""
     on = config.getoption("pdtrace")
     if on is None:
-        on = config.getini("pdtrace")
+        try:
+            on = config.getini("pdtrace")
+        except ValueError as exc:  # pytest's own bool parsing: one line, not an INTERNALERROR
+            raise pytest.UsageError(f"{ini}pdtrace: {exc} (true or false)") from None
     if not on:
         return
     fail_on = config.getoption("pdtrace_fail_on") or config.getini("pdtrace_fail_on") or "error"
     keep = config.getoption("pdtrace_keep") or config.getini("pdtrace_keep") or "failed"
     if fail_on not in LEVELS:
-        raise pytest.UsageError(f"pdtrace_fail_on = {fail_on!r}: one of {', '.join(LEVELS)}")
+        raise pytest.UsageError(f"{ini}pdtrace_fail_on = {fail_on!r}: one of {', '.join(LEVELS)}")
     if keep not in KEEP:
-        raise pytest.UsageError(f"pdtrace_keep = {keep!r}: one of {', '.join(KEEP)}")
+        raise pytest.UsageError(f"{ini}pdtrace_keep = {keep!r}: one of {', '.join(KEEP)}")
     config.pluginmanager.register(PdtracePlugin(config, fail_on, keep), "pdtrace-session")
 
 
@@ -264,23 +269,37 @@ class PdtracePlugin:
         tr = terminalreporter
         tr.section("pdtrace")
         res = self.results
+        width = max(60, getattr(tr, "_tw", None).fullwidth if getattr(tr, "_tw", None) else 80)
+
+        def line(text: str) -> None:
+            for x in textwrap.wrap(text, width=width - 1, subsequent_indent="    ", break_on_hyphens=False):
+                tr.write_line(x)
+
         kinds = collections.Counter(f["kind"] for r in res for f in r["findings"]
                                     if f["severity"] in ("error", "warning"))
-        blind = collections.Counter(k for r in res for k in r["not_checked"])
-        tr.write_line(f"{len(res)} test(s) recorded, {sum(r['events'] for r in res)} events; traces in "
-                      f"{self.dir or self.config.getoption('pdtrace_dir') or '(none written)'}")
-        tr.write_line("findings per class: " + (", ".join(f"{k} {n}" for k, n in kinds.most_common()) or "none"))
+        # a test whose trace has nothing of vLLM leaves every class "not checked": said once, not per class
+        n_classes = max((len(r["not_checked"]) for r in res), default=0)
+        quiet = [r for r in res if r.get("checked") and r["not_checked"] and len(r["not_checked"]) == n_classes
+                 and not r["findings"] and n_classes >= 5]
+        blind = collections.Counter(k for r in res if r not in quiet for k in r["not_checked"])
+        kept = [r for r in res if r.get("trace")]
+        where = (f"{len(kept)} trace(s) kept in {self.dir}" if kept else
+                 f"no trace kept (--pdtrace-keep {self.keep}: the traces of passing tests are deleted)")
+        line(f"{len(res)} test(s) recorded, {sum(r['events'] for r in res)} events; {where}")
+        if quiet:
+            line(f"{len(quiet)} test(s) recorded no vLLM activity (every bug class 'not checked' there)")
+        line("findings per class: " + (", ".join(f"{k} {n}" for k, n in kinds.most_common()) or "none"))
         failed = [r for r in res if r.get("failed") and (r["findings"] or r.get("error"))]
         for r in failed[:10]:
-            tr.write_line(f"  {r['test']}: {len(r['findings'])} finding(s); trace {r['trace']}")
+            line(f"  {r['test']}: {len(r['findings'])} finding(s); trace {r['trace']}")
         if blind:
-            tr.write_line("classes not checked (tests): " + ", ".join(f"{k} ({n})" for k, n in blind.most_common()))
+            line("classes not checked (tests): " + ", ".join(f"{k} ({n})" for k, n in blind.most_common()))
         errors = [r for r in res if r.get("error")]
         if errors:
-            tr.write_line(f"recordings that could not be read: {len(errors)} (first: {errors[0]['error']})")
+            line(f"recordings that could not be read: {len(errors)} (first: {errors[0]['error']})")
         slow = sorted(res, key=lambda r: -(r["record_s"] + r["check_s"]))[:3]
         if slow:
-            tr.write_line("longest recordings: " + ", ".join(
+            line("longest recordings: " + ", ".join(
                 f"{r['test']} ({r['record_s']:.2f} s recorded, {r['check_s'] * 1000:.0f} ms to write and check)"
                 for r in slow))
 

@@ -132,9 +132,10 @@ def recovery_traces(m: Model) -> list[dict]:
     for (inst, req), st in failures(m).items():
         bad = req in m.affected_reqs
         first = st["decisions"][0][0]
+        did = ("failed by the policy" if first.get("action") == "fail" else
+               f"computed tokens {first.get('computed_before')} → {first.get('computed')}")
         pts = [(first, "x", f"<b>KV load failed</b> {esc(req)}<br>step {first.get('step')}, policy "
-                            f"{first.get('policy')}: {first.get('action')}, computed {first.get('computed_before')} "
-                            f"→ {first.get('computed')}")]
+                            f"{first.get('policy')}: {did}")]
         if st.get("again"):
             pts.append((st["again"], "circle", f"{esc(req)} scheduled again at step {st['again'].get('step')}"))
         if st.get("finish"):

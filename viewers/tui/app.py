@@ -76,7 +76,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
     COMMANDS = App.COMMANDS | {TraceCommands}
     BINDINGS = [
         Binding("question_mark", "help", "Help"),
-        Binding("q", "quit", "Quit", show=False),  # (the key bar fits 80 columns: ? lists every key)
+        Binding("q", "quit", "Quit"),  # (Help and Quit first: a narrow key bar drops its last hints)
         Binding("left", "step(-1)", "Step-", priority=True, group=_STEP),
         Binding("right", "step(1)", "Step+", priority=True, group=_STEP),
         Binding("home", "step_edge(0)", "First", priority=True, show=False),
@@ -260,6 +260,11 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
             first = next((f.req for f in self.findings if f.req), rows[0][0] if rows else None)
             if first is not None:
                 self.goto_request(first)
+                # and the scrubber to its finding's step, once: the user has not navigated yet
+                f0 = next((f for f in self.findings if f.req == first), None)
+                step = self._finding_step(f0) if f0 is not None else None
+                if step is not None:
+                    self.step = step
         self._update_verdict()
         self._run_pending("findings")
         self._refresh_panes()

@@ -3,9 +3,9 @@
 Under ``NARROW`` columns the left column (findings, filter, requests) collapses -- ``s``
 brings it back -- and a verdict line above the tabs names the selected finding (panes
 then do not repeat it); tab labels shorten when the tab bar is narrow; the footer drops
-the command-palette hint below 120 columns so Help stays on it. Quit (``q``) is not on the
-key bar today, only in ``?``'s list (app.py binds it ``show=False``): keeping it on the bar
-at every width is issue 39's.
+the command-palette hint below 120 columns. Help (``?``) and Quit (``q``) come first on the
+key bar (app.py's binding order), so a narrow bar drops its last hints (Copy, Side, Search)
+and keeps those two from 60 columns on.
 """
 
 from __future__ import annotations

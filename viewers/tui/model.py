@@ -67,6 +67,7 @@ class Cell:
     lookahead: bool = False
     state: bool = False
     failed: bool = False  # its KV failed to load (kvload.*)
+    failed_step: int | None = None  # the step that failure was handled at
 
 
 @dataclasses.dataclass
@@ -185,9 +186,9 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
             dpos = {b: base + k for k, b in enumerate(dg)}
         pcells = _cells(pg, bs, rnt, state)
         dcells = _cells(dg, bs, rnt, state, dpos)
-        bad = model_kvload.failed_blocks(loads) if g == 0 else set()  # (vLLM reports group 0's ids)
+        bad = model_kvload.failed_blocks(loads) if g == 0 else {}  # (vLLM reports group 0's ids)
         for c in dcells:
-            c.failed = c.block in bad
+            c.failed, c.failed_step = c.block in bad, bad.get(c.block)
         pmap = {c.block: c for c in pcells}
         dmap = {c.block: c for c in dcells}
         pairs = []

@@ -35,6 +35,11 @@ def notes(index: TraceIndex, req: str | None) -> list[dict[str, Any]]:
                     "num_tokens": e.get("num_tokens"), "blocks": len(blocks), "failed_blocks": failed,
                     "failures": 1, "events": [h["id"] for h in handled[-1:]] + [e["id"]]}
     got = list(out.values())
+    for n in got:  # scheduled again: its first allocation after the failure (allocate_slots runs when it is)
+        again = [a for a in index.events(index.request_ordinals(req, ["sched.alloc"]))
+                 if a.get("inst") == n["inst"] and (a.get("step") or -1) > (n["step"] or -1)]
+        if again:
+            n["ran_again"] = again[0].get("step")
     if got:
         fin = [f for f in index.events(index.request_ordinals(req, ["req.finish"])) if f.get("inst") == got[0]["inst"]]
         if fin:
@@ -45,5 +50,10 @@ def notes(index: TraceIndex, req: str | None) -> list[dict[str, Any]]:
     return got
 
 
-def failed_blocks(loads: list[dict[str, Any]]) -> set[int]:
-    return {b for n in loads for b in (n.get("failed_blocks") or ())}
+def failed_blocks(loads: list[dict[str, Any]]) -> dict[int, Any]:
+    """Block id -> the step its load failure was handled at (the first)."""
+    out: dict[int, Any] = {}
+    for n in loads:
+        for b in n.get("failed_blocks") or ():
+            out.setdefault(b, n.get("step"))
+    return out

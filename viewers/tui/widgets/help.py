@@ -11,6 +11,8 @@ from textual.widgets import Markdown
 HELP = """\
 # pdtrace view
 
+Press `escape` or `?` to close this help, `q` to quit.
+
 Replays a trace and shows where P/D + speculative decoding went wrong.
 
 | key | does |
@@ -40,11 +42,14 @@ finding as soon as the detectors report.
 its coverage: `✓ checked: clean`, `– does not apply: why`, or `? not checked: why` (the
 trace cannot decide it; never read that as clean).
 
-**Step scrubber**: `┃` (red) steps with findings, `╵` steps where the selected request has
-events, `◆` the selected step.
+**Step scrubber**: `┃` (red) steps with findings, `✗` (yellow) steps where the scheduler
+handled KV that failed to load (a finding's `┃` wins a shared cell), `╵` steps where the
+selected request has events, `◆` the selected step.
 
 **Block map**: P's reported blocks next to D's local blocks per KV group, each with
 the token range it holds. `LA` marks lookahead blocks (hold no computed tokens);
+`✗ LOAD FAILED sN`, a D block whose KV failed to load at step N (the box above it says what
+the scheduler did, as `pdtrace check` does);
 `local <- remote` pairs that do not hold the same tokens are red, the reason under them.
 When the pair's drafter writes past its allocation, its window is drawn here too.
 
@@ -74,7 +79,8 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll { width: 90; max-width: 95%; height: 80%; border: thick $accent; background: $surface; padding: 0 1; }
     """
-    BINDINGS = [Binding("escape", "dismiss", "Close"), Binding("question_mark", "dismiss", "Close", show=False)]
+    BINDINGS = [Binding("escape", "dismiss", "Close"), Binding("question_mark", "dismiss", "Close", show=False),
+                Binding("q", "app.quit", "Quit")]
 
     def compose(self) -> ComposeResult:
         with VerticalScroll():

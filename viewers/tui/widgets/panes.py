@@ -27,7 +27,7 @@ def _cell(c: model.Cell | None) -> Text:
     t = Text()
     t.append(f"[{c.block:>5}]", style="bold")
     if c.failed:
-        t.append(" ✗ LOAD FAILED", style="bold red")
+        t.append(" ✗ LOAD FAILED" + (f" s{c.failed_step}" if c.failed_step is not None else ""), style="bold red")
     elif c.state:
         t.append(" state      ", style="magenta")
     elif c.lookahead:

@@ -62,13 +62,23 @@ class StepScrubber(Widget):
         self.req_steps = steps
         self.refresh()
 
+    def _cell(self, s: int, width: int) -> int:
+        return min(width - 1, bisect_left(self.steps, s) * width // len(self.steps))
+
+    def _load_cells(self) -> set[int]:
+        """The bar cells a load-failure mark shows in (a finding's mark wins a shared cell)."""
+        if not self.steps or not self.load_marks:
+            return set()
+        w = self._bar_width()
+        return {self._cell(s, w) for s in self.load_marks} - {self._cell(s, w) for s in self.marks}
+
     def _bar_width(self) -> int:
         return max(10, self.size.width - 2)
 
     def legend(self, room: int) -> Text:
         """The legend, in words when there is room, else the marks alone."""
         t = Text()
-        legend = LEGEND[:1] + ((LOAD_MARK,) if self.load_marks else ()) + LEGEND[1:]
+        legend = LEGEND[:1] + ((LOAD_MARK,) if self._load_cells() else ()) + LEGEND[1:]
         long = sum(len(w) + 4 for _, _, w, _ in legend)
         for mark, style, word, short in legend:
             t.append(mark, style=style)
