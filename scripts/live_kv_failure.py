@@ -87,10 +87,7 @@ def send_failures(prefill_url: str, decoders: dict[str, tuple[str, str]], block_
             r["p_engine_id"], r["gone_engine_id"] = kvp.get("remote_engine_id"), gone["remote_engine_id"]
             r["remote_block_ids"], r["p_req"] = kvp.get("remote_block_ids"), kvp.get("remote_request_id")
             r.update(_post(url + "/v1/completions", {**body, "kv_transfer_params": gone}))
-            local = _post(prefill_url + "/v1/completions", body)  # the oracle: P alone, no transfer
-            r["local_tokens"] = local.get("tokens")
-            r["matches_local"] = bool(r["ok"] and local.get("ok") and r.get("tokens") == local.get("tokens"))
-            out.append(r)
+            out.append(_against_local(r, prefill_url, body))
         if policy == "recompute":  # after the recompute D holds that prompt's blocks: a normal request
             out.append(_prefix_hit(prefill_url, name, url, policy, block_size, 40 + i))  # that extends it
     return out
@@ -110,6 +107,11 @@ def _prefix_hit(prefill_url: str, name: str, url: str, policy: str, block_size: 
                   "remote_block_ids": kvp.get("remote_block_ids")})
     except Exception as exc:
         r.update({"ok": False, "error": str(exc)[:300]})
+    return _against_local(r, prefill_url, body)
+
+
+def _against_local(r: dict, prefill_url: str, body: dict) -> dict:
+    """The oracle: P's own decode of the same prompt (no transfer), token for token."""
     local = _post(prefill_url + "/v1/completions", body)
     r["local_tokens"] = local.get("tokens")
     r["matches_local"] = bool(r["ok"] and local.get("ok") and r.get("tokens") == local.get("tokens"))

@@ -166,24 +166,15 @@ class Stream:
         """What the scheduler decided for the request, kept for ``notes``: its first failed load
         (vLLM 0.30+ handles one failed receive twice in a step, the request then its blocks: one
         load, the blocks from the second), and how many loads of it failed in all."""
-        bad = set(handled.get("block_ids") or ())
-        blocks = (e.get("block_ids") or [[]])[0]
         n = self.told.get(key)
         if n is not None:
             if n["step"] != e.get("step"):
                 n["failures"] += 1
-            elif bad and n["failed_blocks"] is None:
-                n["failed_blocks"] = [b for b in blocks if b in bad]
+            else:
+                same_step(n, e, handled)
             return
-        if len(self.told) >= KEPT:
-            return
-        self.told[key] = {
-            "inst": key[1], "req": key[3], "step": e.get("step"), "source": e.get("source"),
-            "policy": e.get("policy"), "action": e.get("action"), "retry": bool(e.get("retry")),
-            "computed_before": e.get("computed_before"), "computed": e.get("computed"),
-            "num_tokens": e.get("num_tokens"), "blocks": len(blocks),
-            "failed_blocks": [b for b in blocks if b in bad] if bad else None, "failures": 1,
-            "events": [x["id"] for x in (handled, e) if "id" in x]}
+        if len(self.told) < KEPT:
+            self.told[key] = note(e, handled)
 
     def _block_size(self, e: Event) -> int | None:
         c = self.configs.config_of(e) if self.configs is not None else None
@@ -313,6 +304,33 @@ class Stream:
 
 def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     return feed_all(Stream(header), events)
+
+
+def _failed_of(e: Event, handled: Event) -> tuple[list[int], list[int] | None]:
+    """The request's blocks (group 0) and those of them the handled call reported failed (None:
+    the call reported no blocks, e.g. failed_recving)."""
+    bad = set(handled.get("block_ids") or ())
+    blocks = (e.get("block_ids") or [[]])[0]
+    return blocks, ([b for b in blocks if b in bad] if bad else None)
+
+
+def note(e: Event, handled: Event) -> dict:
+    """One request's note (``Stream.notes``, the viewer's Block map box) from its ``kvload.request``
+    and the ``kvload.handled`` of that call."""
+    blocks, failed = _failed_of(e, handled)
+    return {"inst": e.get("inst"), "req": e.get("req"), "step": e.get("step"), "source": e.get("source"),
+            "policy": e.get("policy"), "action": e.get("action"), "retry": bool(e.get("retry")),
+            "computed_before": e.get("computed_before"), "computed": e.get("computed"),
+            "num_tokens": e.get("num_tokens"), "blocks": len(blocks), "failed_blocks": failed, "failures": 1,
+            "events": [x["id"] for x in (handled, e) if "id" in x]}
+
+
+def same_step(n: dict, e: Event, handled: Event) -> None:
+    """A second decision on the request in the note's step (the blocks after the request): the
+    failed blocks from it when the first had none."""
+    _blocks, failed = _failed_of(e, handled)
+    if n["failed_blocks"] is None and failed is not None:
+        n["failed_blocks"] = failed
 
 
 def refused(error: str) -> bool:

@@ -109,18 +109,12 @@ def analyze_group(tr: Transfer, g: int) -> dict[str, Any]:
 
 
 def _held_positions(tr: Transfer, g: int, L: list[int], tail: bool) -> dict[int, int] | None:
-    """Each local block's token-block index in D's own block list, when the trace has that list
-    and it holds every local block (not for in-window tail groups, whose lists are cut)."""
-    if tail or tr.d_positions is None or g >= len(tr.d_positions):
+    """Each local block's token-block index in D's own block list (``transfers._positions``: only
+    where the blocks are that list's unhashed suffix), not for in-window tail groups, whose lists
+    are cut."""
+    if tail or not L or tr.d_positions is None or g >= len(tr.d_positions):
         return None
-    where = tr.d_positions[g]
-    full = ((tr.d_alloc or {}).get("local_block_ids") or [])
-    n_full = len(full[g]) if g < len(full) else 0
-    if not L or not all(b in where for b in L):
-        return None  # (kernel block ids, when a logical block spans several: not positions in D's list)
-    pos = [where[b] for b in L]
-    # the blocks D loads into are the unhashed suffix of its list: consecutive, to its end
-    return where if pos == list(range(pos[0], pos[0] + len(pos))) and pos[-1] == n_full - 1 else None
+    return tr.d_positions[g]
 
 
 def _flagged(tr: Transfer) -> bool:

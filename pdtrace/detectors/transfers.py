@@ -55,7 +55,7 @@ class Transfer:
     # each block D loads into, its token-block index in D's whole list for the request (the
     # hook records that list in nixl.remote_alloc), per group; None without D's trim to say
     # which blocks it loads into
-    d_positions: list[dict[int, int]] | None = None
+    d_positions: list[dict[int, int] | None] | None = None
     raised: str = ""  # D's trim raised (nixl.trim.raised), e.g. more blocks to load than P reported
 
     @property
@@ -360,16 +360,20 @@ def _make(idx: Index, p: Event | None, a: Event | None, trim: Event | None, rd: 
                     _positions(a, trim), (trim or {}).get("raised") or "")
 
 
-def _positions(a: Event | None, trim: Event | None) -> list[dict[int, int]] | None:
+def _positions(a: Event | None, trim: Event | None) -> list[dict[int, int] | None] | None:
     """Where the blocks of D's trim sit in D's whole list (nixl.remote_alloc.local_block_ids),
-    per group: vLLM's own block list, not the count rule the trim applies."""
+    per group: vLLM's own block list, not the count rule the trim applies. A group's entry is
+    None unless its blocks are that list's unhashed suffix (every one in it, consecutive, to its
+    end): kernel block ids, when a logical block spans several, are not positions there."""
     if a is None or trim is None or trim.get("mode") == "push":
         return None
     full = a.get("local_block_ids") or []
-    out = []
+    out: list[dict[int, int] | None] = []
     for g, lo in enumerate(trim.get("local_in") or []):
         where = {b: i for i, b in enumerate(full[g])} if g < len(full) else {}
-        out.append({b: where[b] for b in lo if b in where})
+        pos = [where.get(b) for b in lo]
+        suffix = bool(lo) and None not in pos and pos == list(range(len(full[g]) - len(lo), len(full[g])))
+        out.append({b: where[b] for b in lo} if suffix else None)
     return out
 
 

@@ -110,6 +110,12 @@ def _has_failed_recving() -> bool:
     return "failed_recving" in {f.name for f in dataclasses.fields(KVConnectorOutput)}
 
 
+def run_events(pair: Any, start: int) -> list[dict]:
+    """The pair's setup events and the run's (the recorder's events from ``start``), with ids as a
+    written trace gives them: the detectors name events by id."""
+    return [dict(e, id=i) for i, e in enumerate([*pair.setup_events, *(pair.rec.events or [])[start:]])]
+
+
 def failed_load(cfg: PDConfig = PDConfig(spec_method=""), *, policy: str = "fail", how: str = "both",
                 prompt_len: int = 64, steps: int = 6, failed: tuple[int, ...] | None = None,
                 when: str = "load", max_tokens: int = 4, fix_placeholders: bool = False,
@@ -183,8 +189,7 @@ def failed_load(cfg: PDConfig = PDConfig(spec_method=""), *, policy: str = "fail
                 break
         rec.emit("mark", label="scenario-end", sim=True)
     rec.flush()
-    # (ids as a written trace gives them: the detectors name events by id)
-    events = [dict(e, id=i) for i, e in enumerate([*pair.setup_events, *(rec.events or [])[start:]])]
+    events = run_events(pair, start)
     fin = [e for e in events if e["ev"] == "req.finish" and e.get("req") == d_req]
     finished = fin[-1]["status"] if fin else None
     return FailedLoad(events, d_req, policy, how, prompt_len, d_local, computed_after, num_tokens_after, scheduled,

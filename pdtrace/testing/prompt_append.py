@@ -26,6 +26,7 @@ import itertools
 
 from .pd_harness import PDConfig, make_pair, recording
 from .pd_nixl import _trim, _worker_for_trim
+from .kv_load_sim import run_events
 from .pd_steps import _make_request, _step, p_prefill
 
 _ids = itertools.count(1)
@@ -112,7 +113,7 @@ def appended_first_token(cfg: PDConfig = PDConfig(spec_method=""), prompt_len: i
             raised = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__  # (as nixl.trim says it)
             trim_local, trim_remote = None, None
     rec.flush()
-    events = [dict(e, id=i) for i, e in enumerate([*pair.setup_events, *(rec.events or [])[start:]])]
+    events = run_events(pair, start)
     return Appended(events, p_req, d_req, prompt_len, d_blocks[0], local[0], remote[0], trim_local, trim_remote,
                     raised, B)
 

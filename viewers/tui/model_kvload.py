@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pdtrace.detectors.kv_load import note, same_step
 from pdtrace.index.trace_index import TraceIndex
 
 
@@ -20,20 +21,13 @@ def notes(index: TraceIndex, req: str | None) -> list[dict[str, Any]]:
         key = (e.get("inst"), e.get("step"))
         handled = [h for h in index.events(index.step_ordinals(e.get("step"), e.get("inst"), ["kvload.handled"]))
                    if h.get("source") == e.get("source")] if e.get("step") is not None else []
-        bad = set((handled[-1] if handled else {}).get("block_ids") or ())
-        blocks = (e.get("block_ids") or [[]])[0]
-        failed = [b for b in blocks if b in bad] if bad else None
+        h = handled[-1] if handled else {}
         n = out.get(key)
         if n is not None:
-            if n["failed_blocks"] is None and failed is not None:
-                n["failed_blocks"] = failed
+            same_step(n, e, h)
             n["events"].append(e["id"])
             continue
-        out[key] = {"inst": e.get("inst"), "req": req, "step": e.get("step"), "source": e.get("source"),
-                    "policy": e.get("policy"), "action": e.get("action"), "retry": bool(e.get("retry")),
-                    "computed_before": e.get("computed_before"), "computed": e.get("computed"),
-                    "num_tokens": e.get("num_tokens"), "blocks": len(blocks), "failed_blocks": failed,
-                    "failures": 1, "events": [h["id"] for h in handled[-1:]] + [e["id"]]}
+        out[key] = note(e, h)
     got = list(out.values())
     for n in got:  # scheduled again: its first allocation after the failure (allocate_slots runs when it is)
         again = [a for a in index.events(index.request_ordinals(req, ["sched.alloc"]))
