@@ -3,7 +3,10 @@
 # PDTRACE_LIVE_DEVICE=cuda) on a GPU host with no package index, twice: model runner V2 (vLLM's
 # default on GPUs) and V1 (VLLM_USE_V2_MODEL_RUNNER=0). Needs .gpu/ from scripts/gpu_bundle.sh.
 #
-#   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [v2-ring] [v1-ring] [hybrid-v2] [hybrid-v1]   # default: v2 v1
+#   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [v2-ring] [v1-ring] [hybrid-v2] [hybrid-v1] [race] [overhead]
+#   (default: v2 v1)
+# overhead: bench/live_overhead_gpu.py (issue 38), OVH_BUDGET (270) seconds, OVH_ARGS passed on;
+# writes overhead.json.
 # (*-ring: the same P/D run with every server under `pdtrace record --ring ${RING_S:-20}`)
 # UNPACK_ONLY=1: unpack .gpu/ (and .gpuc/, vLLM's kernel library, when carried) into $SITE and stop.
 # (hybrid-*: scripts/live_cpu_hybrid.py, one tiny Mamba-2 + attention server with ngram spec decode,
@@ -80,6 +83,19 @@ python3 -m pdtrace doctor
 
 EXTRA='["--attention-backend","TRITON_ATTN","--compilation-config","{\"custom_ops\":[\"none\"]}"]'
 for mode in "${MODES[@]}"; do
+  if [ "$mode" = overhead ]; then
+    # issue 38: bench/live_overhead_gpu.py, P/D + EAGLE pairs (plain, plain, recorded per model size)
+    # pinned to disjoint cores, each load served alone on the GPU; OVH_BUDGET seconds in all
+    say "overhead: recorded vs plain, live P/D + EAGLE (VLLM_USE_V2_MODEL_RUNNER=${VLLM_USE_V2_MODEL_RUNNER:-unset: V2})"
+    unset PDTRACE_LIVE_RECORD_ARGS
+    export PDTRACE_LIVE_DEVICE=cuda PDTRACE_LIVE_EXTRA_ARGS=$EXTRA PDTRACE_LIVE_KV_BUFFER=cuda OMP_NUM_THREADS=1 \
+      PDTRACE_LIVE_SPEC_EXTRA='{"attention_backend":"TRITON_ATTN"}'
+    timeout -k 20 "$((${OVH_BUDGET:-270} + 60))" python3 bench/live_overhead_gpu.py --device cuda \
+      --deadline-s "${OVH_BUDGET:-270}" --json "$OUT/overhead.json" ${OVH_ARGS:-}
+    say "overhead rc=$?"
+    pkill -9 -f vllm.entrypoints 2>/dev/null; pkill -9 -f "pdtrace record" 2>/dev/null; sleep 1
+    continue
+  fi
   if [ "$mode" = race ]; then
     FIXSITE=/tmp/pdtrace-site-fix51599
     rm -rf "$FIXSITE" && cp -a "$SITE" "$FIXSITE" || exit 3

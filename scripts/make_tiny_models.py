@@ -9,6 +9,8 @@ OUT_DIR/target   Llama-style target: hidden 64, 4 heads x head_dim 32 (the CPU a
                  WordLevel tokenizer.
 OUT_DIR/hybrid   (build_hybrid) a tiny NemotronH, Mamba-2 + attention, config only (served
                  with --load-format dummy): the live hybrid run of the accepted-count copy.
+OUT_DIR/target1b, OUT_DIR/eagle1b   (build_1b) a Llama-shaped ~1.2B target and its one-layer EAGLE
+                 drafter, configs only (--load-format dummy): bench/live_overhead_gpu.py's "1b".
 OUT_DIR/eagle    EAGLE-1 style drafter for it, in the layout vLLM's
                  vllm/model_executor/models/llama_eagle.py EagleLlamaForCausalLM loads:
                  embed_tokens, fc (2*hidden -> hidden), one decoder layer whose
@@ -61,12 +63,12 @@ def _llama_config(num_layers: int) -> dict:
     }
 
 
-def _write_tokenizer(out: Path) -> None:
-    """A WordLevel tokenizer with exactly VOCAB entries, built locally."""
+def _write_tokenizer(out: Path, size: int = VOCAB) -> None:
+    """A WordLevel tokenizer with exactly ``size`` entries, built locally."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    for i in range(4, VOCAB):
+    for i in range(4, size):
         vocab[f"w{i}"] = i
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -138,6 +140,33 @@ def build(out_dir: str | os.PathLike, eagle: bool = True, seed: int = 0) -> dict
         (drafter / "config.json").write_text(json.dumps(_llama_config(1), indent=1))
         _write_tokenizer(drafter)
         paths["eagle"] = str(drafter)
+    return paths
+
+
+# A Llama-shaped ~1.2B model (Llama-3.2-1B's layer shape, a 32k vocabulary): a step of the size a user
+# would see, for bench/live_overhead_gpu.py. Config and tokenizer only: served with --load-format dummy.
+ONE_B = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "head_dim": 64, "vocab_size": 32000}
+
+
+def build_1b(out_dir: str | os.PathLike, eagle: bool = True) -> dict[str, str]:
+    """out_dir/target1b (and out_dir/eagle1b, an EAGLE-1 drafter of one such layer): configs and a
+    32k-entry tokenizer, no weights (vLLM's `--load-format dummy` makes them, for the drafter too:
+    it is loaded with the target's load config)."""
+    out = Path(out_dir)
+    paths: dict[str, str] = {}
+    for name, layers in (("target1b", ONE_B["num_hidden_layers"]), ("eagle1b", 1)):
+        if name == "eagle1b" and not eagle:
+            continue
+        d = out / name
+        d.mkdir(parents=True, exist_ok=True)
+        cfg = {**_llama_config(layers), **ONE_B, "num_hidden_layers": layers, "torch_dtype": "float16",
+               "dtype": "float16"}
+        (d / "config.json").write_text(json.dumps(cfg, indent=1))
+        (d / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, indent=1))
+        _write_tokenizer(d, ONE_B["vocab_size"])
+        paths["target" if name == "target1b" else "eagle"] = str(d)
     return paths
 
 

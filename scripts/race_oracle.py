@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""vLLM #51571 on a recorded trace: the accepted-count reads that disagree with their request's own
+count, found WITHOUT pdtrace's detectors, set beside what `pdtrace check`'s stale-read detector says.
+
+    python scripts/race_oracle.py TRACE [TRACE ...]    # .jsonl or .jsonl.zst; prints one JSON object per trace
+
+The oracle (the same as tests/test_race_51571.py uses on ../shared/evidence):
+  * each `acc.read` at step S is held to the same request's `acc.truth` for step S-1 (the runner's
+    own count, recorded where it is produced): different = a disagreeing read;
+  * a disagreeing read that got 1 where the request's accepted tokens crossed a Mamba block boundary
+    in step S-1 is the align postprocess's reset, not a bug: vLLM's
+    `mamba_utils.postprocess_mamba_fused_kernel` stores 1 when `src_block_idx == dest_block_idx`
+    (the state was copied to the aligned block); computed from the request's prompt length and its
+    own accepted counts, with the block size from `sched.config`;
+  * the rest are wrong reads: the goal is that these and only these are the detector's errors.
+Exit code 0 when, for every trace, every wrong read is an error and every error a disagreeing read; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import sys
+from pathlib import Path
+
+
+def events(path: str) -> list[dict]:
+    raw = open(path, "rb")
+    if path.endswith(".zst"):
+        import zstandard
+
+        text = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(raw))
+    else:
+        text = io.TextIOWrapper(raw)
+    return [json.loads(line) for line in text if line.strip()]
+
+
+def oracle(ev: list[dict]) -> dict:
+    cfg = next((e for e in ev if e["ev"] == "sched.config"), None)
+    bs = cfg["block_sizes"][0] if cfg else None
+    plen = {e["req"]: e["prompt_len"] for e in ev if e["ev"] == "req.add"}
+    truths: dict = collections.defaultdict(dict)
+    for e in ev:
+        if e["ev"] == "acc.truth":
+            truths[e["req"]][e["for_step"]] = e["value"]
+
+    def crosses(req, step) -> bool:  # tokens computed before the step: prompt + the counts accepted so far
+        if bs is None or req not in plen:
+            return False
+        c = plen[req] + sum(v for s, v in truths[req].items() if s < step)
+        return (c + truths[req][step]) // bs * bs >= c + 1
+
+    reads = [e for e in ev if e["ev"] == "acc.read"]
+    disagree, reset = set(), set()
+    no_truth = 0
+    for e in reads:
+        t = truths[e["req"]].get(e["step"] - 1)
+        if t is None:
+            no_truth += 1
+        elif t != e["value"]:
+            disagree.add((e["req"], e["step"]))
+            if e["value"] == 1 and crosses(e["req"], e["step"] - 1):
+                reset.add((e["req"], e["step"]))
+    return {"block_size": bs, "reads": len(reads), "reads_without_truth": no_truth,
+            "disagree": disagree, "align_reset": reset, "wrong": disagree - reset}
+
+
+def judge(path: str) -> dict:
+    from pdtrace.detectors import STALE_ACCEPTED_COUNT_READ
+    from pdtrace.detectors.stale_read import detect
+
+    ev = events(path)
+    o = oracle(ev)
+    found = [f for f in detect([e for e in ev if "id" in e]) if f.kind == STALE_ACCEPTED_COUNT_READ]
+    by = collections.Counter(f.severity for f in found)
+    errors = {(f.req, f.step) for f in found if f.severity == "error"}
+    kind_of = {e["id"]: e["ev"] for e in ev if "id" in e}
+    moves = collections.Counter(kind_of.get(f.data.get("moved_by"), "none named")
+                                for f in found if f.severity == "error")
+    counts = collections.Counter(e["ev"] for e in ev)
+    return {"trace": path, "events": len(ev), "requests": counts["req.add"],
+            "copies": counts["d2h.issue"], "moves": {k: counts[k] for k in ("batch.add", "batch.remove",
+                                                                           "batch.condense", "batch.swap")},
+            "moves_with_rows": sorted({str(e.get("moves_with_rows")) for e in ev if e["ev"] == "d2h.issue"}),
+            "reads": o["reads"], "reads_without_truth": o["reads_without_truth"],
+            "disagree": len(o["disagree"]), "align_reset": len(o["align_reset"]), "wrong": len(o["wrong"]),
+            "findings": dict(by), "error_moves": dict(moves),
+            # every wrong read an error, every error a disagreeing read (an error may also be an align
+            # reset: a read from another request's row whose 1 equals what its own row got)
+            "ok": o["wrong"] <= errors <= o["disagree"],
+            "errors_also_align_reset": len(errors & o["align_reset"]),
+            "wrong_not_flagged": sorted(map(list, o["wrong"] - errors))[:10],
+            "flagged_not_wrong": sorted(map(list, errors - o["wrong"]))[:10]}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    ok = True
+    for p in argv:
+        if not Path(p).exists():
+            print(f"race_oracle: {p}: no such file", file=sys.stderr)
+            return 2
+        r = judge(p)
+        ok &= r["ok"]
+        print(json.dumps(r))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
