@@ -29,7 +29,8 @@ Conventions
   format (independent frames of 4 MiB uncompressed, then the seek table in a skippable
   frame): any zstd decoder reads it; ``pdtrace info`` reads only its last frame, and
   ``pdtrace view`` reads events by their offsets in the uncompressed lines, decompressing
-  only the frames that hold them.
+  only the frames that hold them; a damaged frame there is skipped to the next one (the
+  seek table says where), and the problem says how many bytes were lost.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
 
 mkdir "$TMP/v" && (cd "$TMP/v" && unzip -q "$TMP"/vllm-*.whl)
 # .gpuc/cstable.xz: vLLM's kernel library alone, for a second call (it does not fit beside .gpu/):
-# the hybrid (Mamba) runs need it, since model inspection imports torch.ops._C ops.
+# every run needs it (model inspection imports torch.ops._C ops, for the tiny Llama as for the hybrid model).
 grep -qx '/.gpuc/' .git/info/exclude 2>/dev/null || echo '/.gpuc/' >> .git/info/exclude
 rm -rf .gpuc && mkdir -p .gpuc && xz -T2 -9 -c "$TMP/v/vllm/_C_stable_libtorch.abi3.so" > .gpuc/cstable.xz
 find "$TMP/v" \( -name '*.so' -o -name vllm-rs -o -name '*.cu' -o -name '*.cuh' -o -name '*.hpp' \) -delete

@@ -5,8 +5,8 @@
 #
 #   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [v2-ring] [v1-ring] [hybrid-v2] [hybrid-v1] [race] [overhead]
 #   (default: v2 v1)
-# overhead: bench/live_overhead_gpu.py (issue 38), OVH_BUDGET (270) seconds, OVH_ARGS passed on;
-# writes overhead.json.
+# overhead: bench/live_overhead_gpu.py (issue 38), OVH_BUDGET (420) seconds, OVH_ARGS passed on,
+# OVH_RUNNER v2 (default) or v1; writes overhead.json.
 # (*-ring: the same P/D run with every server under `pdtrace record --ring ${RING_S:-20}`)
 # UNPACK_ONLY=1: unpack .gpu/ (and .gpuc/, vLLM's kernel library, when carried) into $SITE and stop.
 # (hybrid-*: scripts/live_cpu_hybrid.py, one tiny Mamba-2 + attention server with ngram spec decode,
@@ -16,8 +16,10 @@
 # requests 16 at a time; two servers at once on the GPU: vLLM 0.32.0 as released ("bug") and the
 # same with the labelled patch scripts/patches/vllm_pr51599_approach.py ("fix"), each recorded.
 # Writes race-bug.jsonl.zst, race-fix.jsonl.zst, race-*.out (result + check) and race-logs.tgz.
-# The hybrid model needs vLLM's kernel library (model inspection imports torch.ops._C ops): carry
-# .gpu with UNPACK_ONLY=1 in a first call, then .gpuc (gpu_bundle.sh) in the call that runs.
+# Every mode needs vLLM's kernel library (model inspection imports torch.ops._C ops, for the tiny
+# Llama too: a call of 2026-11-27 without it failed every server with "no attribute
+# 'cutlass_scaled_mm_supports_block_fp8'"): carry .gpu in a first call (UNPACK_ONLY=1, or any mode:
+# it fails fast), then .gpuc (gpu_bundle.sh) in the call that runs, within 30 s (the machine's idle limit).
 #
 # Writes under $OUT: gpu_run.log (environment, doctor, both reports), merged-<mode>.jsonl.zst
 # (the merged P+D trace) and logs-<mode>.tgz (server logs, result.json, check.json).
@@ -86,12 +88,15 @@ for mode in "${MODES[@]}"; do
   if [ "$mode" = overhead ]; then
     # issue 38: bench/live_overhead_gpu.py, P/D + EAGLE pairs (plain, plain, recorded per model size)
     # pinned to disjoint cores, each load served alone on the GPU; OVH_BUDGET seconds in all
-    say "overhead: recorded vs plain, live P/D + EAGLE (VLLM_USE_V2_MODEL_RUNNER=${VLLM_USE_V2_MODEL_RUNNER:-unset: V2})"
+    # the runner is OVH_RUNNER's (v2, vLLM's default, unless OVH_RUNNER=v1), not what an earlier mode of
+    # this call exported (a call of 2026-11-27 measured V1 after `race` had set VLLM_USE_V2_MODEL_RUNNER=0)
+    if [ "${OVH_RUNNER:-v2}" = v1 ]; then export VLLM_USE_V2_MODEL_RUNNER=0; else unset VLLM_USE_V2_MODEL_RUNNER; fi
+    say "overhead: recorded vs plain, live P/D + EAGLE, model runner ${OVH_RUNNER:-v2}"
     unset PDTRACE_LIVE_RECORD_ARGS
     export PDTRACE_LIVE_DEVICE=cuda PDTRACE_LIVE_EXTRA_ARGS=$EXTRA PDTRACE_LIVE_KV_BUFFER=cuda OMP_NUM_THREADS=1 \
       PDTRACE_LIVE_SPEC_EXTRA='{"attention_backend":"TRITON_ATTN"}'
-    timeout -k 20 "$((${OVH_BUDGET:-270} + 60))" python3 bench/live_overhead_gpu.py --device cuda \
-      --deadline-s "${OVH_BUDGET:-270}" --json "$OUT/overhead.json" ${OVH_ARGS:-}
+    timeout -k 20 "$((${OVH_BUDGET:-420} + 60))" python3 bench/live_overhead_gpu.py --device cuda \
+      --deadline-s "${OVH_BUDGET:-420}" --json "$OUT/overhead.json" ${OVH_ARGS:-}
     say "overhead rc=$?"
     pkill -9 -f vllm.entrypoints 2>/dev/null; pkill -9 -f "pdtrace record" 2>/dev/null; sleep 1
     continue

@@ -62,8 +62,25 @@ def oracle(ev: list[dict]) -> dict:
             disagree.add((e["req"], e["step"]))
             if e["value"] == 1 and crosses(e["req"], e["step"] - 1):
                 reset.add((e["req"], e["step"]))
+    # Where the trace has the copy's own values (d2h.done `values`, in the rows of d2h.issue `rows`):
+    # the count the runner copied for this very request, the value the read should have got.
+    issued = {e["event"]: e["rows"] for e in ev if e["ev"] == "d2h.issue" and e.get("rows")}
+    copied = {e["event"]: e["values"] for e in ev if e["ev"] == "d2h.done" and e.get("values") is not None}
+    judged, wrong_by_copy, reset_by_copy = set(), set(), set()
+    for e in reads:
+        rows, vals = issued.get(e.get("event")), copied.get(e.get("event"))
+        if not rows or vals is None or e["req"] not in rows or len(vals) != len(rows):
+            continue
+        own = vals[rows.index(e["req"])]
+        judged.add((e["req"], e["step"]))
+        if e["value"] != own:
+            wrong_by_copy.add((e["req"], e["step"]))
+        t = truths[e["req"]].get(e["step"] - 1)
+        if own == 1 and t not in (None, 1):
+            reset_by_copy.add((e["req"], e["step"]))  # the runner copied 1 where it accepted more
     return {"block_size": bs, "reads": len(reads), "reads_without_truth": no_truth,
-            "disagree": disagree, "align_reset": reset, "wrong": disagree - reset}
+            "disagree": disagree, "align_reset": reset, "wrong": disagree - reset,
+            "judged": judged, "wrong_by_copy": wrong_by_copy, "reset_by_copy": reset_by_copy}
 
 
 def judge(path: str) -> dict:
@@ -90,6 +107,12 @@ def judge(path: str) -> dict:
             # reset: a read from another request's row whose 1 equals what its own row got)
             "ok": o["wrong"] <= errors <= o["disagree"],
             "errors_also_align_reset": len(errors & o["align_reset"]),
+            # the stronger oracle where the copy's values are recorded: the read against the count the
+            # runner copied for this request (reads whose copy has no recorded values are not judged)
+            "reads_with_copy_values": len(o["judged"]), "wrong_by_copy": len(o["wrong_by_copy"]),
+            "runner_copied_1_for_more": len(o["reset_by_copy"]),
+            "errors_equal_wrong_by_copy": errors & o["judged"] == o["wrong_by_copy"],
+            "errors_without_copy_values": len(errors - o["judged"]),
             "wrong_not_flagged": sorted(map(list, o["wrong"] - errors))[:10],
             "flagged_not_wrong": sorted(map(list, errors - o["wrong"]))[:10]}
 

@@ -1,7 +1,7 @@
 """The viewer's lazy index on a compressed trace, in place (issue 22): a .jsonl.zst that pdtrace
 wrote (zstd's seekable format) is indexed through its frames, with the offsets, events and
-search answers of the plain trace, and no temporary copy; a damaged frame keeps the lines
-before it; another tool's single-stream .zst is decompressed to a temporary file first (and
+search answers of the plain trace, and no temporary copy; a damaged frame is skipped to the
+next one (the seek table says where); another tool's single-stream .zst is decompressed to a temporary file first (and
 the viewer says so). Traces: the bundled samples and bench/gen_trace.py's generator, written
 by pdtrace's own writer (frames made small here so lines cross frame ends)."""
 
@@ -127,22 +127,45 @@ async def test_the_viewer_shows_findings_from_a_seekable_zst(tmp_path):
     assert got == plain_findings and len(got) > 1
 
 
-def test_a_damaged_frame_keeps_the_lines_before_it(pair):
-    plain, packed = pair
+def _damage(packed: Path, ks: list[int], name: str) -> tuple[Path, list]:
     frames = compress.seek_table(str(packed))
-    at = frames[len(frames) // 2][0]
     data = bytearray(packed.read_bytes())
-    data[at:at + 8] = bytes(8)  # the frame's magic and header
-    bad = packed.with_name("bad.jsonl.zst")
+    for k in ks:
+        data[frames[k][0]:frames[k][0] + 8] = bytes(8)  # the frame's magic and header
+    bad = packed.with_name(name)
     bad.write_bytes(bytes(data))
+    return bad, frames
+
+
+@pytest.mark.parametrize("where", ["middle", "two-in-a-row", "last"])
+def test_a_damaged_frame_is_skipped_to_the_next_one(pair, where):
+    """Issue 39: the seek table says where the next frame starts, so the lines after a damaged frame are
+    indexed at their true offsets; only the lines the frame held (and the two it cut) are lost, and the
+    problem says how many bytes. Oracle: the plain trace's own index."""
+    plain, packed = pair
+    n_frames = len(compress.seek_table(str(packed)))
+    ks = {"middle": [n_frames // 2], "two-in-a-row": [n_frames // 2, n_frames // 2 + 1], "last": [n_frames - 1]}[where]
+    bad, frames = _damage(packed, ks, f"bad-{where}.jsonl.zst")
     idx = TraceIndex(str(bad)).build()
     full = TraceIndex(str(plain)).build()
-    n = len(idx)
-    assert 0 < n < len(full) and list(idx.starts) == list(full.starts)[:n]
+    src = FrameSource(str(packed), frames)
+    lo, hi = src.starts[ks[0]], (src.starts[ks[-1]] + frames[ks[-1]][2])
+    # every event of the plain trace whose line lies wholly outside the damaged frames' bytes is indexed, at
+    # its offset; none inside
+    expect = [s for s, ln in zip(full.starts, full.lengths) if s + ln <= lo or s >= hi]
+    got = list(idx.starts)
+    assert set(got) <= set(full.starts) and got == [s for s in expect if s in set(got)]
+    assert len(expect) - len(got) <= 1  # at most the line that starts right at the frame after the gap
+    (gap,) = idx.gaps
+    assert gap["frames"] == len(ks) and gap["at"] <= lo and gap["at"] + gap["lost"] >= min(hi, src.size)
     reasons = [p.reason for p in idx.problems]
-    assert reasons == [f"corrupt zstd frame at byte {at} of the compressed file: error determining content size "
-                       "from frame header: the lines after it cannot be read"]  # (not "no footer": it is there)
-    with pytest.raises(TraceError, match=f"corrupt zstd frame at byte {at}"):
+    assert reasons[0].startswith(f"corrupt zstd frame at byte {frames[ks[0]][0]} of the compressed file")
+    assert f"{gap['lost']} uncompressed bytes lost ({len(ks)} frame(s)" in reasons[0]
+    if where == "last":
+        assert idx.footer is None and reasons == reasons[:1]  # the footer was in the gap: said once, by the gap
+    else:
+        assert idx.footer is not None and len(reasons) == 1
+    with pytest.raises(TraceError, match=f"corrupt zstd frame at byte {frames[ks[0]][0]}"):
         TraceIndex(str(bad), lenient=False).build()
 
 

@@ -44,13 +44,16 @@ def _chunks(mm: mmap.mmap, pos: int, size: int) -> Blocks:
 
 
 def frame_blocks(src: Any) -> tuple[bytes, Blocks]:
-    """Line 1 of a seekable .zst (``src``: a FrameSource), and a block per frame after it.
-    A damaged frame raises ValueError from the iterator, when it is reached."""
-    it = src.blocks(0)
+    """Line 1 of a seekable .zst (``src``: a FrameSource), and a block per frame after it. A
+    damaged frame after the first gives a ``zsource.Gap`` in place of bytes, and the blocks go on
+    after it; a damaged first frame raises ValueError here."""
+    it = src.blocks(0, skip_damaged=True)
     try:
         _off, block = next(it)
     except StopIteration:
         return b"", iter(())
+    if not isinstance(block, (bytes, bytearray)):  # the first frame is damaged: no line 1
+        raise ValueError(block.reason)
     nl = block.find(b"\n")
     if nl < 0 or nl + 1 == len(block):
         return block, it

@@ -37,6 +37,7 @@ from ..errors import TraceError
 from .blocks import frame_blocks, mmap_blocks
 from .columns import KIND_CODE, KIND_NAMES, NO_REQ, NO_STEP, UNKNOWN_KIND, ColumnQueries  # noqa: F401
 from ..tracefile.trace import _KIND_REQUIRED, Problem, _check_header
+from ..tracefile.zsource import Gap
 
 _FIELD_CHECKS = schema.FIELD_CHECKS
 _type_error = schema.type_error
@@ -85,7 +86,8 @@ class TraceIndex(ColumnQueries):
         self.ord_to_id: dict[int, int] = {}
         self.size = 0
         self.done = False
-        self.stream_damaged = False  # a .zst frame could not be read: the lines after it are not indexed
+        self.stream_damaged = False  # a .zst frame could not be read: the lines in it (or after it) are not indexed
+        self.gaps: list[dict] = []  # damaged .zst frames skipped: line (its number), at (byte), lost (bytes), frames
         self._cur_step: dict[int, int] = {}
         self._newer = False
         self._fd: int | None = None
@@ -291,14 +293,26 @@ class TraceIndex(ColumnQueries):
             if got is None:
                 break
             off, block = got
+            if isinstance(block, Gap):  # damaged frames skipped (the seek table says where the next starts)
+                self.gaps.append({"line": line_no + 1, "at": off, "lost": block.lost, "frames": block.frames})
+                self._problem(line_no + 1, f"{block.reason}: {block.lost} uncompressed bytes lost ({block.frames} "
+                                           f"frame(s) and the lines they cut); reading goes on after the gap, whose "
+                                           f"lines are numbered as if the gap were one line")
+                self.stream_damaged = True
+                line_no += 1
+                continue
             line_no = self._index_block(block, off, line_no)
             if clock() >= deadline:
                 yield self._progress(off + len(block))
                 deadline = clock() + batch_time
-        if self.footer is None and not self.stream_damaged:
+        # no footer after a gap that ends before the file does: the trace ends early too
+        if self.footer is None and (not self.stream_damaged or (self.gaps and not self._gap_at_end())):
             self._problem(line_no + 1, "no footer: the trace ends early (recording killed, or file cut)")
         self.done = True
         yield self._progress(self.size, done=True)
+
+    def _gap_at_end(self) -> bool:
+        return bool(self.gaps) and self.gaps[-1]["at"] + self.gaps[-1]["lost"] >= self.size
 
     def _index_block(self, block: bytes, off: int, line_no: int) -> int:
         """Index the lines of ``block`` (starting at byte ``off``, after line ``line_no``);

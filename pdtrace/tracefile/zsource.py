@@ -87,19 +87,42 @@ class FrameSource:
             k += 1
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def blocks(self, pos: int = 0) -> Iterator[tuple[int, bytes]]:
+    def blocks(self, pos: int = 0, skip_damaged: bool = False) -> Iterator[tuple[int, bytes | "Gap"]]:
         """(offset, bytes) from ``pos`` to the end, in order: each block holds whole lines (it
         ends with a newline), except a last one that the file ends without. Frames read here
-        are not cached (a scan would only evict what the viewer is showing)."""
+        are not cached (a scan would only evict what the viewer is showing). A frame that
+        cannot be read raises ValueError, or with ``skip_damaged`` gives (offset, Gap) and the
+        reading goes on at the first whole line of the next frame that can be read (the seek
+        table says where each frame is): the line cut by the gap on either side is lost too."""
         if pos >= self.size:
             return
         k = bisect_right(self.starts, pos) - 1
         carry = b""
         start = pos
+        gap: Gap | None = None
         for j in range(k, len(self.frames)):
-            data = self._decompress(j)
+            try:
+                data = self._decompress(j)
+            except ValueError as exc:
+                if not skip_damaged:
+                    raise
+                if gap is None:  # the partial line before the gap goes with it
+                    gap = Gap(start, str(exc))
+                    carry = b""
+                gap.frames += 1
+                continue
             if j == k:
                 data = data[pos - self.starts[k]:]
+            if gap is not None:  # resume at the first line that starts in this frame
+                nl = data.find(b"\n")
+                if nl < 0:  # no line starts here: the gap goes on
+                    continue
+                resume = self.starts[j] + nl + 1
+                gap.lost = resume - gap.start
+                yield gap.start, gap
+                gap = None
+                data = data[nl + 1:]
+                start = resume
             cut = data.rfind(b"\n") + 1
             if cut == 0:  # no line ends in this frame: a line longer than a frame
                 carry += data
@@ -108,5 +131,19 @@ class FrameSource:
             yield start, block
             start += len(block)
             carry = data[cut:]
-        if carry:
+        if gap is not None:  # the file's last frames were damaged
+            gap.lost = self.size - gap.start
+            yield gap.start, gap
+        elif carry:
             yield start, carry
+
+
+class Gap:
+    """Where ``FrameSource.blocks(skip_damaged=True)`` skipped damaged frames: from uncompressed
+    byte ``start`` (the start of the line the first damaged frame cut), ``lost`` bytes, ``frames``
+    frames; ``reason``: the first frame's error."""
+
+    __slots__ = ("start", "lost", "frames", "reason")
+
+    def __init__(self, start: int, reason: str):
+        self.start, self.reason, self.lost, self.frames = start, reason, 0, 0
