@@ -220,3 +220,39 @@ def test_class_blind_when_its_hook_module_failed_to_import():
     look = by_class["lookahead-block-misalignment"]
     assert look["v1"].startswith("not checked") and "nixl.*" in look["v1"]
     assert by_class["stale-accepted-count-read"]["v1"].startswith("recorded")
+
+
+def test_a_cut_trace_without_the_hooks_status_says_so_not_recorded_without_the_hook(tmp_path):
+    """Issue 39 (a new user's pass): a recording cut off (no footer) whose hooks.status line was damaged read
+    as "recorded without the hook(s) kv_load.invalid_blocks ... recorded before pdtrace had this class", which
+    points the wrong way. Trace: the bundled KV-load sample with its footer dropped and its hooks.status line
+    cut in half."""
+    src = pathlib.Path(__file__).parent.parent / "sample_traces" / "kv_load_async_rollback_fixed.jsonl"
+    lines = [ln for ln in src.read_text().splitlines() if '"ev":"trace.footer"' not in ln]
+    cut = [ln[: len(ln) // 2] if '"ev":"hooks.status"' in ln else ln for ln in lines]
+    assert cut != lines
+    bad = tmp_path / "cut.jsonl"
+    bad.write_text("\n".join(cut) + "\n")
+    r = runner.invoke(app, ["check", "--lenient", "--format", "json", str(bad)])
+    reason = json.loads(r.stdout)["coverage"][KV]["reason"]
+    assert r.exit_code == EXIT_NOT_CHECKED
+    assert reason.startswith("the trace is incomplete (") and "may be among what was lost" in reason
+    assert "recorded before pdtrace had this class" not in reason
+    # the whole trace, recorded with the hook: checked; a trace really recorded without it keeps its words
+    whole = runner.invoke(app, ["check", "--format", "json", str(src)])
+    assert json.loads(whole.stdout)["coverage"][KV]["status"] == CHECKED
+    old = pathlib.Path(__file__).parent.parent / "sample_traces" / "live_cpu_pd_eagle.jsonl"
+    r = runner.invoke(app, ["check", "--format", "json", str(old)])
+    assert "recorded before pdtrace had this class" in json.loads(r.stdout)["coverage"][KV]["reason"]
+
+
+def test_processes_without_hooks_status_are_named():
+    """A process that started (proc.start) but whose hooks.status is not in the trace may have applied the
+    hook: the reason names it instead of saying the trace was recorded without the hook."""
+    evs = [{"ev": "proc.start", "pid": 7, "t": 1, "w": 1, "role": "engine-core", "id": 0},
+           {"ev": "sched.config", "pid": 7, "t": 2, "w": 2, "inst": "D", "kv_role": "kv_consumer",
+            "block_sizes": [16], "num_spec_tokens": 0, "id": 1},
+           {"ev": "kvload.handled", "pid": 7, "t": 3, "w": 3, "inst": "D", "req": "r", "step": 1, "id": 2}]
+    cov = coverage(evs, {}, None)[KV]
+    assert cov.status == NOT_CHECKED
+    assert "1 process(es) have no hooks.status event (pid 7" in cov.reason, cov.reason

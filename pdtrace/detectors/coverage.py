@@ -94,6 +94,9 @@ class ClassSpec:
     applied: tuple[str, ...] = ()
 
 
+NOT_APPLIED = "recorded without the hook(s) "  # a class whose required hooks no process said it applied
+
+
 def _no_spec(c: Event) -> bool:
     return not c.get("num_spec_tokens")
 
@@ -339,9 +342,17 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
     missing = [k for k in spec.needs if not idx.has(k)]
     na, unhooked = _runner_verdicts(spec, idx, facts)
     if n and spec.applied and not facts.applied.intersection(spec.applied):
-        why = (f"recorded without the hook(s) {', '.join(spec.applied)} (none of its processes applied it: "
-               f"recorded before pdtrace had this class, or the hook was skipped): the events that would show "
-               f"this bug cannot be in the trace")
+        # a process whose hooks.status is not in the trace (a cut or damaged line) may have applied it
+        blind = idx.pids("proc.start") - {e.get("pid") for e in idx.kind("hooks.status")}
+        if blind:
+            pids = ", ".join(str(p) for p in sorted(blind, key=str)[:6]) + (", ..." if len(blind) > 6 else "")
+            why = (f"the trace does not say whether the hook(s) {', '.join(spec.applied)} were applied: "
+                   f"{len(blind)} process(es) have no hooks.status event (pid {pids}; its line was cut or damaged, "
+                   f"see the trace's problems), and none of the others applied it")
+        else:
+            why = (f"{NOT_APPLIED}{', '.join(spec.applied)} (none of its processes applied it: "
+                   f"recorded before pdtrace had this class, or the hook was skipped): the events that would "
+                   f"show this bug cannot be in the trace")
         skipped = {h: r for h, r in facts.skipped.items() if h in spec.applied}
         if skipped:
             why += "; skipped: " + "; ".join(f"{h} ({r})" for h, r in sorted(skipped.items()))
@@ -390,7 +401,12 @@ def coverage_of(idx: Any, footer: dict | None = None, kinds: tuple[str, ...] | l
     out = {k: _one(k, spec, idx, facts) for k, spec in CLASSES.items() if not kinds or k in kinds}
     if incomplete:
         for k, c in out.items():
-            if c.status == CHECKED:
+            if c.status == NOT_CHECKED and c.reason.startswith(NOT_APPLIED):  # the line saying so may be lost
+                hooks = c.reason[len(NOT_APPLIED):].split(" (", 1)[0]
+                out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}) and no event left in it "
+                                  f"says the hook(s) {hooks} were applied: the hooks.status or footer that would "
+                                  f"may be among what was lost", c.events, c.hook_errors)
+            elif c.status == CHECKED:
                 out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}): events of this class "
                                   f"may be missing ({c.events} read)", c.events, c.hook_errors)
     return out

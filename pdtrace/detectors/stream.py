@@ -48,8 +48,9 @@ def _feeds() -> list[tuple[str, dict]]:
 
 
 def _na_kinds() -> set[str]:
-    """The kinds whose pids ``coverage`` asks for (``Summary.pids``)."""
-    return {kind for spec in CLASSES.values() for kind, _why in spec.na_when.values()}
+    """The kinds whose pids ``coverage`` asks for (``Summary.pids``): proc.start (processes whose
+    hooks.status is missing) and those that rule a class out on a runner."""
+    return {"proc.start"} | {kind for spec in CLASSES.values() for kind, _why in spec.na_when.values()}
 
 
 class Summary:
