@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import browser_check as bc  # noqa: E402
 
 from pdtrace.commands import report as report_cmd  # noqa: E402
-from pdtrace.detectors import run_all  # noqa: E402
+from pdtrace.detectors import by_severity, run_all  # noqa: E402
 from pdtrace.tracefile.trace import load  # noqa: E402
 from pdtrace.viewers.html import common, report, summary  # noqa: E402
 
@@ -36,7 +36,7 @@ ALL_SAMPLES = sorted(SAMPLES.glob("*.jsonl")) + sorted((ROOT / "pdtrace" / "samp
 
 def _render(path: Path, **kw):
     tr = load(str(path))
-    findings = run_all(tr.events, header=tr.header)
+    findings = by_severity(run_all(tr.events, header=tr.header))  # the order the page numbers them in
     page, stats = report.render(tr, findings, **kw)
     return tr, findings, page, report.unpack_data(page), stats
 
@@ -272,7 +272,7 @@ def stale_page(tmp_path_factory):
     trace = SAMPLES / "stale_read_rowmoves_buggy.jsonl"
     assert report_cmd.run(trace, out, lenient=False) == 0
     tr = load(str(trace))
-    return out, report.unpack_data(out.read_text(encoding="utf-8")), run_all(tr.events, header=tr.header)
+    return out, report.unpack_data(out.read_text(encoding="utf-8")), by_severity(run_all(tr.events, header=tr.header))
 
 
 @pytest.mark.browser

@@ -53,7 +53,7 @@ from typing import Any
 import orjson
 
 from .. import __version__
-from ..detectors import DETECTORS, Finding, unknown_kinds
+from ..detectors import DETECTORS, Finding, by_severity, unknown_kinds
 from ..detectors.base import SEVERITY_INCONCLUSIVE
 from ..detectors import parallel, stream
 from ..detectors.checking import check_file
@@ -230,16 +230,6 @@ def text_width() -> int | None:
     if not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit():
         return None
     return max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
-
-
-_SEVERITY_ORDER = {"error": 0, "warning": 1}
-
-
-def by_severity(findings: list[Finding]) -> list[Finding]:
-    """Errors first, then warnings, then inconclusive findings; each in trace order (step, kind).
-    The text and markdown reports read this way (a live trace's 14 errors were numbered among 79
-    warnings); JSON keeps (step, kind)."""
-    return sorted(findings, key=lambda f: _SEVERITY_ORDER.get(f.severity, 2))
 
 
 def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 
 import orjson
 
+from pdtrace.detectors import by_severity
 from pdtrace.detectors.coverage import damaged_lines
 
 from . import events_table, fig_accepted, fig_blockmap, fig_kvload, fig_metadata, fig_timeline, fig_windows, summary
@@ -87,7 +88,7 @@ def render(trace: Any, findings: Iterable[Any] | None = None, *, findings_note: 
     """Render the report page for a loaded ``pdtrace.tracefile.trace.Trace``. Returns (html, stats).
     Over ``max_bytes`` the point budget and the event-table cap shrink until the page fits
     (or both reach their floor)."""
-    fv = [FindingView.of(f) for f in (findings or [])]
+    fv = [FindingView.of(f) for f in by_severity(findings or [])]  # numbered as check numbers them
     budget, cap = point_budget, event_cap
     js = _packed_plotly()
     while True:

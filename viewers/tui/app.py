@@ -28,6 +28,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer, Header, Input, OptionList, ProgressBar, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from pdtrace.detectors import by_severity
 from pdtrace.errors import PdtraceError
 from pdtrace.index.trace_index import TraceIndex
 
@@ -247,7 +248,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
 
     @on(FindingsReady)
     def _on_findings(self, msg: FindingsReady) -> None:
-        self.findings = list(msg.findings)
+        self.findings = by_severity(msg.findings)  # errors first, as check lists them
         self.coverage = msg.coverage
         self.findings_done = True
         self.findings_note = msg.error
