@@ -39,6 +39,9 @@ if [ ! -e "$SITE/vllm/__init__.py" ]; then
   say "unpacking .gpu into $SITE"
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl || exit 3
   tar xJf .gpu/vllm.tar.xz -C "$SITE" && tar xJf .gpu/nixl.tar.xz -C "$SITE" || exit 3
+  # the `nixl` wheel's nixl_ep dispatcher, whose nixl_ep_cu13 is not carried: vLLM's _has_module("nixl_ep")
+  # finds it, fails to import it and logs a traceback into every `pdtrace doctor` (seen 2026-11-27)
+  rm -rf "$SITE/nixl_ep"
 fi
 # vLLM's kernel library, xz-compressed in .gpuc/ (a second call's carry: it does not fit beside .gpu/)
 if [ -e .gpuc/cstable.xz ] && [ ! -e "$SITE/vllm/_C_stable_libtorch.abi3.so" ]; then
