@@ -245,22 +245,30 @@ def analyse(res: dict, loads: list[dict], sides: list[dict], design: str) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--design", choices=("swap", "pairs"), default="swap")
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Needs vLLM and nixl (scripts/install.sh --live; on this project's GPU machines scripts/gpu_run.sh "
+               "carries them) and, with --device cuda, one GPU shared by every server and about 2 CPU cores per pair "
+               "(3 pairs per model with --design swap). Exit: 0 met, 1 missed, 3 unresolved, 2 cannot run.")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="where the servers run (cpu: a dry run of the whole procedure; its figures mean nothing)")
+    ap.add_argument("--design", choices=("swap", "pairs"), default="swap",
+                    help="swap: each pair plain and recorded across a restart (A/B), an A/A pair as control; "
+                         "pairs: the --sides given, each in one state")
     ap.add_argument("--models", default="1b,tiny", help="--design swap: the model sizes (tiny, 1b)")
-    ap.add_argument("--rec", default="rec", help="--design swap: the recorded state, rec or ringN (default rec)")
+    ap.add_argument("--rec", default="rec", help="--design swap: the recorded state, rec or ringN")
     ap.add_argument("--sides", default="1b:plain,1b:plain,1b:rec,tiny:plain,tiny:plain,tiny:rec",
                     help="--design pairs: comma-separated MODEL:KIND (MODEL tiny|1b; KIND plain|rec|ringN); two "
                          "plain sides of a model give its A/A control")
     ap.add_argument("--rounds", type=int, default=4, help="rounds per phase at most")
     ap.add_argument("--load-s", type=float, default=6.0, help="about how long one load lasts")
-    ap.add_argument("--concurrency", type=int, default=8)
-    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=8, help="requests in flight during a load")
+    ap.add_argument("--max-num-seqs", type=int, default=8, help="each server's --max-num-seqs")
     ap.add_argument("--gpu-mem", type=float, default=0.07, help="--gpu-memory-utilization of each server")
-    ap.add_argument("--start-timeout", type=float, default=300.0)
+    ap.add_argument("--start-timeout", type=float, default=300.0, help="seconds for every pair of a phase to start")
     ap.add_argument("--deadline-s", type=float, default=0.0,
-                    help="the whole run's budget: each phase stops starting rounds at its share of it")
+                    help="the whole run's budget in seconds (0: none): each phase stops starting rounds at its "
+                         "share of it")
     ap.add_argument("--json", metavar="FILE", help="also write every load and the verdict as JSON")
     ap.add_argument("--workdir", help="keep models and server logs here (default: a temporary directory)")
     a = ap.parse_args(argv)

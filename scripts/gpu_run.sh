@@ -25,6 +25,8 @@
 # (the merged P+D trace) and logs-<mode>.tgz (server logs, result.json, check.json).
 # The vLLM it runs has no compiled kernels (see gpu_bundle.sh): attention is vLLM's
 # TRITON_ATTN backend and RMSNorm / SiluAndMul / rotary run their torch-native forward.
+# For this project's lent GPU machines only: it kills every vllm.entrypoints process between runs and
+# patches the vLLM it unpacks (flash-attn import, kernel-library stub). Never run it on a shared host.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/pdtrace-gpu-out}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build tiny random-weight models for the live CPU P/D run (no network).
 
-    python scripts/make_tiny_models.py OUT_DIR [--no-eagle]
+    python scripts/make_tiny_models.py OUT_DIR [--no-eagle] [--hybrid] [--1b]
 
 OUT_DIR/target   Llama-style target: hidden 64, 4 heads x head_dim 32 (the CPU attention
                  backend needs head_dim >= 32: vllm/v1/attention/backends/cpu_attn.py
@@ -199,8 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dir")
     ap.add_argument("--no-eagle", action="store_true", help="target only (for ngram spec decode)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hybrid", action="store_true", help="also OUT_DIR/hybrid: the tiny NemotronH (config only)")
+    ap.add_argument("--1b", dest="one_b", action="store_true",
+                    help="also OUT_DIR/target1b and eagle1b: the ~1.2B Llama-shaped configs")
     a = ap.parse_args(argv)
-    print(json.dumps(build(a.out_dir, eagle=not a.no_eagle, seed=a.seed)))
+    out = build(a.out_dir, eagle=not a.no_eagle, seed=a.seed)
+    if a.hybrid:
+        out["hybrid"] = build_hybrid(Path(a.out_dir) / "hybrid")
+    if a.one_b:
+        out.update({f"{k}1b": v for k, v in build_1b(a.out_dir, eagle=not a.no_eagle).items()})
+    print(json.dumps(out))
     return 0
 
 

@@ -4,16 +4,21 @@ count, found WITHOUT pdtrace's detectors, set beside what `pdtrace check`'s stal
 
     python scripts/race_oracle.py TRACE [TRACE ...]    # .jsonl or .jsonl.zst; prints one JSON object per trace
 
-The oracle (the same as tests/test_race_51571.py uses on ../shared/evidence):
-  * each `acc.read` at step S is held to the same request's `acc.truth` for step S-1 (the runner's
-    own count, recorded where it is produced): different = a disagreeing read;
-  * a disagreeing read that got 1 where the request's accepted tokens crossed a Mamba block boundary
-    in step S-1 is the align postprocess's reset, not a bug: vLLM's
-    `mamba_utils.postprocess_mamba_fused_kernel` stores 1 when `src_block_idx == dest_block_idx`
-    (the state was copied to the aligned block); computed from the request's prompt length and its
-    own accepted counts, with the block size from `sched.config`;
-  * the rest are wrong reads: the goal is that these and only these are the detector's errors.
-Exit code 0 when, for every trace, every wrong read is an error and every error a disagreeing read; 1 otherwise.
+Two oracles; the first decides where the trace has what it needs (the runner's copied values for nearly
+every read: recordings since 2026-11-27), else the second ("oracle" in the output says which):
+  * the runner's own count: each `acc.read` held to the value the runner copied for that same request
+    (`d2h.done` values in the rows `d2h.issue` names); different = a wrong read;
+  * acc.truth and the align rule (older recordings, e.g. the project's shared evidence trace that
+    tests/test_race_51571.py reads): each `acc.read` at step S held to the same request's `acc.truth` for
+    step S-1; a disagreeing read that got 1 where the request's accepted tokens crossed a Mamba block
+    boundary in step S-1 is the align postprocess's reset, not a bug (vLLM's
+    `mamba_utils.postprocess_mamba_fused_kernel` stores 1 when `src_block_idx == dest_block_idx`),
+    computed from the request's prompt length and accepted counts, block size from `sched.config`; the
+    rest are wrong reads. This rule is approximate: on the 2026-11-27 H200 trace it called 3 reads align
+    resets whose copied count was 3 or 4 (so they were wrong, and check's errors).
+The goal: the wrong reads, and only they, are check's errors ("ok"). Warnings (reads through another
+request's row whose value equalled their own) are counted in "findings", not judged.
+Exit code 0 when "ok" for every trace; 1 otherwise; 2 when a file is missing.
 """
 
 from __future__ import annotations
@@ -96,25 +101,31 @@ def judge(path: str) -> dict:
     moves = collections.Counter(kind_of.get(f.data.get("moved_by"), "none named")
                                 for f in found if f.severity == "error")
     counts = collections.Counter(e["ev"] for e in ev)
-    return {"trace": path, "events": len(ev), "requests": counts["req.add"],
-            "copies": counts["d2h.issue"], "moves": {k: counts[k] for k in ("batch.add", "batch.remove",
-                                                                           "batch.condense", "batch.swap")},
-            "moves_with_rows": sorted({str(e.get("moves_with_rows")) for e in ev if e["ev"] == "d2h.issue"}),
-            "reads": o["reads"], "reads_without_truth": o["reads_without_truth"],
-            "disagree": len(o["disagree"]), "align_reset": len(o["align_reset"]), "wrong": len(o["wrong"]),
-            "findings": dict(by), "error_moves": dict(moves),
-            # every wrong read an error, every error a disagreeing read (an error may also be an align
-            # reset: a read from another request's row whose 1 equals what its own row got)
-            "ok": o["wrong"] <= errors <= o["disagree"],
-            "errors_also_align_reset": len(errors & o["align_reset"]),
-            # the stronger oracle where the copy's values are recorded: the read against the count the
-            # runner copied for this request (reads whose copy has no recorded values are not judged)
+    # Which oracle decides: the runner's own copied counts where the trace records them for (nearly) every
+    # read (recordings since 2026-11-27); else acc.truth with the align rule computed from the request.
+    by_copy = o["reads"] and len(o["judged"]) >= 0.95 * o["reads"]
+    if by_copy:
+        wrong = o["wrong_by_copy"]
+        ok = errors & o["judged"] == wrong and not errors - o["judged"]
+    else:
+        wrong = o["wrong"]
+        # every wrong read an error, every error a disagreeing read (an error may also be an align reset:
+        # a read from another request's row whose 1 equals what its own row got)
+        ok = wrong <= errors <= o["disagree"]
+    return {"trace": path, "events": sum(v for k, v in counts.items() if k not in ("trace.header", "trace.footer")),
+            "requests": counts["req.add"], "copies": counts["d2h.issue"],
+            "moves": {k: counts[k] for k in ("batch.add", "batch.remove", "batch.condense", "batch.swap")},
+            "moves_with_rows": sorted({e.get("moves_with_rows") for e in ev if e["ev"] == "d2h.issue"}, key=str),
+            "reads": o["reads"], "oracle": "runner's copied count" if by_copy else "acc.truth + align rule",
+            "wrong": len(wrong), "findings": dict(by), "error_moves": dict(moves), "ok": bool(ok),
+            "wrong_not_flagged": sorted(map(list, wrong - errors))[:10],
+            "flagged_not_wrong": sorted(map(list, errors - wrong))[:10],
+            # the details of both oracles
             "reads_with_copy_values": len(o["judged"]), "wrong_by_copy": len(o["wrong_by_copy"]),
             "runner_copied_1_for_more": len(o["reset_by_copy"]),
-            "errors_equal_wrong_by_copy": errors & o["judged"] == o["wrong_by_copy"],
             "errors_without_copy_values": len(errors - o["judged"]),
-            "wrong_not_flagged": sorted(map(list, o["wrong"] - errors))[:10],
-            "flagged_not_wrong": sorted(map(list, errors - o["wrong"]))[:10]}
+            "reads_without_truth": o["reads_without_truth"], "disagree_with_truth": len(o["disagree"]),
+            "align_rule_resets": len(o["align_reset"]), "wrong_by_truth_and_align_rule": len(o["wrong"])}
 
 
 def main(argv: list[str]) -> int:

@@ -25,14 +25,17 @@ FIX = ROOT / "sample_traces" / "live_gpu_race51571_v1_fix51599.jsonl.zst"
 
 def test_every_wrong_read_is_an_error_naming_the_move_and_nothing_else_is():
     r = race_oracle.judge(str(BUG))
-    assert r["requests"] == 640 and r["reads"] == 7700
+    assert r["requests"] == 640 and r["reads"] == 7700 and r["events"] == 23419  # as check counts them
     assert r["reads_with_copy_values"] >= r["reads"] - 2  # the first reads of each request precede any copy
-    assert r["wrong_by_copy"] == 70
-    assert r["findings"]["error"] == 70 and r["errors_equal_wrong_by_copy"] and r["errors_without_copy_values"] == 0
+    assert r["oracle"] == "runner's copied count" and r["wrong"] == r["wrong_by_copy"] == 70
+    assert r["findings"]["error"] == 70 and r["ok"] and r["errors_without_copy_values"] == 0
+    assert r["wrong_not_flagged"] == r["flagged_not_wrong"] == []
     assert r["error_moves"] == {"batch.swap": 70}
     # every other read that disagrees with acc.truth got what the runner itself copied: 1 where it accepted more
     # (the align postprocess), so it is right and is no error
-    assert r["disagree"] == r["wrong_by_copy"] + r["runner_copied_1_for_more"]
+    assert r["disagree_with_truth"] == r["wrong_by_copy"] + r["runner_copied_1_for_more"]
+    # the approximate align rule of older recordings misses 3 of them (it calls them resets): the copy decides
+    assert r["wrong_by_truth_and_align_rule"] == 67
     ev = race_oracle.events(str(BUG))
     errors = [f for f in detect([e for e in ev if "id" in e]) if f.kind == STALE_ACCEPTED_COUNT_READ
               and f.severity == "error"]
@@ -44,10 +47,10 @@ def test_every_wrong_read_is_an_error_naming_the_move_and_nothing_else_is():
 
 def test_the_fixed_twin_reads_no_wrong_count_and_gives_no_finding():
     r = race_oracle.judge(str(FIX))
-    assert r["requests"] == 640 and r["moves_with_rows"] == ["False"]
+    assert r["requests"] == 640 and r["moves_with_rows"] == [False]
     assert r["moves"]["batch.swap"] > 200  # the rows moved as much as in the bug run
-    assert r["wrong_by_copy"] == 0 and r["findings"] == {}
-    assert r["disagree"] == r["runner_copied_1_for_more"] > 0
+    assert r["wrong"] == r["wrong_by_copy"] == 0 and r["findings"] == {} and r["ok"]
+    assert r["disagree_with_truth"] == r["runner_copied_1_for_more"] > 0
 
 
 def test_race_oracle_cli_exit_codes(tmp_path):

@@ -324,3 +324,14 @@ def test_block_map_header_fits_80_columns_with_vllms_long_request_ids():
     t = Text()
     BlockMapPane._pairs(t, 80, short)
     assert t.plain.splitlines()[0] == "Request P:req-1-P  ->  D:req-1-D"
+
+
+@pytest.mark.asyncio
+async def test_a_block_map_with_nothing_to_draw_says_where_the_requests_findings_are():
+    """A new user's pass (2026-11-27): the live #51571 trace opened on an empty Block map ("No NIXL block
+    events") with nothing saying that the first request's findings were in the Acc tab."""
+    app = _app(SAMPLES / "live_gpu_race51571_v1_bug.jsonl.zst")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _ready(app, pilot)
+        text = app.query_one("#pane-blocks").text
+        assert "No NIXL block events for request" in text and "Its findings are in tab 2 Acc" in text

@@ -273,7 +273,12 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
         out += _wrap(f.explanation, width, "    ")
         ids = f.event_ids[:12]
         out.append(f"    events: {ids}" + (f" (+{len(f.event_ids) - 12})" if len(f.event_ids) > 12 else ""))
+    if len(findings) > 3:  # a long list scrolls the counts away: say them again where the terminal stops
+        out += ["", *line(_summary_line(findings, cov) + " (listed above, errors first)", width, "", "  ")]
     return "\n".join(out) + "\n"
+
+
+MD_ROWS, MD_DETAILS = 100, 20  # markdown: findings in the table, and with their explanation and data
 
 
 def _md_escape(s: Any) -> str:
@@ -290,11 +295,14 @@ def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request:
         findings = by_severity(findings)
         out += ["| # | severity | kind | step | instance | request | summary |",
                 "| --- | --- | --- | --- | --- | --- | --- |"]
-        for n, f in enumerate(findings, 1):
+        for n, f in enumerate(findings[:MD_ROWS], 1):
             out.append(f"| {n} | {f.severity} | `{f.kind}` | {'' if f.step is None else f.step} | "
                        f"{f.inst or ''} | {('`' + _md_escape(f.req) + '`') if f.req else ''} | {_md_escape(f.title)} |")
+        if len(findings) > MD_DETAILS:  # a GitHub issue body holds 65,536 characters
+            out.append(f"\n{len(findings)} findings: the first {min(MD_ROWS, len(findings))} listed above, the first "
+                       f"{MD_DETAILS} in detail below; all of them: `pdtrace check --format json` or `pdtrace report`.")
         out.append("")
-        for n, f in enumerate(findings, 1):
+        for n, f in enumerate(findings[:MD_DETAILS], 1):
             out += [f"### {n}. `{f.kind}` ({f.severity})", "", f"**{_md_escape(f.title)}**", "", f.explanation, "",
                     f"Trace events: {', '.join(str(i) for i in f.event_ids[:40])}"
                     + (f" (+{len(f.event_ids) - 40} more)" if len(f.event_ids) > 40 else ""), "",

@@ -295,9 +295,9 @@ class TraceIndex(ColumnQueries):
             off, block = got
             if isinstance(block, Gap):  # damaged frames skipped (the seek table says where the next starts)
                 self.gaps.append({"line": line_no + 1, "at": off, "lost": block.lost, "frames": block.frames})
-                self._problem(line_no + 1, f"{block.reason}: {block.lost} uncompressed bytes lost ({block.frames} "
-                                           f"frame(s) and the lines they cut); reading goes on after the gap, whose "
-                                           f"lines are numbered as if the gap were one line")
+                self._problem(line_no + 1, f"{block.lost} uncompressed bytes lost ({block.frames} damaged zstd "
+                                           f"frame(s) and the lines they cut); read on after them, lines numbered "
+                                           f"as if the gap were one; first: {block.reason}")
                 self.stream_damaged = True
                 line_no += 1
                 continue

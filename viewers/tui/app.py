@@ -383,7 +383,11 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
             ws = drafter.windows(index, pair, self.findings) if self.indexed else []
             fs = self._selection_findings(tab)
             if tab == "blocks":
-                self.query_one(BlockMapPane).show(model.block_map(index, req), req, fs, sel, ws)
+                tabs = dict((t[0], t[2]) for t in TABS)
+                elsewhere = sorted({tabs.get(PANE_OF_KIND.get(f.kind, "raw"), "") for f in self.findings
+                                    if f.req == req and PANE_OF_KIND.get(f.kind) != "blocks"})
+                self.query_one(BlockMapPane).show(model.block_map(index, req), req, fs, sel, ws,
+                                                  ", ".join(f"tab {x}" for x in elsewhere if x))
             else:
                 self.query_one(WindowPane).show(ws, req, self.step, fs, sel)
         elif tab == "acc":

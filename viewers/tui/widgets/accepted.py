@@ -80,7 +80,8 @@ class AcceptedPane(Pane):
         for v in views:
             bad = sum(r.bad for r in v.rows)
             t.append(f"Instance {v.inst}  step {v.step}", style="bold underline")
-            t.append(f"  {bad} bad read(s)\n" if bad else "  all reads ok\n", style="bold red" if bad else OK)
+            t.append(f"  {bad} bad read(s), listed first\n" if bad else "  all reads ok\n",
+                     style="bold red" if bad else OK)
             reqw = max([8] + [len(r.req) for r in v.rows])
             verw = max([7] + [len(verdict(r)) for r in v.rows])
             used = 3 + 2 + reqw + 1 + verw
@@ -94,7 +95,7 @@ class AcceptedPane(Pane):
             hidden = DETAILS[len(cols):]
             hdr = f"{'row':>3}  {'read for':<{reqw}} {'verdict':<{verw}}" + "".join(f" {h:>{w}}" for h, w, _ in cols)
             t.append(hdr + "\n", style="dim")
-            for r in v.rows:
+            for r in sorted(v.rows, key=lambda r: not r.bad):  # the bad reads on screen first (stable: by row)
                 t.append(f"{r.row:>3}  {r.req:<{reqw}} ", style="bold" if r.bad else "")
                 t.append(f"{verdict(r):<{verw}}", style=BAD if r.bad else OK)
                 t.append("".join(f" {fn(r):>{w}}" for _, w, fn in cols) + "\n")

@@ -46,12 +46,14 @@ class BlockMapPane(Pane):
     windows of the pair when one reaches past its allocation."""
 
     def build(self, width: int, bm: model.BlockMap | None, req: str | None, findings: list[Any],
-              selected: Any = None, windows: list[drafter.Window] | None = None) -> Text:
+              selected: Any = None, windows: list[drafter.Window] | None = None, elsewhere: str = "") -> Text:
         t = Text()
         windows = windows or []
         if bm is None and not windows:
             t.append(f"No NIXL block events for request {req}.\n" if req else
                      "Select a request (left; s shows the list) or a finding (f) to see its P and D blocks.\n", style="dim")
+            if elsewhere:  # the request's findings are of another class: say where they show (a new user's pass)
+                t.append(f"Its findings are in {elsewhere}: f opens the first there.\n", style="bold")
             return t
         self.head(t, findings, width, selected)
         outside = [w for w in windows if w.outside]
