@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import live_cpu_pd as L  # noqa: E402
+import live_servers as LS  # noqa: E402
 import pd_proxy  # noqa: E402
 
 GOAL = 0.97
@@ -79,17 +80,7 @@ def load(proxy_url: str, n: int, bs: int, concurrency: int = 4, max_tokens: int 
 
 def cpu_seconds(servers: dict) -> float:
     """User + system CPU seconds of every live process in the pair's server trees."""
-    import psutil
-
-    total = 0.0
-    for srv, _ in servers.values():
-        for p in L._proc_tree(srv.proc.pid):
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
-    return total
+    return LS.tree_cpu_seconds(servers)
 
 
 class Pair:

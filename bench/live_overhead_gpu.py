@@ -96,20 +96,6 @@ def core_sets(n: int) -> tuple[list[list[int]], list[int]]:
     return [rest[i * per:(i + 1) * per] for i in range(n)], own
 
 
-def proc_cpu(servers: dict) -> float:
-    import psutil
-
-    total = 0.0
-    for srv, _ in servers.values():
-        for p in L._proc_tree(srv.proc.pid):
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.Error:
-                pass
-    return total
-
-
 def plan(n: int, seed0: int) -> list[dict]:
     """n requests, prompts of 2-4 blocks, half of them block-aligned, 48 output tokens each."""
     return [{"len": (2 + i % 3) * BLOCK + (0 if i % 2 else 9), "max_tokens": 48, "seed": seed0 + i} for i in range(n)]
@@ -125,13 +111,13 @@ def serve(pair: dict, reqs: list[dict], concurrency: int) -> dict:
         resp = pd_proxy.disaggregated_completion(L.completion_body(r), p_url, d_url)
         return resp["usage"]["completion_tokens"], time.monotonic() - t
 
-    c0 = proc_cpu(pair["servers"])
+    c0 = LS.tree_cpu_seconds(pair["servers"])
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         got = list(pool.map(one, reqs))
     wall = time.monotonic() - t0
     time.sleep(0.3)  # the last transfer notifications and recorder writes land in this load
-    cpu = proc_cpu(pair["servers"]) - c0
+    cpu = LS.tree_cpu_seconds(pair["servers"]) - c0
     toks = sum(n for n, _ in got)
     return {"side": pair["name"], "kind": pair["kind"], "tokens": toks, "wall_s": round(wall, 3),
             "tok_s": round(toks / wall, 2), "cpu_s_per_tok": round(cpu / toks, 6) if toks else None,

@@ -148,6 +148,22 @@ def _proc_tree(pid: int):
         return []
 
 
+def tree_cpu_seconds(servers: dict) -> float:
+    """User + system CPU seconds of every live process in the servers' process trees
+    (``servers``: name -> (Server, port)); for the overhead benches."""
+    import psutil
+
+    total = 0.0
+    for srv, _ in servers.values():
+        for p in _proc_tree(srv.proc.pid):
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+    return total
+
+
 class MemSampler(threading.Thread):
     """Peak summed RSS of each named process tree (sampled every `period` s)."""
 
