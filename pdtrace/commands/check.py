@@ -250,6 +250,10 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
                 f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
                 + ("" if tr.complete else "  [INCOMPLETE: " + (incomplete_reason(tr.footer, tr.problems) or "?") + "]"),
                 width, "  ", "    ")
+    insts = tr.header.get("instances") or []
+    if insts:  # the "inst" of each finding below (record --instance, or P / D from vLLM's kv_role)
+        out += line(f"instances: {', '.join(map(str, insts))} (each process's `pdtrace record --instance`, or P / D "
+                    f"from vLLM's kv_role)", width, "  ", "    ")
     out += line(f"detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""), width, "  ", "    ")
     out += ["", *line(_summary_line(findings, cov), width, "", "  "), "", "coverage:"]
     kw = max((len(k) for k in cov), default=0)
