@@ -50,12 +50,15 @@ import live_cpu_pd as L  # noqa: E402
 import make_tiny_models  # noqa: E402
 import pd_proxy  # noqa: E402
 
-# Different lengths, sent 0.3 s apart: "h-short" finishes while "h-last" (a higher row) runs.
+# Different lengths, sent 0.3 s apart ("gap": seconds before the next one): "h-short" finishes while
+# "h-last" (a higher row) runs, so its row is condensed. h-last follows h-short closely and h-short decodes
+# 16 tokens: with 4 tokens and a 0.3 s gap, h-short once finished before h-last arrived on an idle host
+# (a CI run of 2026-11-27: no condense), as live_load's c-short had (its plan's comment).
 PLAN = [
-    {"name": "h-long", "len": 70, "max_tokens": 96, "seed": 3},
-    {"name": "h-mid", "len": 40, "max_tokens": 48, "seed": 4},
-    {"name": "h-short", "len": 33, "max_tokens": 4, "seed": 5},
-    {"name": "h-last", "len": 90, "max_tokens": 32, "seed": 6},
+    {"name": "h-long", "len": 70, "max_tokens": 96, "seed": 3, "gap": 0.3},
+    {"name": "h-mid", "len": 40, "max_tokens": 48, "seed": 4, "gap": 0.3},
+    {"name": "h-short", "len": 33, "max_tokens": 16, "seed": 5, "gap": 0.05},
+    {"name": "h-last", "len": 90, "max_tokens": 32, "seed": 6, "gap": 0.0},
 ]
 
 
@@ -94,9 +97,9 @@ def send(url: str) -> list[dict]:
         out[i] = _complete(url, r)
 
     threads = [threading.Thread(target=one, args=(i, r)) for i, r in enumerate(PLAN)]
-    for th in threads:
+    for th, r in zip(threads, PLAN):
         th.start()
-        time.sleep(0.3)
+        time.sleep(r.get("gap", 0.3))
     for th in threads:
         th.join()
     return out
