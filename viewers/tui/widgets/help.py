@@ -68,7 +68,9 @@ red past it, `│` at block boundaries) and one line per block index; past the a
 the block-table entry the write would hit and who holds that block (a shared
 prefix-cache block).
 
-Wide tables scroll sideways (the scrollbar under them, or shift + mouse wheel).
+A pane longer than the screen scrolls: `tab` until it has the focus, then `↑` / `↓`, `PageUp` /
+`PageDown`, `Home` / `End`, or the mouse wheel. Wide tables scroll sideways (the scrollbar under
+them, or shift + mouse wheel).
 
 Press `escape` or `?` to close.
 """
