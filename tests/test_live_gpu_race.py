@@ -36,12 +36,11 @@ def test_every_wrong_read_is_an_error_naming_the_move_and_nothing_else_is():
     assert r["disagree_with_truth"] == r["wrong_by_copy"] + r["runner_copied_1_for_more"]
     # the approximate align rule of older recordings misses 3 of them (it calls them resets): the copy decides
     assert r["wrong_by_truth_and_align_rule"] == 67
-    ev = race_oracle.events(str(BUG))
-    errors = [f for f in detect([e for e in ev if "id" in e]) if f.kind == STALE_ACCEPTED_COUNT_READ
-              and f.severity == "error"]
+    found = [f for f in detect(race_oracle.events(str(BUG))) if f.kind == STALE_ACCEPTED_COUNT_READ]
+    errors = [f for f in found if f.severity == "error"]
     assert all("#51571" in f.explanation and "swap_states(" in f.explanation for f in errors)
     # the warnings: reads through another request's row whose value equalled the request's own copied count
-    warn = [f for f in detect([e for e in ev if "id" in e]) if f.severity == "warning"]
+    warn = [f for f in found if f.severity == "warning"]
     assert warn and all(f.data["value"] == f.data["own"] for f in warn)
 
 

@@ -9,9 +9,7 @@ the value each decode read against its own count, not the detector.
 
 from __future__ import annotations
 
-import collections
-import io
-import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,14 +74,6 @@ def test_hooks_record_the_landing_and_the_copy_destination():
     assert all("landed" not in e for e in ev if e["ev"].startswith("batch."))
 
 
-def _evidence_events():
-    import zstandard
-
-    with open(EVIDENCE, "rb") as fh:
-        text = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(fh)).read()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def test_live_h200_evidence_reads_that_disagree_are_findings():
     """../shared/evidence (vLLM 0.32.0 on an H200, V1 runner, align mode, async, ngram_gpu): of
     the reads that disagree with their request's acc.truth, those the align postprocess explains
@@ -93,29 +83,15 @@ def test_live_h200_evidence_reads_that_disagree_are_findings():
     (block size 48 from sched.config), not the detector."""
     if not EVIDENCE.exists():
         pytest.fail(f"{EVIDENCE} is missing (CI lays ../shared beside the clone)")
-    events = _evidence_events()
-    bs = next(e for e in events if e["ev"] == "sched.config")["block_sizes"][0]
-    plen = {e["req"]: e["prompt_len"] for e in events if e["ev"] == "req.add"}
-    truths = collections.defaultdict(dict)
-    for e in events:
-        if e["ev"] == "acc.truth":
-            truths[e["req"]][e["for_step"]] = e["value"]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import race_oracle  # the rule below, written once: scripts/race_oracle.py's acc.truth + align oracle
 
-    def crosses(req, step):  # tokens computed before the step: prompt + the counts accepted so far
-        c = plen[req] + sum(v for s, v in truths[req].items() if s < step)
-        return (c + truths[req][step]) // bs * bs >= c + 1
-
-    disagree, align_reset = set(), set()
-    for e in events:
-        if e["ev"] != "acc.read":
-            continue
-        t = truths[e["req"]].get(e["step"] - 1)
-        if t is not None and t != e["value"]:
-            disagree.add((e["req"], e["step"]))
-            if e["value"] == 1 and crosses(e["req"], e["step"] - 1):
-                align_reset.add((e["req"], e["step"]))
+    events = race_oracle.events(str(EVIDENCE))
+    o = race_oracle.oracle(events)
+    assert o["block_size"] == 48 and not o["judged"]  # no copy values in this older recording
+    disagree, align_reset = o["disagree"], o["align_reset"]
     assert len(disagree) == 42
-    found = [f for f in detect([e for e in events if "id" in e]) if f.kind == STALE_ACCEPTED_COUNT_READ]
+    found = [f for f in detect(events) if f.kind == STALE_ACCEPTED_COUNT_READ]
     errors = {(f.req, f.step) for f in found if f.severity == "error"}
     # every disagreeing read is an error or an align reset; an error read a row another request's
     # value sat in (the few that are both crossed a boundary AND read another row: with no d2h
