@@ -94,9 +94,6 @@ class ClassSpec:
     applied: tuple[str, ...] = ()
 
 
-NOT_APPLIED = "recorded without the hook(s) "  # a class whose required hooks no process said it applied
-
-
 def _no_spec(c: Event) -> bool:
     return not c.get("num_spec_tokens")
 
@@ -322,7 +319,7 @@ class IndexFacts:
 WHOLE_KINDS = ("hook.error", "proc.exit", "hooks.status", "runner", "sched.config")
 
 
-def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
+def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts, incomplete: str | None = None) -> Coverage:
     n = 0
     pids: set = set()
     for k, filt in spec.feeds:
@@ -349,8 +346,12 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts) -> Coverage:
             why = (f"the trace does not say whether the hook(s) {', '.join(spec.applied)} were applied: "
                    f"{len(blind)} process(es) have no hooks.status event (pid {pids}; its line was cut or damaged, "
                    f"see the trace's problems), and none of the others applied it")
+        elif incomplete:  # the hooks.status or footer that would say so may be among what was lost
+            return Coverage(kind, NOT_CHECKED, f"the trace is incomplete ({incomplete}) and no event left in it "
+                            f"says the hook(s) {', '.join(spec.applied)} were applied: the hooks.status or footer "
+                            f"that would may be among what was lost", n)
         else:
-            why = (f"{NOT_APPLIED}{', '.join(spec.applied)} (none of its processes applied it: "
+            why = (f"recorded without the hook(s) {', '.join(spec.applied)} (none of its processes applied it: "
                    f"recorded before pdtrace had this class, or the hook was skipped): the events that would "
                    f"show this bug cannot be in the trace")
         skipped = {h: r for h, r in facts.skipped.items() if h in spec.applied}
@@ -398,15 +399,10 @@ def coverage_of(idx: Any, footer: dict | None = None, kinds: tuple[str, ...] | l
     """``coverage`` from what was gathered of the trace (an ``IndexFacts`` or a stream's
     ``Summary``)."""
     facts = _facts(idx, footer)
-    out = {k: _one(k, spec, idx, facts) for k, spec in CLASSES.items() if not kinds or k in kinds}
+    out = {k: _one(k, spec, idx, facts, incomplete) for k, spec in CLASSES.items() if not kinds or k in kinds}
     if incomplete:
         for k, c in out.items():
-            if c.status == NOT_CHECKED and c.reason.startswith(NOT_APPLIED):  # the line saying so may be lost
-                hooks = c.reason[len(NOT_APPLIED):].split(" (", 1)[0]
-                out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}) and no event left in it "
-                                  f"says the hook(s) {hooks} were applied: the hooks.status or footer that would "
-                                  f"may be among what was lost", c.events, c.hook_errors)
-            elif c.status == CHECKED:
+            if c.status == CHECKED:
                 out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}): events of this class "
                                   f"may be missing ({c.events} read)", c.events, c.hook_errors)
     return out
