@@ -374,6 +374,13 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         except Exception as exc:  # a malformed event must not take the viewer down
             self.notify(f"cannot draw the {tab} pane here: {type(exc).__name__}: {exc}", severity="error")
 
+    def _tabs_of(self, req: str | None) -> str:
+        """The tabs other than the Block map that show ``req``'s findings ("tab 2 Acc"), for an empty map."""
+        short = {t[0]: t[2] for t in TABS}
+        tabs = sorted({short[p] for f in self.findings if f.req == req
+                       and (p := PANE_OF_KIND.get(f.kind, "raw")) != "blocks"})
+        return ", ".join(f"tab {t}" for t in tabs)
+
     def _draw_pane(self, tab: str) -> None:
         index = self.index
         sel = self.finding
@@ -383,11 +390,8 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
             ws = drafter.windows(index, pair, self.findings) if self.indexed else []
             fs = self._selection_findings(tab)
             if tab == "blocks":
-                tabs = dict((t[0], t[2]) for t in TABS)
-                elsewhere = sorted({tabs.get(PANE_OF_KIND.get(f.kind, "raw"), "") for f in self.findings
-                                    if f.req == req and PANE_OF_KIND.get(f.kind) != "blocks"})
-                self.query_one(BlockMapPane).show(model.block_map(index, req), req, fs, sel, ws,
-                                                  ", ".join(f"tab {x}" for x in elsewhere if x))
+                bm = model.block_map(index, req)
+                self.query_one(BlockMapPane).show(bm, req, fs, sel, ws, "" if bm is not None or ws else self._tabs_of(req))
             else:
                 self.query_one(WindowPane).show(ws, req, self.step, fs, sel)
         elif tab == "acc":
