@@ -391,7 +391,8 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
             fs = self._selection_findings(tab)
             if tab == "blocks":
                 bm = model.block_map(index, req)
-                self.query_one(BlockMapPane).show(bm, req, fs, sel, ws, "" if bm is not None or ws else self._tabs_of(req))
+                empty = bm is None and not ws
+                self.query_one(BlockMapPane).show(bm, req, fs, sel, ws, self._tabs_of(req) if empty else "")
             else:
                 self.query_one(WindowPane).show(ws, req, self.step, fs, sel)
         elif tab == "acc":
