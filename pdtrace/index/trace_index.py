@@ -37,10 +37,8 @@ from ..errors import TraceError
 from .blocks import frame_blocks, mmap_blocks
 from .columns import KIND_CODE, KIND_NAMES, NO_REQ, NO_STEP, UNKNOWN_KIND, ColumnQueries  # noqa: F401
 from ..tracefile.trace import _KIND_REQUIRED, Problem, _check_header
+from ..tracefile.typecheck import EventChecker
 from ..tracefile.zsource import Gap
-
-_FIELD_CHECKS = schema.FIELD_CHECKS
-_type_error = schema.type_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +87,8 @@ class TraceIndex(ColumnQueries):
         self.stream_damaged = False  # a .zst frame could not be read: the lines in it (or after it) are not indexed
         self.gaps: list[dict] = []  # damaged .zst frames skipped: line (its number), at (byte), lost (bytes), frames
         self._cur_step: dict[int, int] = {}
+        self._base = 0
+        self._checker = EventChecker()  # the same verdict as schema.type_error, once per event shape
         self._newer = False
         self._fd: int | None = None
         self._mm: mmap.mmap | None = None
@@ -171,7 +171,7 @@ class TraceIndex(ColumnQueries):
         self.problems.append(Problem(line, reason))
 
     def _add(self, obj: dict[str, Any], start: int, length: int) -> None:
-        n = len(self.kinds)
+        n = self._base + len(self.kinds)  # (``_base``: rows a child scan has sent on and dropped)
         kind = obj["ev"]
         kc = KIND_CODE.get(kind, UNKNOWN_KIND)
         inst = obj.get("inst", "-")
@@ -257,8 +257,19 @@ class TraceIndex(ColumnQueries):
             return None
         return obj
 
-    def scan(self, batch_time: float = 0.1) -> Iterator[ScanProgress]:
-        """Index the file; yield progress after each ~``batch_time`` seconds of work."""
+    def scan(self, batch_time: float = 0.1, child: bool = False) -> Iterator[ScanProgress]:
+        """Index the file; yield progress after each ~``batch_time`` seconds of work. With
+        ``child`` the lines are read and checked in a spawned process (``child.py``: the same
+        index, this process only appends it), unless none can be started."""
+        if child and self._fd is not None:
+            from .child import start
+
+            scan = start(self, batch_time)
+            if scan is not None:
+                return scan
+        return self._scan(batch_time)
+
+    def _scan(self, batch_time: float) -> Iterator[ScanProgress]:
         path = self.path or ""
         if self._fd is None:
             raise TraceError(path, 0, "nothing to scan (index built from events)")
@@ -320,6 +331,7 @@ class TraceIndex(ColumnQueries):
         the file: its last line is checked as a cut one."""
         loads = orjson.loads
         JSONError = orjson.JSONDecodeError
+        ok = self._checker.ok
         lines = block.split(b"\n")
         tail = lines.pop()  # b"" when the block ends with a newline
         for raw in lines:
@@ -329,10 +341,8 @@ class TraceIndex(ColumnQueries):
                 obj = loads(raw)
             except JSONError:
                 obj = None
-            if obj is not None and type(obj) is dict and type(obj.get("ev")) is str and self.footer is None \
-                    and obj["ev"] in _KIND_REQUIRED and obj.keys() >= _KIND_REQUIRED[obj["ev"]] \
-                    and _type_error(obj, _FIELD_CHECKS[obj["ev"]], obj["ev"]) is None:
-                self._add(obj, off, ln)  # fast path: a valid event
+            if obj is not None and ok(obj) and self.footer is None:
+                self._add(obj, off, ln)  # fast path: a valid event (its shape seen valid before: one lookup)
             else:
                 ev = self._check_line(obj, raw + b"\n", line_no, False)
                 if ev is not None:

@@ -1,7 +1,9 @@
 """The pdtrace TUI app: findings + requests on the left, step scrubber and panes on the right.
 
 Data flow (memray/toolong style): the ``TraceIndex`` is injected; a thread worker
-indexes the file in batches and posts ``IndexProgress``; when the index is complete the
+indexes the file in batches and posts ``IndexProgress`` (a trace from ``scan_child_bytes``
+on is read and checked in a child process, ``pdtrace.index.child``, so the lines' parsing
+does not take the UI's interpreter; the worker only appends each batch); when the index is complete the
 same worker runs the detectors and the per-class coverage (``detecting.py``: in this
 process, or for a big trace streamed in a child process started with the indexing) and
 posts ``FindingsReady``. Widgets only render what ``viewers.tui.model`` / ``drafter``
@@ -51,6 +53,7 @@ Detect = Callable[..., list]
 # Above this size (of the trace's text) the detectors run streamed in a child process
 # (``detecting.py``); up to it, here over a list of parsed events.
 DETECT_MAX_BYTES = 256 << 20
+SCAN_CHILD_BYTES = 64 << 20  # a trace file from this size on is indexed in a child process
 _STEP = Binding.Group("Step", compact=True)
 _TABS = Binding.Group("Tab", compact=True)
 
@@ -103,7 +106,8 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
 
     def __init__(self, index: TraceIndex, *, detect: Detect | None = None, use_default_detect: bool = True,
                  scan: bool | None = None, batch_time: float = 0.1,
-                 detect_max_bytes: int = DETECT_MAX_BYTES, export_dir: str | None = None) -> None:
+                 detect_max_bytes: int = DETECT_MAX_BYTES, export_dir: str | None = None,
+                 scan_child_bytes: int = SCAN_CHILD_BYTES) -> None:
         super().__init__()
         self.index = index
         self.detect = detect if detect is not None else (default_detect() if use_default_detect else None)
@@ -111,6 +115,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         self._default_detect = detect is None and use_default_detect
         self.scan = (not index.done) if scan is None else scan
         self.batch_time = batch_time
+        self.scan_child = self.scan and index._memory is None and index.size >= scan_child_bytes
         self.detect_max_bytes = detect_max_bytes
         self.export_dir = export_dir or os.getcwd()
         self.last_export: str | None = None
@@ -180,7 +185,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         try:
             if self.scan:
                 try:
-                    for prog in self.index.scan(batch_time=self.batch_time):
+                    for prog in self.index.scan(batch_time=self.batch_time, child=self.scan_child):
                         if worker.is_cancelled:
                             return
                         self.post_message(IndexProgress(prog))

@@ -30,8 +30,9 @@ class DetectMixin:
                 and not self._force_detect)  # type: ignore[attr-defined]
 
     def _prepare_job(self) -> None:
-        """Before the app runs (``PdtraceViewer.__init__``): see ``background.prepare``."""
-        if self._streamed():
+        """Before the app runs (``PdtraceViewer.__init__``), where a child process will be
+        spawned (the streamed check, the index scan): see ``background.prepare``."""
+        if self._streamed() or self.scan_child:  # type: ignore[attr-defined]
             from pdtrace.detectors.background import prepare
 
             try:
