@@ -72,7 +72,7 @@ def test_every_cited_event_is_linked_and_in_the_table(path):
     rows = page.split('<tr id="finding-')[1:]
     assert len(rows) == len(findings)
     for k, (f, row) in enumerate(zip(findings, rows)):
-        assert row.startswith(f'{k}" class="finding {f.severity}" data-finding="{k}"')
+        assert row.startswith(f'{k + 1}" class="finding {f.severity}" data-finding="{k}"')  # #finding-N: the # column
         fev = row[row.index("<td class='fev'>"):row.index("</tr>")]
         assert [int(n) for n in re.findall(r'data-ev="(\d+)"', fev)] == f.event_ids[:summary.MAX_LINKED_IDS]
         # the page's data for the click: the cited ids and a time range that covers them
@@ -288,7 +288,7 @@ def test_clicking_a_finding_zooms_every_time_figure_and_lists_its_events(stale_p
     for d in (before, after):
         assert "data-pd-error" not in d.body and int(d.body["data-pd-rendered"]) == len(data["figs"])
     assert after.body.get("data-pd-clicked") == str(k) and after.body.get("data-selected-finding") == str(k)
-    assert "sel" in after.by_id[f"finding-{k}"]["class"].split()
+    assert "sel" in after.by_id[f"finding-{k + 1}"]["class"].split()
     want = data["findings"][k]["x"]
     assert len(data["timefigs"]) >= 2
     for fid in data["timefigs"]:
@@ -374,3 +374,17 @@ def test_a_finding_outlines_its_block_map_and_zooms_the_window_figure(tmp_path):
         assert f'href="#{fid}"' in (d.raw_sel or ""), name
         if fid == "fig-blockmap-0":
             assert set(data["findings"][0]["reqs"]) & set(data["reqfigs"][fid])
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(bc.find_chromium() is None,
+                    reason="headless Chromium not installed (Debian: apt-get install -y chromium)")
+def test_a_finding_anchor_in_the_url_selects_the_row_numbered_so(stale_page):
+    """Issue 39: `#finding-N` names the finding the # column numbers N (from 1, as check does), so a
+    link cited in a bug report opens that row, not the next one."""
+    html_path, data, findings = stale_page
+    assert len(findings) >= 2
+    d = _dom(bc.render_with_chromium(html_path, query="#finding-2"))
+    assert d.body.get("data-selected-finding") == "1"
+    row = d.by_id["finding-2"]
+    assert "sel" in row["class"].split() and row["data-finding"] == "1"

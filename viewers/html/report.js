@@ -335,7 +335,7 @@
       tr.classList.toggle("sel", on);
       if (on) tr.setAttribute("aria-selected", "true"); else tr.removeAttribute("aria-selected");
     });
-    var row = $("finding-" + k), wrap = row && row.closest(".findwrap");
+    var row = $("finding-" + (k + 1)), wrap = row && row.closest(".findwrap");
     if (row && wrap) {
       var top = row.offsetTop - wrap.offsetTop;
       if (top < wrap.scrollTop || top > wrap.scrollTop + wrap.clientHeight - 40) wrap.scrollTop = top - 40;
@@ -386,7 +386,7 @@
         ev.preventDefault();
         var n = +a.getAttribute("data-finding");
         selectFinding(n);
-        var r = $("finding-" + n);
+        var r = $("finding-" + (n + 1));
         if (r) r.scrollIntoView({ block: "center" });
         return;
       }
@@ -432,7 +432,7 @@
     var m = /^#ev-(\d+)$/.exec(window.location.hash);
     if (m) { showInContext(+m[1]); return; }
     m = /^#finding-(\d+)$/.exec(window.location.hash);
-    if (m) selectFinding(+m[1]);
+    if (m) selectFinding(+m[1] - 1); // #finding-N: N as the # column numbers it, from 1
   }
 
   function drawFigures() {

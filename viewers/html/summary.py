@@ -22,7 +22,7 @@ def finding_link(k: int, text: str) -> str:
     """A count that selects finding k, or the bare count when k is past the listed ones."""
     if k >= MAX_FINDING_ROWS:
         return text
-    return f'<a class="selfind" href="#finding-{k}" data-finding="{k}">{text}</a>'
+    return f'<a class="selfind" href="#finding-{k + 1}" data-finding="{k}">{text}</a>'
 
 
 def ev_link(i: int) -> str:
@@ -194,7 +194,7 @@ def findings_html(m: Model, ranges: list[tuple[float, float] | None], linkable: 
         r = ranges[k]
         when = f"{r[0]:.3f}–{r[1]:.3f}" if r else "—"
         out.append(
-            f'<tr id="finding-{k}" class="finding {esc(f.severity)}" data-finding="{k}" tabindex="0">'
+            f'<tr id="finding-{k + 1}" class="finding {esc(f.severity)}" data-finding="{k}" tabindex="0">'
             f"<td>{k + 1}</td><td><span class=\"sev {esc(f.severity)}\">{esc(f.severity)}</span></td>"
             f"<td>{esc(f.kind)}</td><td>{esc(f.inst or '')}</td><td>{esc('' if f.step is None else f.step)}</td>"
             f"<td>{esc(f.req or '')}</td><td><b>{esc(f.title)}</b><div class='expl'>{_linkify(f.explanation, linkable)}"
