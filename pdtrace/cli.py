@@ -83,7 +83,7 @@ def check(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
     format: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="text | markdown | json"),
     only: Optional[List[str]] = typer.Option(None, "--only", metavar="KIND", help="Only this detector (repeatable): lookahead-block-misalignment, connector-metadata-cleared-before-drafter, drafter-window-outside-allocation, stale-accepted-count-read, kv-load-failure-recovery."),
-    request: Optional[str] = typer.Option(None, "--request", metavar="ID", help="Only findings about this request id."),
+    request: Optional[str] = typer.Option(None, "--request", metavar="ID", help="Only findings about this request id and the other side of its P/D pair (P's id or D's: either names the pair; the header says which ids were taken)."),
     what_if: Optional[str] = typer.Option(None, "--what-if", metavar="RULE", help="Replay the recorded block lists through a corrected rule: fixed-trim."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", help="Write the report here instead of stdout."),
     lenient: bool = LENIENT,

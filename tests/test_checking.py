@@ -76,3 +76,28 @@ def test_an_unknown_request_is_said_with_the_requests_the_trace_has():
     got = check_file(path, request="no-such-request")
     assert not got.request_seen and got.requests and got.findings == []
     assert all(r in {e.get("req") for e in load(path).events} for r in got.requests)
+
+
+@pytest.mark.parametrize("name", ["stale_read_rowmoves_buggy.jsonl", "lookahead_aligned16_k1_buggy.jsonl",
+                                  "live_cpu_pd_eagle.jsonl"])
+def test_a_request_named_by_either_side_of_its_pd_pair_gets_the_findings_of_both(name):
+    """`check --request` with P's id or D's (issue 39, from a new user's pass: naming P's id, as a
+    proxy logs it, showed "no findings" while its D side had five). Oracle: the whole check's
+    findings whose request is either id of the pair, the pair read from the trace's own
+    nixl.remote_alloc events (D's request id and the P id it names); one process, split, and
+    the other id give the same."""
+    from pdtrace.detectors import _about
+
+    path = str(ROOT / "sample_traces" / name)
+    tr = load(path)
+    pairs = {(e["req"], e["remote_req"]) for e in tr.events if e["ev"] == "nixl.remote_alloc" and e.get("remote_req")}
+    assert pairs
+    whole = run_all(tr.events, tr.header)
+    for d_req, p_req in sorted(pairs)[:3]:
+        want = [f.to_dict() for f in whole if _about(f, {d_req, p_req})]
+        for asked, other in ((p_req, d_req), (d_req, p_req)):
+            for jobs in (1, 2):
+                got = check_file(path, request=asked, jobs=jobs)
+                assert got.request_seen and got.pair == [other]
+                assert sorted(map(str, (f.to_dict() for f in got.findings))) == sorted(map(str, want)), (asked, jobs)
+    assert any(_about(f, {d, p}) for f in whole for d, p in pairs) == (name != "live_cpu_pd_eagle.jsonl")

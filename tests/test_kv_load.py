@@ -182,7 +182,7 @@ def test_check_says_what_happened_to_each_request(policy):
 
 def test_check_prints_the_notes_in_every_format_and_path(tmp_path):
     """The fixed sample through `pdtrace check`: text, markdown and JSON, one process and -j 2
-    (the detector in its own process), and --request naming another request (none listed)."""
+    (the detector in its own process), --request naming P's side of the same pair (listed)."""
     import json
     import subprocess
     import sys
@@ -197,7 +197,9 @@ def test_check_prints_the_notes_in_every_format_and_path(tmp_path):
     assert "| D | `load-2-D` | step 4, policy recompute" in run("--format", "markdown").stdout
     docs = [json.loads(run("--format", "json", "-j", j).stdout) for j in ("1", "2")]
     assert docs[0]["kv_load"] == docs[1]["kv_load"] and docs[0]["kv_load"][0]["req"] == "load-2-D"
-    assert json.loads(run("--format", "json", "--request", "load-2-P").stdout)["kv_load"] == []
+    # P's id of the same pair lists D's note (its other side: the trace's only pair)
+    p_side = json.loads(run("--format", "json", "--request", "load-2-P").stdout)
+    assert p_side["request_pair"] == ["load-2-D"] and p_side["kv_load"] == docs[0]["kv_load"]
 
 
 def test_a_hybrid_models_failed_blocks_as_the_release_handles_them():

@@ -28,6 +28,7 @@ checked and why (``pdtrace.detectors.coverage``). Formats:
                 "problems": [{"line": int, "reason": str}]},
       "detectors": [kind, ...],                 # detectors that ran
       "request": str | null,                    # --request filter
+      "request_pair": [str, ...],               # the other side of its P/D pair (its findings are listed too)
       "summary": {"findings": int, "errors": int, "warnings": int, "inconclusive": int, "by_kind": {kind: int},
                   "not_checked": [kind, ...]},
       "coverage": {kind: {"kind", "status": "checked" | "not-applicable" | "not-checked",
@@ -97,15 +98,16 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     if not checked.request_seen:
         _unknown_request(tr.path, request or "", checked.requests)
     findings, cov, wi = checked.findings, checked.coverage, checked.replay
+    pair = checked.pair
     if format == "json":
-        text = render_json(tr, findings, ran, request, what_if, wi, cov=cov, notes=checked.notes)
+        text = render_json(tr, findings, ran, request, what_if, wi, cov=cov, notes=checked.notes, pair=pair)
     elif format == "markdown":
-        text = render_markdown(tr, findings, ran, request, cov=cov, notes=checked.notes)
+        text = render_markdown(tr, findings, ran, request, cov=cov, notes=checked.notes, pair=pair)
         if wi is not None:
             text += "\n" + _whatif.render_markdown(wi)
     else:
         width = text_width() if output is None else None
-        text = render_text(tr, findings, ran, request, cov=cov, width=width, notes=checked.notes)
+        text = render_text(tr, findings, ran, request, cov=cov, width=width, notes=checked.notes, pair=pair)
         if wi is not None:
             wi_text = _whatif.render_text(wi)
             text += "\n" + (wi_text if width is None else _wrap_block(wi_text, width))
@@ -177,7 +179,8 @@ def _cov(tr: Trace, ran: list[str], cov: dict[str, Coverage] | None) -> dict[str
 
 def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
                 what_if: str | None = None, wi: list | None = None,
-                cov: dict[str, Coverage] | None = None, notes: dict[str, list] | None = None) -> str:
+                cov: dict[str, Coverage] | None = None, notes: dict[str, list] | None = None,
+                pair: list[str] | None = None) -> str:
     cov = _cov(tr, ran, cov)
     h = tr.header
     doc: dict[str, Any] = {
@@ -186,7 +189,8 @@ def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str
                   "host": h.get("host", ""), "versions": _versions(tr), "events": tr.n_events,
                   "complete": tr.complete,
                   "problems": [{"line": p.line, "reason": p.reason} for p in tr.problems]},
-        "detectors": list(ran), "request": request, "summary": _counts(findings, cov),
+        "detectors": list(ran), "request": request, "request_pair": list(pair or []),
+        "summary": _counts(findings, cov),
         "coverage": {k: c.to_dict() for k, c in cov.items()},
         "findings": [f.to_dict() for f in findings],
         "kv_load": check_notes.kv_load_notes(notes or {}),
@@ -232,9 +236,16 @@ def text_width() -> int | None:
     return max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
 
 
+def _asked(request: str, pair: list[str] | None, q: str = "") -> str:
+    """The --request filter as reports echo it, with the other side of its P/D pair."""
+    if not pair:
+        return f"{q}{request}{q}"
+    return f"{q}{request}{q} and the other side of its P/D pair, {', '.join(q + p + q for p in pair)}"
+
+
 def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
                 cov: dict[str, Coverage] | None = None, width: int | None = None,
-                notes: dict[str, list] | None = None) -> str:
+                notes: dict[str, list] | None = None, pair: list[str] | None = None) -> str:
     """The text report: every line wrapped at ``width`` columns (``text_width()``: a
     terminal); with None (piped, written to a file), the explanations at 100 columns and
     each header and coverage line whole."""
@@ -254,7 +265,8 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
     if insts:  # the "inst" of each finding below (record --instance, or P / D from vLLM's kv_role)
         out += line(f"instances: {', '.join(map(str, insts))} (each process's `pdtrace record --instance`, or P / D "
                     f"from vLLM's kv_role)", width, "  ", "    ")
-    out += line(f"detectors: {', '.join(ran)}" + (f"; request {request}" if request else ""), width, "  ", "    ")
+    out += line(f"detectors: {', '.join(ran)}" + (f"; request {_asked(request, pair)}" if request else ""),
+                width, "  ", "    ")
     out += ["", *line(_summary_line(findings, cov), width, "", "  "), "", "coverage:"]
     kw = max((len(k) for k in cov), default=0)
     for k, c in cov.items():
@@ -290,7 +302,8 @@ def _md_escape(s: Any) -> str:
 
 
 def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
-                    cov: dict[str, Coverage] | None = None, notes: dict[str, list] | None = None) -> str:
+                    cov: dict[str, Coverage] | None = None, notes: dict[str, list] | None = None,
+                    pair: list[str] | None = None) -> str:
     cov = _cov(tr, ran, cov)
     v = _versions(tr)
     h = tr.header
@@ -334,6 +347,6 @@ def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request:
             f"| instances | {', '.join(h.get('instances') or []) or '-'} |",
             f"| detectors | {', '.join(ran)} |"]
     if request:
-        out.append(f"| request filter | `{request}` |")
+        out.append(f"| request filter | {_asked(request, pair, '`')} |")
     out.append("")
     return "\n".join(out) + "\n"

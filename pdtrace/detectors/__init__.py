@@ -42,11 +42,14 @@ def unknown_kinds(only: Iterable[str]) -> list[str]:
     return [k for k in only if k not in DETECTORS]
 
 
-def _about(f: Finding, request: str) -> bool:
-    if f.req == request:
+def _about(f: Finding, request: str | Iterable[str]) -> bool:
+    """Whether finding ``f`` is about ``request`` (an id, or a set of ids: a request and the other
+    side of its P/D pair, ``stream.RequestSeen.wanted``)."""
+    wanted = {request} if isinstance(request, str) else set(request)
+    if f.req in wanted:
         return True
     d = f.data or {}
-    return request in (d.get("p_req"), d.get("d_req")) or request in (d.get("reqs") or ())
+    return bool(wanted & {d.get("p_req"), d.get("d_req"), *(d.get("reqs") or ())})
 
 
 def sort_key(f: Finding) -> tuple:
@@ -66,7 +69,7 @@ def by_severity(findings: Iterable[Any]) -> list[Any]:
 
 
 def run_all(events: list[dict[str, Any]], header: dict | None = None, only: Iterable[str] = (),
-            request: str | None = None) -> list[Finding]:
+            request: str | Iterable[str] | None = None) -> list[Finding]:
     """Run the selected detectors (all when ``only`` is empty); findings sorted by (step, kind)."""
     only = list(only or ())
     bad = unknown_kinds(only)

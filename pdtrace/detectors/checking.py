@@ -22,7 +22,8 @@ class Checked:
     """What one check found. ``trace``: the stream's ``Result`` or the loaded ``Trace`` (both
     have ``path``, ``header``, ``footer``, ``problems``, ``complete``); ``replay``: the
     ``--what-if`` rule's result (None without one); ``request_seen`` / ``requests``: whether
-    the request asked about appears, and the requests that do (``req.add``)."""
+    the request asked about appears, and the requests that do (``req.add``); ``pair``: the
+    other side of its P/D pair, whose findings are listed with its own."""
 
     trace: Any
     findings: list[Finding]
@@ -31,6 +32,7 @@ class Checked:
     request_seen: bool = True
     requests: list[str] = dataclasses.field(default_factory=list)
     notes: dict[str, list] = dataclasses.field(default_factory=dict)  # detector -> facts (``Stream.notes``)
+    pair: list[str] = dataclasses.field(default_factory=list)
 
 
 def check_file(path: str, *, only: list[str] | tuple = (), request: str | None = None, lenient: bool = False,
@@ -52,15 +54,17 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
                                                       incomplete=incomplete_reason(res.footer, res.problems)),
                        replay=res.observed.finish() if what_if else None,
                        request_seen=request is None or seen.seen, requests=list(seen.known),
-                       notes=_about_request(res.notes, request))
+                       notes=_about_request(res.notes, seen.wanted()), pair=sorted(seen.pair))
     tr = load(path, lenient=lenient, progress=progress, header=header)
     seen = request is None or any(e.get("req") == request or e.get("remote_req") == request for e in tr.events)
-    return Checked(tr, run_all(tr.events, tr.header, only=only, request=request),
+    pair = set() if request is None else stream.pair_of((e for e in tr.events if e["ev"] in stream.PAIR_KINDS), request)
+    wanted = None if request is None else {request, *pair}
+    return Checked(tr, run_all(tr.events, tr.header, only=only, request=wanted),
                    coverage(tr.events, tr.header, tr.footer, kinds=kinds,
                             incomplete=incomplete_reason(tr.footer, tr.problems)),
                    replay=whatif.run(what_if, tr.events, request) if what_if else None, request_seen=seen,
                    requests=[] if seen else [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"],
-                   notes=_about_request(_notes(tr.events, tr.header, kinds), request))
+                   notes=_about_request(_notes(tr.events, tr.header, kinds), wanted), pair=sorted(pair))
 
 
 def _notes(events: list, header: dict, kinds: list[str]) -> dict[str, list]:
@@ -75,7 +79,8 @@ def _notes(events: list, header: dict, kinds: list[str]) -> dict[str, list]:
     return out
 
 
-def _about_request(notes: dict[str, list], request: str | None) -> dict[str, list]:
-    if request is None:
+def _about_request(notes: dict[str, list], wanted: set[str] | None) -> dict[str, list]:
+    """The facts about the request asked for and the other side of its pair (all without one)."""
+    if not wanted:
         return notes
-    return {k: [n for n in v if n.get("req") == request] for k, v in notes.items()}
+    return {k: [n for n in v if n.get("req") in wanted] for k, v in notes.items()}

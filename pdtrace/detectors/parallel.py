@@ -236,6 +236,10 @@ def _merge(results: list[Result]) -> Result:
         if mine.request is not None and other.request is not None:
             mine.request.merge(other.request)
     found = [f for r in results for f in r.findings]
+    if mine.request is not None and mine.request.request is not None:
+        from . import _about
+
+        found = [f for f in found if _about(f, mine.request.wanted())]
     order = {k: i for i, k in enumerate(STREAMS)}
     found.sort(key=lambda f: order.get(f.kind, len(order)))  # (stable: each detector's own order)
     found.sort(key=sort_key)

@@ -26,6 +26,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, Callable
 
+from .. import schema
 from ..tracefile.reading import SEGMENT, Rescan, fast_segments, scan_segments
 from ..tracefile.trace import Problem, ProgressFn, _derive, is_complete
 from . import DETECTORS, drafter_window, kv_load, lookahead, metadata, sort_key, stale_read
@@ -127,18 +128,47 @@ def natural_key(s: Any) -> tuple:
     return tuple((0, int(x)) if x.isdigit() else (1, x) for x in re.split(r"(\d+)", str(s)))
 
 
+PAIR_KINDS = tuple(k.name for k in schema.KINDS.values() if any(f.name == "remote_req" for f in k.fields))
+
+
+def pair_of(events: Any, request: str) -> set[str]:
+    """The other side of ``request``'s P/D pair: the ids that events of ``PAIR_KINDS`` join to
+    it through ``remote_req`` (D's request -> P's, or P's -> D's in push mode)."""
+    out = set()
+    for e in events:
+        other = e.get("remote_req")
+        if other == request:
+            out.add(e["req"])
+        elif other and e.get("req") == request:
+            out.add(other)
+    out.discard(None)
+    out.discard(request)
+    return out
+
+
 class RequestSeen:
-    """Whether ``--request`` names a request of the trace, and a few request ids to suggest."""
+    """Whether ``--request`` names a request of the trace, a few request ids to suggest, and the
+    other side of its P/D pair (``pair``: a user may name P's id or D's; the findings of both
+    sides are about the one request the client sent)."""
 
     def __init__(self, request: str | None):
         self.request = request
         self.seen = request is None
         self.known: list[str] = []
+        self.pair: set[str] = set()
+
+    def wanted(self) -> set[str]:
+        return {self.request, *self.pair} if self.request is not None else set()
 
     def add(self, idx: Index) -> None:
+        r = self.request
+        if r is None:
+            return
+        for kind in PAIR_KINDS:
+            if kind in idx.by_kind:
+                self.pair |= pair_of(idx.by_kind[kind], r)
         if self.seen:
             return
-        r = self.request
         self.seen = any(e.get("req") == r or e.get("remote_req") == r for e in idx.events)
         # the smallest request ids of the trace: ten to suggest, an eleventh says there are more
         self._know(e["req"] for e in idx.by_kind.get("req.add", ()) if e.get("req"))
@@ -148,6 +178,7 @@ class RequestSeen:
 
     def merge(self, other: "RequestSeen") -> None:
         self.seen = self.seen or other.seen
+        self.pair |= other.pair
         self._know(other.known)
 
 
@@ -261,8 +292,8 @@ def _run(path: str, only: Any, request: str | None, lenient: bool, progress: Pro
         res.findings.extend(st.finish())
         if hasattr(st, "notes"):
             res.notes[kind] = st.notes()
-    if request is not None:
-        from . import _about
-        res.findings = [f for f in res.findings if _about(f, request)]
+    if request is not None and part is None:  # (a part's findings are filtered once merged: ``pair``
+        from . import _about                  # may be learnt in another part)
+        res.findings = [f for f in res.findings if _about(f, res.request.wanted())]
     res.findings.sort(key=sort_key)
     return res
