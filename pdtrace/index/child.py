@@ -73,16 +73,15 @@ def _batch(idx: Any, sent: dict[str, int], pos: int, done: bool) -> dict[str, An
     return out
 
 
-def _child(conn: Any, path: str, lenient: bool, batch_time: float) -> None:
+def _child(conn: Any, cls: Any, path: str, lenient: bool, batch_time: float) -> None:
+    """``cls``: ``TraceIndex`` (handed over by the parent: pickled by name, imported here)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops it (closing the scan)
     null = os.open(os.devnull, os.O_WRONLY)  # (the viewer's terminal is not ours to write on)
     os.dup2(null, 1)
     os.dup2(null, 2)
-    from .trace_index import TraceIndex
-
     sent = dict.fromkeys(("reqs", "insts", "problems", "gaps", "header", "footer"), 0)
     try:
-        idx = TraceIndex(path, lenient=lenient)
+        idx = cls(path, lenient=lenient)
         for prog in idx._scan(batch_time):
             conn.send(("batch", _batch(idx, sent, prog.scanned, prog.done)))
     except TraceError as exc:
@@ -132,7 +131,7 @@ def start(idx: Any, batch_time: float) -> Iterator[Any] | None:
     try:
         ctx = multiprocessing.get_context("spawn")
         recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(send, idx.path, idx.lenient, batch_time), daemon=True,
+        proc = ctx.Process(target=_child, args=(send, type(idx), idx.path, idx.lenient, batch_time), daemon=True,
                            name="pdtrace-index")
         proc.start()
     except (OSError, RuntimeError, ValueError):
