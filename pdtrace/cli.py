@@ -89,8 +89,8 @@ def check(
     lenient: bool = LENIENT,
     jobs: int = typer.Option(0, "--jobs", "-j", metavar="N", help="Processes to split the detectors over, each parsing only the lines of the event kinds its detectors read (at most 5, one per detector: a larger N runs 5; same result as 1; --what-if runs in one process). 0 (default): 2 for a trace of 64 MiB or more (8 MiB as .zst) where this process may use 2 CPUs or more, else 1."),
 ) -> None:
-    """Run the detectors. Exit 0: no findings and every bug class checked, 1: findings, 2: unusable trace,
-    3: a pdtrace bug (please report), 4: no findings but some bug class not checked (its events missing or its
+    """Run the detectors. Exit 0: no findings and every bug class checked, 1: findings, 2: unusable trace or
+    bad arguments (an unknown --only kind or --request id too), 3: a pdtrace bug (please report), 4: no findings but some bug class not checked (its events missing or its
     hooks failed; see the coverage lines) or only inconclusive findings. The trace is read in segments: memory
     stays bounded however long the recording (flight-recorder traces, bounded by their window, are loaded whole)."""
     _run("check", trace=trace, format=format, only=only or [], request=request, what_if=what_if,
@@ -102,7 +102,9 @@ def view(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst), or a directory of shards to merge."),
     lenient: bool = typer.Option(False, "--lenient", help="Accepted for symmetry with the other commands: the viewer always reads a damaged trace leniently, with a banner naming the damaged lines."),
 ) -> None:
-    """Open the trace in the terminal viewer (Textual TUI). Press ? for help."""
+    """Open the trace in the terminal viewer (Textual TUI; needs a terminal: piped, it exits 2 and names
+    check / info / report). Press ? for help. The screen answers while the trace is indexed (a big one in a
+    child process) and checked (a big one in the background); keys for what is not there yet wait for it."""
     _run("view", trace=trace)
 
 

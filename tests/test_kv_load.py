@@ -199,7 +199,7 @@ def test_check_prints_the_notes_in_every_format_and_path(tmp_path):
     assert docs[0]["kv_load"] == docs[1]["kv_load"] and docs[0]["kv_load"][0]["req"] == "load-2-D"
     # P's id of the same pair lists D's note (its other side: the trace's only pair)
     p_side = json.loads(run("--format", "json", "--request", "load-2-P").stdout)
-    assert p_side["request_pair"] == ["load-2-D"] and p_side["kv_load"] == docs[0]["kv_load"]
+    assert p_side["request_other_side"] == ["load-2-D"] and p_side["kv_load"] == docs[0]["kv_load"]
 
 
 def test_a_hybrid_models_failed_blocks_as_the_release_handles_them():

@@ -335,3 +335,41 @@ async def test_a_block_map_with_nothing_to_draw_says_where_the_requests_findings
         await _ready(app, pilot)
         text = app.query_one("#pane-blocks").text
         assert "No NIXL block events for request" in text and "Its findings are in tab 2 Acc" in text
+
+
+@pytest.mark.asyncio
+async def test_f_goes_through_the_findings_by_their_numbers_whatever_the_grouping(tmp_path):
+    """A new user's pass (issue 39): the list groups findings by class, and `f` went in list order, so
+    the "n/22" label jumped 1, 4, 5, 6, 16, 2, ... `f` now goes 1, 2, 3 as `check` numbers them
+    (``by_severity``), grouped by class or by request, and `F` back. Trace: bench/gen_trace.py's,
+    with every bug class injected (findings of five classes interleaved in check's order)."""
+    from pdtrace.viewers.tui.app import PdtraceViewer
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
+    from gen_trace import generate
+
+    path = tmp_path / "g.jsonl"
+    generate(str(path), 30_000, seed=0)
+    app = PdtraceViewer(TraceIndex(str(path)))
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(500):
+            if app.findings_done:
+                break
+            await pilot.pause(0.02)
+        n = len(app.findings)
+        kinds = [f.kind for f in app.findings]
+        assert n >= 10 and len(set(kinds)) >= 4 and kinds != sorted(kinds, key=kinds.index)  # interleaved
+        for group in ("class", "request"):
+            if app.group_by != group:
+                await pilot.press("g")
+                await pilot.pause()
+            seen = []
+            for _ in range(n):
+                await pilot.press("f")
+                await pilot.pause()
+                seen.append(app.findings.index(app.finding))
+            start = seen[0]
+            assert seen == [(start + i) % n for i in range(n)], (group, seen)
+            await pilot.press("F")
+            await pilot.pause()
+            assert app.findings.index(app.finding) == (seen[-1] - 1) % n

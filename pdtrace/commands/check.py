@@ -28,7 +28,7 @@ checked and why (``pdtrace.detectors.coverage``). Formats:
                 "problems": [{"line": int, "reason": str}]},
       "detectors": [kind, ...],                 # detectors that ran
       "request": str | null,                    # --request filter
-      "request_pair": [str, ...],               # the other side of its P/D pair (its findings are listed too)
+      "request_other_side": [str, ...],         # the other side of its P/D pair (its findings are listed too)
       "summary": {"findings": int, "errors": int, "warnings": int, "inconclusive": int, "by_kind": {kind: int},
                   "not_checked": [kind, ...]},
       "coverage": {kind: {"kind", "status": "checked" | "not-applicable" | "not-checked",
@@ -189,7 +189,7 @@ def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str
                   "host": h.get("host", ""), "versions": _versions(tr), "events": tr.n_events,
                   "complete": tr.complete,
                   "problems": [{"line": p.line, "reason": p.reason} for p in tr.problems]},
-        "detectors": list(ran), "request": request, "request_pair": list(pair or []),
+        "detectors": list(ran), "request": request, "request_other_side": list(pair or []),
         "summary": _counts(findings, cov),
         "coverage": {k: c.to_dict() for k, c in cov.items()},
         "findings": [f.to_dict() for f in findings],
@@ -308,6 +308,8 @@ def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request:
     v = _versions(tr)
     h = tr.header
     out = [f"## pdtrace check: {_summary_line(findings, cov)}", ""]
+    if request:  # (a pasted issue must not read as the whole trace's count)
+        out += [f"Only the findings about request {_asked(request, pair, '`')}.", ""]
     if findings:
         findings = by_severity(findings)
         out += ["| # | severity | kind | step | instance | request | summary |",

@@ -23,7 +23,7 @@ class Checked:
     have ``path``, ``header``, ``footer``, ``problems``, ``complete``); ``replay``: the
     ``--what-if`` rule's result (None without one); ``request_seen`` / ``requests``: whether
     the request asked about appears, and the requests that do (``req.add``); ``pair``: the
-    other side of its P/D pair, whose findings are listed with its own."""
+    other side of its P/D pair, whose findings are listed with its own (JSON ``request_other_side``)."""
 
     trace: Any
     findings: list[Finding]

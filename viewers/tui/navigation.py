@@ -129,10 +129,11 @@ class NavigationMixin:
         self.goto_finding(k)
 
     def _finding_order(self) -> list[int]:
-        """Finding numbers in the order the list shows them (grouped, filtered)."""
+        """The findings the list shows (filtered), in their numbers' order: `f` goes 1, 2, 3 as
+        `check` numbers them, whatever the list's grouping (by class or request) puts between."""
         fl = self.query_one(FindingsList)  # type: ignore[attr-defined]
         ids = [fl.get_option_at_index(i).id or "" for i in range(fl.option_count)]
-        order = [int(x[1:]) for x in ids if x.startswith("f")]
+        order = sorted(int(x[1:]) for x in ids if x.startswith("f"))
         return order or list(range(len(self.findings)))
 
     def action_req_step(self, delta: int) -> None:

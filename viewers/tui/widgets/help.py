@@ -19,7 +19,7 @@ Replays a trace and shows where P/D + speculative decoding went wrong.
 | --- | --- |
 | `left` / `right` | previous / next engine step |
 | `home` / `end` | first / last step |
-| `f` / `F` | next / previous finding, in list order (jumps to its request, step and pane) |
+| `f` / `F` | next / previous finding, by its number (1, 2, 3 as `check` numbers them; jumps to its request, step and pane) |
 | `n` / `N` | next / previous step at which the selected request has events |
 | `enter` | on a finding: jump to it; on a request: select it |
 | `/` | filter findings and requests (kind, request, instance, title) |
