@@ -51,6 +51,21 @@ def test_every_sample_indexes_the_same_in_a_child(path):
     assert [got.event(i) for i in range(len(got))] == [ref.event(i) for i in range(len(ref))]
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "sample_traces").glob("*.jsonl.zst")), ids=lambda p: p.name)
+def test_every_recorded_gpu_trace_indexes_the_same_in_a_child(path):
+    """The traces recorded live on GPUs (real vLLM, one zstd stream each: `pdtrace view` indexes its
+    decompressed copy, as here)."""
+    from pdtrace.commands.view import _remove_decompressed, open_source
+
+    src = open_source(str(path))
+    try:
+        ref, got = _both(Path(src.path))
+        assert len(got) > 100 and _state(got) == _state(ref)
+    finally:
+        src.close()
+        _remove_decompressed(src.path)
+
+
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     """A 60k-event generated trace (bugs injected), plain (several 4 MiB blocks) and seekable .zst
