@@ -30,7 +30,9 @@ Conventions
   frame): any zstd decoder reads it; ``pdtrace info`` reads only its last frame, and
   ``pdtrace view`` reads events by their offsets in the uncompressed lines, decompressing
   only the frames that hold them; a damaged frame there is skipped to the next one (the
-  seek table says where), and the problem says how many bytes were lost.
+  seek table says where), and the problem says how many bytes were lost; the findings that
+  cite an event after it are inconclusive (the lost lines may be what makes them).
+  ``pdtrace check`` stops at a damaged frame (``--lenient`` keeps the events before it).
 """
 
 from __future__ import annotations

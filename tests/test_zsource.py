@@ -234,3 +234,35 @@ def test_a_damaged_first_frame_is_one_clear_error(pair):
         TraceIndex(str(bad)).build()
     with pytest.raises(PdtraceError, match="bad0.jsonl.zst: cannot read: corrupt zstd frame at byte 0"):
         open_source(str(bad))
+
+
+@pytest.mark.asyncio
+async def test_findings_after_a_skipped_frame_are_not_verdicts(pair):
+    """Reading on past a damaged frame (above) feeds the detectors a trace with a hole: the lost
+    lines held batch.add / row moves / allocations, and reads after it looked like reads through
+    another request's row (30 such warnings on this generated trace). The viewer makes every
+    finding that cites an event after the gap inconclusive, saying so; the findings before it
+    stand. Oracle: the intact trace's findings whose events all lie before the gap."""
+    plain, packed = pair
+    n_frames = len(compress.seek_table(str(packed)))
+    bad, _frames = _damage(packed, [n_frames // 2], "bad-findings.jsonl.zst")
+
+    async def findings(path):
+        app = PdtraceViewer(TraceIndex(str(path)))
+        async with app.run_test(size=(120, 40)) as pilot:
+            while not app.findings_done:
+                await pilot.pause(0.05)
+            return app.findings, app.index
+
+    whole, _ = await findings(plain)
+    got, idx = await findings(bad)
+    (gap,) = idx.gaps
+    first_after = next(i for i in range(len(idx)) if idx.starts[i] >= gap["at"])
+    last_before_id = idx.event_id(first_after - 1)
+    verdicts = [f for f in got if f.severity != "inconclusive"]
+    assert verdicts and all(max(f.event_ids) <= last_before_id for f in verdicts)
+    before = [f for f in whole if f.severity != "inconclusive" and max(f.event_ids) <= last_before_id]
+    assert [(f.kind, f.req, f.step) for f in verdicts] == [(f.kind, f.req, f.step) for f in before]
+    after = [f for f in got if "after_gap" in (f.data or {})]
+    assert after and all(f.title.startswith("(after a damaged stretch)") for f in after)
+    assert all(f"lost at line {gap['line']}" in f.explanation for f in after)

@@ -83,3 +83,26 @@ def mark(findings: list[Finding], events: list[dict[str, Any]], header: dict | N
                         f"and {why}: what the finding rests on may be missing, so it is not a verdict.",
             data=data))
     return out
+
+
+def mark_after_gap(findings: list[Finding], after: Any, where: str) -> list[Finding]:
+    """``findings`` with those citing an event read after a gap of a damaged file (``after(event
+    id)``: whether that event comes after the first gap; ``where``: the gap, in words) made
+    inconclusive. The lines the gap took held row moves, allocations, copies the detectors'
+    state needed (a live-shaped trace read on past one damaged zstd frame gave 30 warnings of
+    reads "through another row" whose batch.add was in the gap): a finding after it is not a
+    verdict. Findings before the gap stand."""
+    out = []
+    for f in findings:
+        if f.severity == SEVERITY_INCONCLUSIVE or not any(after(i) for i in f.event_ids or ()):
+            out.append(f)
+            continue
+        data = dict(f.data or {})
+        data["after_gap"] = where
+        data["severity_before_gap"] = f.severity
+        out.append(dataclasses.replace(
+            f, severity=SEVERITY_INCONCLUSIVE, title=f"(after a damaged stretch) {f.title}",
+            explanation=f"{f.explanation} It cites events read after {where}: what the lost lines held (row moves, "
+                        f"allocations, copies) may be what makes it, so it is not a verdict.",
+            data=data))
+    return out

@@ -74,6 +74,8 @@ class DetectMixin:
             if worker.is_cancelled:
                 return
             findings = list(self.detect(events, header=idx.header))  # type: ignore[attr-defined]
+            if idx.gaps:  # damaged .zst frames skipped: what comes after rests on lost lines
+                findings = _after_gaps(idx, findings)
             if self.cover is not None:  # type: ignore[attr-defined]
                 try:
                     from pdtrace.detectors.coverage import incomplete_reason
@@ -109,3 +111,16 @@ class DetectMixin:
         else:
             post(FindingsReady([], f"detectors failed in their process: {msg[1]}; press D to run them here "
                                    "(they parse every event into memory), or use `pdtrace check --lenient`"))
+
+
+def _after_gaps(idx: Any, findings: list) -> list:
+    """The viewer reads on past damaged frames (``TraceIndex.gaps``); the findings citing an event
+    after the first gap are made inconclusive (``ringcut.mark_after_gap``)."""
+    from bisect import bisect_left
+
+    from pdtrace.detectors.ringcut import mark_after_gap
+
+    gap = idx.gaps[0]
+    first = bisect_left(idx.starts, gap["at"])  # the first event indexed after the gap
+    where = f"the {gap['lost']} bytes lost at line {gap['line']} (damaged zstd frames)"
+    return mark_after_gap(findings, lambda eid: idx.ordinal(eid) >= first, where)
