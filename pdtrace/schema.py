@@ -32,7 +32,8 @@ Conventions
   only the frames that hold them; a damaged frame there is skipped to the next one (the
   seek table says where), and the problem says how many bytes were lost; the findings that
   cite an event after it are inconclusive (the lost lines may be what makes them).
-  ``pdtrace check`` stops at a damaged frame (``--lenient`` keeps the events before it).
+  The loader (``check``, ``report``, ``merge``, ``info --full``) reads on past a damaged frame
+  the same way with ``--lenient``.
 """
 
 from __future__ import annotations

@@ -10,11 +10,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
 from pdtrace import cli
 from pdtrace.commands.view import open_source
+from pdtrace.tracefile import compress
 from pdtrace.tracefile.compress import ZSTD_MAGIC, is_zstd
 from pdtrace.tracefile.ends import read_ends
 from pdtrace.merge import merge_traces
@@ -83,8 +85,9 @@ def test_a_damaged_stream_is_one_clear_line(tmp_path):
     bad.write_bytes(bytes(data))
     rc, out, err = _cli("check", bad)
     assert rc == 2 and err.count("\n") <= 2 and str(bad) in err and "Traceback" not in err, err
-    rc, out, err = _cli("check", bad, "--lenient")  # a stream this small fails in its first block
-    assert rc == 2 and "corrupt zstd stream" in err and err.count("\n") == 1 and "Traceback" not in err
+    rc, out, err = _cli("check", bad, "--lenient")  # a trace this small is one frame: line 1 is in it
+    assert rc == 2 and f"{bad}:1: corrupt zstd frame at byte 0 of the compressed file" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
     cut = tmp_path / "cut.jsonl.zst"
     cut.write_bytes(packed.read_bytes()[: len(data) // 2])
     rc, out, err = _cli("info", cut)
@@ -115,7 +118,9 @@ def test_record_writes_a_compressed_trace(tmp_path):
     assert is_zstd(str(out)) and tr.footer["digest"] and any(e["ev"] == "mark" for e in tr.events)
 
 
-def test_lenient_keeps_the_events_before_a_damaged_block(tmp_path):
+def _packed(tmp_path, frame_bytes: int) -> tuple[Any, Path, list]:
+    """bench/gen_trace.py's 20k-event trace (every bug class) written as a seekable .zst with
+    frames of ``frame_bytes``: (its loaded plain trace, the file, its seek table)."""
     sys.path.insert(0, str(ROOT / "bench"))
     from gen_trace import generate
 
@@ -123,24 +128,70 @@ def test_lenient_keeps_the_events_before_a_damaged_block(tmp_path):
     generate(str(plain), 20_000)
     tr = load(str(plain))
     packed = tmp_path / "big.jsonl.zst"
-    write_trace(str(packed), tr.header, [{k: v for k, v in e.items() if k != "block_ids_derived"} for e in tr.events],
-                {k: v for k, v in tr.footer.items() if k != "digest"})
+    old = compress.FRAME_BYTES
+    compress.FRAME_BYTES = frame_bytes
+    try:
+        write_trace(str(packed), tr.header, [{k: v for k, v in e.items() if k != "block_ids_derived"} for e in tr.events],
+                    {k: v for k, v in tr.footer.items() if k != "digest"})
+    finally:
+        compress.FRAME_BYTES = old
+    return tr, packed, compress.seek_table(str(packed))
+
+
+def _zero_frame(packed: Path, frames: list, k: int) -> Path:
     data = bytearray(packed.read_bytes())
-    mid = len(data) * 3 // 4
-    data[mid:mid + 64] = bytes(64)
-    bad = tmp_path / "bad.jsonl.zst"
+    data[frames[k][0]:frames[k][0] + 8] = bytes(8)  # the frame's magic and header
+    bad = packed.with_name(f"bad{k}.jsonl.zst")
     bad.write_bytes(bytes(data))
+    return bad
+
+
+def test_lenient_reads_on_after_a_damaged_frame_like_the_viewer(tmp_path):
+    """A pdtrace .zst (seekable) with one damaged frame in the middle: `load --lenient`, `check
+    --lenient` (one process and split) skip to the next frame, as the viewer's index does (same
+    events, same problem line and wording); the findings citing an event after the gap are
+    inconclusive, those before it are the intact trace's. Strict: one line naming the line."""
+    from pdtrace.detectors.checking import check_file
+    from pdtrace.index.trace_index import TraceIndex
+
+    tr, packed, frames = _packed(tmp_path, 64 << 10)
+    bad = _zero_frame(packed, frames, len(frames) // 2)
     got = load(str(bad), lenient=True)
-    assert 0 < len(got.events) < len(tr.events) and got.footer is None
-    assert "corrupt zstd stream" in got.problems[0].reason
-    assert got.events == tr.events[:len(got.events)]
-    # said as what it is: a damaged compressed file whose footer is there but unread, not a cut recording
-    line = got.problems[0].line
-    assert [p.reason.endswith("the lines after it cannot be read") for p in got.problems] == [True]
+    idx = TraceIndex(str(bad)).build()
+    assert [(p.line, p.reason) for p in got.problems] == [(p.line, p.reason) for p in idx.problems]
+    (gap,) = got.problems
+    assert "uncompressed bytes lost (1 damaged zstd frame(s) and the lines they cut); read on after them" in gap.reason
+    assert got.events == list(idx.iter_events()) and got.footer == tr.footer
+    ids = {e["id"] for e in got.events}
+    assert ids < {e["id"] for e in tr.events} and got.events[-1]["id"] == tr.events[-1]["id"]
+    assert got.gap_after == max(i for i in ids if i < min({e["id"] for e in tr.events} - ids))
+    whole = check_file(str(packed)).findings
+    for jobs in (1, 2):
+        c = check_file(str(bad), lenient=True, jobs=jobs)
+        verdicts = [f for f in c.findings if f.severity != "inconclusive"]
+        assert [(f.kind, f.req, f.step) for f in verdicts] == \
+            [(f.kind, f.req, f.step) for f in whole if f.severity != "inconclusive" and max(f.event_ids) <= got.gap_after]
+        assert any("after_gap" in (f.data or {}) for f in c.findings)
+        assert all(c.coverage[k].status == "not-checked" for k in c.coverage)
     rc, out, err = _cli("check", bad)
-    assert rc == 2 and err.strip().endswith("(--lenient keeps the events before it)"), err
+    assert rc == 2 and err.count("\n") == 1 and f"{bad}:{gap.line}: " in err and "--lenient" in err, err
     rc, out, err = _cli("check", bad, "--lenient")
-    assert f"[INCOMPLETE: the compressed file is damaged at line {line}: the lines after it were not read]" in out
+    assert rc == 1 and f"[INCOMPLETE: the compressed file is damaged at line {gap.line}: " in out
+    assert "; the lines after it were read]" in out and "no footer" not in out + err
+    html = tmp_path / "r.html"
+    rc, out, err = _cli("report", bad, "--lenient", "-o", html)
+    assert rc == 0 and "(after a damaged stretch)" in html.read_text(encoding="utf-8")
+
+
+def test_a_damaged_last_frame_takes_the_footer_said_once(tmp_path):
+    """The last frame damaged: the events before it are kept, the footer is lost with the gap,
+    which says so (not also "no footer: the recording was cut off")."""
+    tr, packed, frames = _packed(tmp_path, 64 << 10)
+    bad = _zero_frame(packed, frames, len(frames) - 1)
+    got = load(str(bad), lenient=True)
+    assert got.footer is None and len(got.problems) == 1 and got.events == tr.events[:len(got.events)]
+    rc, out, err = _cli("check", bad, "--lenient")
+    assert f"[INCOMPLETE: the compressed file is damaged at line {got.problems[0].line}: " in out
     assert "no footer" not in out + err and "cut off" not in out + err and "damaged line(s)" not in out + err
 
 

@@ -23,7 +23,9 @@ def load_with_findings(trace: Path, lenient: bool) -> tuple[Any, list, str]:
     except ImportError as exc:
         return tr, [], f"detectors unavailable ({exc}); findings not computed"
     try:
-        findings = list(run_all(tr.events, header=tr.header))
+        from ..detectors.checking import after_gap
+
+        findings = after_gap(list(run_all(tr.events, header=tr.header)), tr)  # (past a damaged .zst frame)
     except Exception as exc:  # a detector bug must not cost the user the report
         return tr, [], f"detectors failed: {type(exc).__name__}: {exc}; findings not computed"
     return tr, findings, ""

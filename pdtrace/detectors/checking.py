@@ -12,9 +12,11 @@ from typing import Any
 
 from ..tracefile.damage import incomplete_reason
 from ..tracefile.trace import ProgressFn, load, read_header
+from ..tracefile.zsource import is_gap
 from . import DETECTORS, Finding, parallel, run_all, stream, whatif
 from .index import feed_all
 from .coverage import Coverage, coverage, coverage_of
+from .ringcut import mark_after_gap
 
 
 @dataclasses.dataclass
@@ -50,7 +52,7 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
             res = stream.run(path, only=only, request=request, lenient=lenient, progress=progress, header=header,
                              observe=(lambda: whatif.FixedTrim(request)) if what_if else None)
         seen = res.request
-        return Checked(res, res.findings, coverage_of(res.summary, res.footer, kinds=kinds,
+        return Checked(res, after_gap(res.findings, res), coverage_of(res.summary, res.footer, kinds=kinds,
                                                       incomplete=incomplete_reason(res.footer, res.problems)),
                        replay=res.observed.finish() if what_if else None,
                        request_seen=request is None or seen.seen, requests=list(seen.known),
@@ -59,12 +61,23 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
     seen = request is None or any(e.get("req") == request or e.get("remote_req") == request for e in tr.events)
     pair = set() if request is None else stream.pair_of((e for e in tr.events if e["ev"] in stream.PAIR_KINDS), request)
     wanted = None if request is None else {request, *pair}
-    return Checked(tr, run_all(tr.events, tr.header, only=only, request=wanted),
+    return Checked(tr, after_gap(run_all(tr.events, tr.header, only=only, request=wanted), tr),
                    coverage(tr.events, tr.header, tr.footer, kinds=kinds,
                             incomplete=incomplete_reason(tr.footer, tr.problems)),
                    replay=whatif.run(what_if, tr.events, request) if what_if else None, request_seen=seen,
                    requests=[] if seen else [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"],
                    notes=_about_request(_notes(tr.events, tr.header, kinds), wanted), pair=sorted(pair))
+
+
+def after_gap(findings: list[Finding], tr: Any) -> list[Finding]:
+    """A .zst read on past damaged frames (``--lenient``): the findings citing an event after the
+    first gap are inconclusive (``ringcut.mark_after_gap``, as the viewer does)."""
+    last = getattr(tr, "gap_after", None)
+    if last is None or not findings:
+        return findings
+    gap = next(p for p in tr.problems if is_gap(p.reason))
+    where = f"the {gap.reason.split()[0]} bytes lost at line {gap.line} (damaged zstd frames)"
+    return mark_after_gap(findings, lambda eid: eid > last, where)
 
 
 def _notes(events: list, header: dict, kinds: list[str]) -> dict[str, list]:

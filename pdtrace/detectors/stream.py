@@ -198,6 +198,7 @@ class Result:
         self.request: RequestSeen | None = None
         self.observed: Any = None  # run(observe=...)'s callback of the pass that finished
         self.jobs = 1  # the processes whose parts make this result (``detectors.parallel``)
+        self.gap_after: int | None = None  # the last event id before a skipped .zst gap (``scan_segments``)
 
     @property
     def complete(self) -> bool:

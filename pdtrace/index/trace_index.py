@@ -38,7 +38,7 @@ from .blocks import frame_blocks, mmap_blocks
 from .columns import KIND_CODE, KIND_NAMES, NO_REQ, NO_STEP, UNKNOWN_KIND, ColumnQueries  # noqa: F401
 from ..tracefile.trace import _KIND_REQUIRED, Problem, _check_header
 from ..tracefile.typecheck import EventChecker
-from ..tracefile.zsource import Gap
+from ..tracefile.zsource import Gap, gap_reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,9 +306,7 @@ class TraceIndex(ColumnQueries):
             off, block = got
             if isinstance(block, Gap):  # damaged frames skipped (the seek table says where the next starts)
                 self.gaps.append({"line": line_no + 1, "at": off, "lost": block.lost, "frames": block.frames})
-                self._problem(line_no + 1, f"{block.lost} uncompressed bytes lost ({block.frames} damaged zstd "
-                                           f"frame(s) and the lines they cut); read on after them, lines numbered "
-                                           f"as if the gap were one; first: {block.reason}")
+                self._problem(line_no + 1, gap_reason(block.lost, block.frames, block.reason))
                 self.stream_damaged = True
                 line_no += 1
                 continue

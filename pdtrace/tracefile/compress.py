@@ -218,11 +218,25 @@ def read_frame(path: str, frame: tuple[int, int, int]) -> bytes:
     return decompress_frame(raw, at, dsize)
 
 
-def decompress_frame(raw: bytes, at: int, dsize: int) -> bytes:
+def decompress_frame(raw: bytes, at: int, dsize: int | None) -> bytes:
     """One frame's compressed bytes (``raw``, read from byte ``at`` of the file) decompressed;
-    ValueError when they are corrupt or do not make the ``dsize`` bytes the seek table says."""
+    ValueError when they are corrupt or do not make the ``dsize`` bytes the seek table says
+    (``dsize`` None: whatever whole frame they hold, for a reader that needs no offsets)."""
     if len(raw) == 0 and dsize:
         raise ValueError(f"the zstd frame at byte {at} of the compressed file is missing: the file ends before it")
+    if dsize is None:  # (the error said as the exact read says it; a frame without its size: streamed)
+        try:
+            return _zstd().ZstdDecompressor().decompress(raw)
+        except _zstd().ZstdError as exc:
+            first = exc
+        obj = _zstd().ZstdDecompressor().decompressobj()
+        try:
+            out = obj.decompress(raw)
+        except _zstd().ZstdError:
+            out = None
+        if out is None or not obj.eof:
+            raise ValueError(f"corrupt zstd frame at byte {at} of the compressed file: {first}") from None
+        return out
     try:
         out = _zstd().ZstdDecompressor().decompress(raw, max_output_size=dsize)
     except _zstd().ZstdError as exc:

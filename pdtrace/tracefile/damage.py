@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from .compress import CUT_STREAM, stream_damage
+from .zsource import is_gap
 
 
 def _reason(p: Any) -> str:
@@ -21,7 +22,8 @@ def damaged_lines(problems: Any) -> int:
     nor a compressed stream that stops being readable (said separately too)."""
     if isinstance(problems, int):
         return problems
-    return sum(1 for p in problems if not _reason(p).startswith("no footer") and not stream_damage(_reason(p)))
+    return sum(1 for p in problems if not _reason(p).startswith("no footer") and not stream_damage(_reason(p))
+               and not is_gap(_reason(p)))
 
 
 def incomplete_reason(footer: dict | None, problems: Any) -> str | None:
@@ -29,18 +31,25 @@ def incomplete_reason(footer: dict | None, problems: Any) -> str | None:
     ``problems``: the load's problem list (or a count of damaged lines)."""
     bits = []
     stopped = None if isinstance(problems, int) else next((p for p in problems if stream_damage(_reason(p))), None)
-    problems = damaged_lines(problems)
-    if problems:
-        bits.append(f"{problems} damaged line(s) skipped")
+    gaps = [] if isinstance(problems, int) else [p for p in problems if is_gap(_reason(p))]
+    no_footer = not isinstance(problems, int) and any(_reason(p).startswith("no footer") for p in problems)
+    lines = damaged_lines(problems)
+    if lines:
+        bits.append(f"{lines} damaged line(s) skipped")
+    if gaps:  # damaged frames of a seekable .zst, skipped: the lines after them were read
+        more = f" (+{len(gaps) - 1} more gap(s))" if len(gaps) > 1 else ""
+        after = "" if footer is None and not no_footer else "; the lines after it were read"  # (or it took the footer)
+        bits.append(f"the compressed file is damaged at line {gaps[0].line}: {_reason(gaps[0]).split(';')[0]}{more}"
+                    f"{after}")
     if stopped is not None:  # a damaged .zst: its footer may be there, unread (not a cut recording)
         where = f" at line {stopped.line}" if getattr(stopped, "line", 0) else ""
         if _reason(stopped).startswith(CUT_STREAM):
             bits.append(f"the compressed file was cut{where}, inside a zstd frame")
         else:
             bits.append(f"the compressed file is damaged{where}: the lines after it were not read")
-    elif footer is None:
+    elif footer is None and (not gaps or no_footer):  # (a gap at the end took the footer: said by the gap)
         bits.append("no footer: the recording was cut off")
-    else:
+    elif footer is not None:
         bits.extend(footer_damage(footer))
     return "; ".join(bits) or None
 

@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterable, Iterator
 import orjson
 
 from .. import schema
-from .compress import CUT_STREAM, UNREAD, open_read
+from .compress import CUT_STREAM, UNREAD, is_zstd, open_read, seek_table
+from .zsource import GAP_MARK, gap_of_line, is_gap, open_frames
 from ..errors import TraceError
 from .footer import make_footer  # noqa: F401 - part of this module's API
 from .segments import FastReader, NeedsScan
@@ -56,6 +57,7 @@ class Trace:
     events: list[dict[str, Any]]
     footer: dict[str, Any] | None
     problems: list[Problem]
+    gap_after: int | None = None  # the last event id read before the first skipped .zst gap (None: no gap)
 
     @property
     def complete(self) -> bool:
@@ -89,6 +91,9 @@ def _open(path: str) -> tuple[Any, int, Callable[[], int]]:
     """Open a trace for reading, plain or zstd-compressed (``pdtrace.tracefile.compress``): (binary
     reader of its lines, size on disk, bytes of the file consumed so far)."""
     try:
+        frames = seek_table(path) if is_zstd(path) else None
+        if frames:  # pdtrace's seekable .zst: a damaged frame is skipped to the next one (zsource)
+            return open_frames(path, frames)
         return open_read(path)
     except OSError as exc:
         raise TraceError(path, 0, f"cannot open: {exc.strerror or exc}") from None
@@ -125,6 +130,8 @@ def _read_header(path: str, fh: Any, known: dict[str, Any] | None = None) -> tup
         raise TraceError(path, 1, str(exc)) from None
     if not first:
         raise TraceError(path, 0, "empty file: not a pdtrace trace")
+    if first.startswith(GAP_MARK):  # the first frame of a .zst is damaged: no line 1
+        raise TraceError(path, 1, orjson.loads(first[len(GAP_MARK):])["reason"])
     try:
         return _check_header(path, orjson.loads(first)), first
     except orjson.JSONDecodeError:
@@ -171,6 +178,13 @@ def scan(
                 yield "problem", line_no, reason
                 footer_seen = None  # (its footer may be there, unread: not "no footer")
                 break
+            if raw.startswith(GAP_MARK):  # damaged .zst frames skipped (zsource.FramesReader): said, read on
+                if not lenient:
+                    raise TraceError(path, line_no, gap_of_line(raw))
+                yield "problem", line_no, gap_of_line(raw)
+                footer_seen = footer_seen or None  # (None: the footer may be in the gap, not "no footer")
+                continue
+            footer_seen = footer_seen or False  # (lines after a gap: the footer must come after them)
             pos += len(raw)
             if progress is not None and pos >= next_progress:
                 pos = consumed()
@@ -402,11 +416,13 @@ def scan_segments(path: str, into: Any, *, lenient: bool = False, progress: Prog
     check's second pass (``pdtrace.detectors.stream``)."""
     seg = EventList()
     n = 0
+    last_id = -1
     for what, line, obj in scan(path, lenient=lenient, progress=progress, header=header):
         if what == "event":
             if "id" not in obj:
                 obj["id"] = n
             n += 1
+            last_id = obj["id"]
             seg.append(obj)
             if len(seg) >= size:
                 yield seg
@@ -417,6 +433,8 @@ def scan_segments(path: str, into: Any, *, lenient: bool = False, progress: Prog
             into.footer = obj
         else:
             into.problems.append(Problem(line, obj))
+            if getattr(into, "gap_after", 0) is None and is_gap(obj):  # (the findings after it: checking.py)
+                into.gap_after = last_id
     if seg:
         yield seg
 

@@ -12,12 +12,15 @@ No Textual, no vLLM.
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from array import array
 from bisect import bisect_right
 from collections import OrderedDict
-from typing import Iterator
+from typing import Any, Callable, Iterator
+
+import orjson
 
 from .compress import decompress_frame
 
@@ -51,11 +54,11 @@ class FrameSource:
             os.close(self._fd)
             self._fd = None
 
-    def _decompress(self, k: int) -> bytes:
+    def _decompress(self, k: int, exact: bool = True) -> bytes:
         at, csize, dsize = self.frames[k]
         if self._fd is None:
             raise ValueError(f"{self.path}: closed")
-        return decompress_frame(os.pread(self._fd, csize, at), at, dsize)
+        return decompress_frame(os.pread(self._fd, csize, at), at, dsize if exact else None)
 
     def frame(self, k: int) -> bytes:
         """Frame ``k``'s uncompressed bytes (LRU-cached)."""
@@ -87,13 +90,15 @@ class FrameSource:
             k += 1
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def blocks(self, pos: int = 0, skip_damaged: bool = False) -> Iterator[tuple[int, bytes | "Gap"]]:
+    def blocks(self, pos: int = 0, skip_damaged: bool = False, exact: bool = True) -> Iterator[tuple[int, bytes | "Gap"]]:
         """(offset, bytes) from ``pos`` to the end, in order: each block holds whole lines (it
         ends with a newline), except a last one that the file ends without. Frames read here
         are not cached (a scan would only evict what the viewer is showing). A frame that
         cannot be read raises ValueError, or with ``skip_damaged`` gives (offset, Gap) and the
         reading goes on at the first whole line of the next frame that can be read (the seek
-        table says where each frame is): the line cut by the gap on either side is lost too."""
+        table says where each frame is): the line cut by the gap on either side is lost too.
+        ``exact=False`` (the loader, which needs no offsets): a frame whose size differs from
+        its table entry is read as it is, not taken for damage."""
         if pos >= self.size:
             return
         k = bisect_right(self.starts, pos) - 1
@@ -102,7 +107,7 @@ class FrameSource:
         gap: Gap | None = None
         for j in range(k, len(self.frames)):
             try:
-                data = self._decompress(j)
+                data = self._decompress(j, exact)
             except ValueError as exc:
                 if not skip_damaged:
                     raise
@@ -147,3 +152,79 @@ class Gap:
 
     def __init__(self, start: int, reason: str):
         self.start, self.reason, self.lost, self.frames = start, reason, 0, 0
+
+
+# A line no writer makes (not JSON: it starts with a NUL) that ``FramesReader`` puts where
+# damaged frames were skipped, so a line reader (``trace.scan``) says so and reads on; the
+# gap counts as one line, as in the viewer's index.
+GAP_MARK = b"\x00pdtrace-gap "
+
+
+def gap_reason(lost: int, frames: int, first: str) -> str:
+    """The problem a skipped gap is, in the viewer's index and the loader alike."""
+    return (f"{lost} uncompressed bytes lost ({frames} damaged zstd frame(s) and the lines they cut); read on "
+            f"after them, lines numbered as if the gap were one; first: {first}")
+
+
+def is_gap(reason: str) -> bool:
+    """Whether a problem's reason is a gap of skipped frames (``gap_reason``)."""
+    return "uncompressed bytes lost (" in reason and "damaged zstd frame(s)" in reason
+
+
+def gap_of_line(raw: bytes) -> str | None:
+    """The problem of a ``GAP_MARK`` line, or None for any other line."""
+    if not raw.startswith(GAP_MARK):
+        return None
+    g = orjson.loads(raw[len(GAP_MARK):])
+    return gap_reason(g["lost"], g["frames"], g["reason"])
+
+
+class FramesReader(io.RawIOBase):
+    """The lines of a seekable .jsonl.zst in order, for the loader (``trace._open``): a
+    damaged frame is skipped to the next one (``FrameSource.blocks(skip_damaged=True)``), a
+    ``GAP_MARK`` line in its place. ``consumed()``: bytes of the file read so far (progress)."""
+
+    def __init__(self, src: FrameSource) -> None:
+        self._src = src
+        self._it = src.blocks(0, skip_damaged=True, exact=False)
+        self._out = memoryview(b"")
+        self._pos = 0  # uncompressed bytes handed out (a gap's included)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not len(self._out):
+            got = next(self._it, None)
+            if got is None:
+                return 0
+            off, block = got
+            if isinstance(block, Gap):
+                data = GAP_MARK + orjson.dumps({"lost": block.lost, "frames": block.frames, "reason": block.reason}) + b"\n"
+                self._pos = off + block.lost
+            else:
+                data = block
+                self._pos = off + len(block)
+            self._out = memoryview(data)
+        k = min(len(b), len(self._out))
+        b[:k] = self._out[:k]
+        self._out = self._out[k:]
+        return k
+
+    def consumed(self) -> int:
+        if self._pos <= 0:
+            return 0
+        at, csize, _d = self._src.frames[bisect_right(self._src.starts, self._pos - 1) - 1]
+        return at + csize
+
+    def close(self) -> None:
+        try:
+            self._src.close()
+        finally:
+            super().close()
+
+
+def open_frames(path: str, frames: list[tuple[int, int, int]]) -> tuple[Any, int, Callable[[], int]]:
+    """``compress.open_read``'s triple for a seekable file, read through ``FramesReader``."""
+    raw = FramesReader(FrameSource(path, frames))
+    return io.BufferedReader(raw, 1 << 16), raw._src.disk_size, raw.consumed
