@@ -30,7 +30,8 @@ Conventions
   frame): any zstd decoder reads it; ``pdtrace info`` reads only its last frame, and
   ``pdtrace view`` reads events by their offsets in the uncompressed lines, decompressing
   only the frames that hold them; a damaged frame there is skipped to the next one (the
-  seek table says where), and the problem says how many bytes were lost; the findings that
+  seek table says where), and the problem says how many bytes were lost (the lines after it
+  are numbered as if the gap were one line); the findings that
   cite an event after it are inconclusive (the lost lines may be what makes them).
   The loader (``check``, ``report``, ``merge``, ``info --full``) reads on past a damaged frame
   the same way with ``--lenient``.

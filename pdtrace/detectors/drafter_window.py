@@ -193,7 +193,7 @@ class Stream:
                 sizes = sizes_of[inst] = [int(b) for b in idx.block_sizes(inst) or [16]]
             B = sizes[g] if g < len(sizes) else sizes[-1]
             capacity = len(blocks[g]) * B
-            if w["end"] <= capacity:
+            if w["end"] <= capacity or w["start"] >= w["end"]:  # (an empty window writes nothing)
                 continue
             step = w.get("step")
             ckey = (inst, req, step, g, w["start"], w["end"])

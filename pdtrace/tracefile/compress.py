@@ -139,11 +139,14 @@ def open_write(path: str, *, compressed: bool | None = None) -> IO[bytes]:
 class _SeekableWriter(io.RawIOBase):
     """Independent zstd frames of ``FRAME_BYTES`` uncompressed bytes each, then the seek
     table: a skippable frame of (compressed size, decompressed size) per frame and the
-    table's footer (frame count, descriptor 0: no checksums, ``SEEKABLE_MAGIC``)."""
+    table's footer (frame count, descriptor 0: no checksums in the table, ``SEEKABLE_MAGIC``).
+    Each frame carries zstd's own content checksum (XXH64), so bytes damaged inside a frame
+    fail its decompression (the readers skip it: ``zsource``) instead of decoding into
+    plausible lines that are not the ones written."""
 
     def __init__(self, fh: IO[bytes]) -> None:
         self._fh = fh
-        self._cctx = _zstd().ZstdCompressor(level=LEVEL, write_content_size=True)
+        self._cctx = _zstd().ZstdCompressor(level=LEVEL, write_content_size=True, write_checksum=True)
         self._buf = bytearray()
         self._frames: list[tuple[int, int]] = []
 

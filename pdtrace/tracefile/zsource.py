@@ -162,8 +162,7 @@ GAP_MARK = b"\x00pdtrace-gap "
 
 def gap_reason(lost: int, frames: int, first: str) -> str:
     """The problem a skipped gap is, in the viewer's index and the loader alike."""
-    return (f"{lost} uncompressed bytes lost ({frames} damaged zstd frame(s) and the lines they cut); read on "
-            f"after them, lines numbered as if the gap were one; first: {first}")
+    return f"{lost} uncompressed bytes lost ({frames} damaged zstd frame(s) and the lines they cut); first: {first}"
 
 
 def is_gap(reason: str) -> bool:

@@ -11,11 +11,12 @@ from pdtrace.detectors.coverage import CHECKED, NOT_CHECKED, coverage, incomplet
 
 
 def coverage_html(events: list[dict], header: dict | None, footer: dict | None,
-                  findings_cell: Callable[[str, Any], str] | None = None, problems: int = 0,
+                  findings_cell: Callable[[str, Any], str] | None = None, problems: Any = 0,
                   cov: dict[str, Any] | None = None) -> tuple[str, list[str]]:
     """(the <table>, the kinds not checked). ``findings_cell(kind, coverage)``, when given,
     fills a third column (the report's summary puts the findings per class there). A trace
-    with damaged lines or no footer checks no class (``coverage(incomplete=...)``), as `check`.
+    with damaged lines or no footer checks no class (``coverage(incomplete=...)``), as `check`;
+    ``problems``: the load's problem list (a damaged .zst's gap too), or a count of damaged lines.
     ``cov``: the verdicts already computed (a trace read in two passes, ``reduce``)."""
     try:
         if cov is None:

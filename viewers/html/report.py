@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterable
 import orjson
 
 from pdtrace.detectors import by_severity
-from pdtrace.detectors.coverage import damaged_lines
 
 from . import events_table, fig_accepted, fig_blockmap, fig_kvload, fig_metadata, fig_timeline, fig_windows, summary
 from .common import GREEN, ORANGE, RED, FindingView, Model, esc  # noqa: F401 - re-exported for tests / tools
@@ -178,7 +177,7 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
 
     ranges = [m.finding_range(f) for f in listed]
     top = (summary.overview_html(m, trace.header, trace.footer, events, findings_note,
-                                 problems=damaged_lines(trace.problems), cov=getattr(trace, "coverage", None))
+                                 problems=list(trace.problems), cov=getattr(trace, "coverage", None))
            + summary.findings_html(m, ranges, embedded.__contains__)
            + summary.trace_html(trace.header, trace.footer, trace.problems, events, totals=totals))
     title = f"pdtrace report: {os.path.basename(str(getattr(trace, 'path', '') or 'trace'))}"

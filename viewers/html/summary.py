@@ -41,7 +41,7 @@ def _ranges(steps: list[int]) -> str:
 
 
 def overview_html(m: Model, header: dict, footer: dict | None, events: list[dict], findings_note: str,
-                  problems: int = 0, cov: dict[str, Any] | None = None) -> str:
+                  problems: Any = 0, cov: dict[str, Any] | None = None) -> str:
     """The compact summary: one verdict line, a per-class table (coverage verdict and
     findings) and a per-request table; every count links to the first finding it counts."""
     fs = m.findings
@@ -71,9 +71,11 @@ def overview_html(m: Model, header: dict, footer: dict | None, events: list[dict
         out.append(no_findings_line(unchecked))
     else:
         n_err = sum(f.severity == "error" for f in fs)
+        n_warn = sum(f.severity == "warning" for f in fs)
+        n_inc = len(fs) - n_err - n_warn
         classes = len(per_class)
-        out.append(f'<p class="verdict bad"><b>{len(fs)} finding(s)</b>: {n_err} error(s), {len(fs) - n_err} '
-                   f"warning(s) in {classes} bug class(es)"
+        out.append(f'<p class="verdict bad"><b>{len(fs)} finding(s)</b>: {n_err} error(s), {n_warn} '
+                   f"warning(s)" + (f", {n_inc} inconclusive" if n_inc else "") + f" in {classes} bug class(es)"
                    + (f"; {len(unchecked)} class(es) not checked: {esc(', '.join(unchecked))}" if unchecked else "")
                    + ". Click a finding (or a count) to zoom every time axis to it and list its events.</p>")
     out.append('<div class="cols"><div>' + cov_table)
