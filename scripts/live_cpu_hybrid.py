@@ -52,13 +52,15 @@ import pd_proxy  # noqa: E402
 
 # Different lengths, sent 0.3 s apart ("gap": seconds before the next one): "h-short" finishes while
 # "h-last" (a higher row) runs, so its row is condensed. h-last follows h-short closely and h-short decodes
-# 16 tokens: with 4 tokens and a 0.3 s gap, h-short once finished before h-last arrived on an idle host
-# (a CI run of 2026-11-27: no condense), as live_load's c-short had (its plan's comment).
+# 24 tokens: with 4 tokens and a 0.3 s gap, h-short once finished before h-last arrived on an idle host
+# (a CI run of 2026-11-27: no condense), as live_load's c-short had (its plan's comment). h-last decodes
+# 120: ngram (k=3) accepts up to 4 tokens a step, so h-last needs at least 30 steps and outlives h-short
+# (at most 24) whatever the acceptance (with 16 / 32 a later CI run saw no condense again).
 PLAN = [
     {"name": "h-long", "len": 70, "max_tokens": 96, "seed": 3, "gap": 0.3},
     {"name": "h-mid", "len": 40, "max_tokens": 48, "seed": 4, "gap": 0.3},
-    {"name": "h-short", "len": 33, "max_tokens": 16, "seed": 5, "gap": 0.05},
-    {"name": "h-last", "len": 90, "max_tokens": 32, "seed": 6, "gap": 0.0},
+    {"name": "h-short", "len": 33, "max_tokens": 24, "seed": 5, "gap": 0.05},
+    {"name": "h-last", "len": 90, "max_tokens": 120, "seed": 6, "gap": 0.0},
 ]
 
 
