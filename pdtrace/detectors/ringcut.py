@@ -74,15 +74,18 @@ def mark(findings: list[Finding], events: list[dict[str, Any]], header: dict | N
         if why is None:
             out.append(f)
             continue
-        data = dict(f.data or {})
-        data["ring_cut"] = why
-        data["severity_in_window"] = f.severity
-        out.append(dataclasses.replace(
-            f, severity=SEVERITY_INCONCLUSIVE, title=f"(cut by the flight-recorder window) {f.title}",
-            explanation=f"{f.explanation} This is a flight-recorder trace (record --ring {header['ring_s']:g} s) "
-                        f"and {why}: what the finding rests on may be missing, so it is not a verdict.",
-            data=data))
+        out.append(_inconclusive(f, {"ring_cut": why, "severity_in_window": f.severity},
+                                 "(cut by the flight-recorder window)",
+                                 f"This is a flight-recorder trace (record --ring {header['ring_s']:g} s) and {why}: "
+                                 f"what the finding rests on may be missing, so it is not a verdict."))
     return out
+
+
+def _inconclusive(f: Finding, extra: dict[str, Any], prefix: str, because: str) -> Finding:
+    """``f`` made inconclusive: ``extra`` added to its data, ``prefix`` before its title, ``because``
+    after its explanation (a flight-recorder cut, a damaged file's gap)."""
+    return dataclasses.replace(f, severity=SEVERITY_INCONCLUSIVE, title=f"{prefix} {f.title}",
+                               explanation=f"{f.explanation} {because}", data={**(f.data or {}), **extra})
 
 
 def mark_after_gap(findings: list[Finding], after: Any, where: str) -> list[Finding]:
@@ -97,12 +100,7 @@ def mark_after_gap(findings: list[Finding], after: Any, where: str) -> list[Find
         if f.severity == SEVERITY_INCONCLUSIVE or not any(after(i) for i in f.event_ids or ()):
             out.append(f)
             continue
-        data = dict(f.data or {})
-        data["after_gap"] = where
-        data["severity_before_gap"] = f.severity
-        out.append(dataclasses.replace(
-            f, severity=SEVERITY_INCONCLUSIVE, title=f"(after a damaged stretch) {f.title}",
-            explanation=f"{f.explanation} It cites events read after {where}: what the lost lines held (row moves, "
-                        f"allocations, copies) may be what makes it, so it is not a verdict.",
-            data=data))
+        out.append(_inconclusive(f, {"after_gap": where, "severity_before_gap": f.severity}, "(after a damaged stretch)",
+                                 f"It cites events read after {where}: what the lost lines held (row moves, "
+                                 f"allocations, copies) may be what makes it, so it is not a verdict."))
     return out
