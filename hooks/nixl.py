@@ -182,9 +182,27 @@ def _usa_after(rec: Any, st: Any, result: Any, self: Any, request: Any, *a: Any,
     if st["reng"] is not None:
         fields["remote_engine"] = str(st["reng"])
     _conn_ident(self, fields)
+    load = _load_list(self, request.request_id)
+    if load is not None:
+        fields["load_block_ids"] = load
     rec.emit("nixl.remote_alloc", req=request.request_id, step=step, inst=inst,
              local_block_ids=st["local"], remote_block_ids=st["remote"],
              num_external_tokens=st["n_ext"], **fields)
+
+
+def _load_list(conn: Any, req_id: Any) -> list[list[int]] | None:
+    """The blocks D's connector scheduler just planned to load for ``req_id`` (its
+    ``_reqs_need_recv`` entry: (request, local_block_ids, ...)), as the connector derived them
+    from D's list: the release's own rule, so nothing here re-implements it. None where the
+    release keeps it otherwise."""
+    cs = getattr(conn, "connector_scheduler", None) or conn
+    entry = (getattr(cs, "_reqs_need_recv", None) or {}).get(req_id)
+    if not isinstance(entry, tuple) or len(entry) < 2:
+        return None
+    try:
+        return _groups(entry[1])
+    except (TypeError, ValueError):
+        return None
 
 
 register("nixl.remote_alloc", CONN_MOD, "NixlBaseConnector.update_state_after_alloc",

@@ -2,18 +2,17 @@
 and ``vllm.v1.core.kv_cache_manager``.
 
 Targets (all verified against the installed 0.32.0):
-- ``Scheduler.__init__``                 -> ``sched.config`` (+ process role engine-core)
+- ``Scheduler.__init__``                 -> ``sched.config`` (+ role engine-core; groups: kv_layout.py)
 - ``Scheduler.schedule``                 -> ``sched.step`` (per-scheduler step counter)
 - ``Scheduler.add_request``              -> ``req.add``
 - ``Scheduler._free_request``            -> ``req.finish`` (every finish path goes through it)
 - ``Scheduler._free_request_blocks``     -> ``sched.free`` (immediate and deferred frees)
 - ``KVCacheManager.allocate_slots``      -> ``sched.alloc``
 
-Two schedulers (P and D) may live in one process (tests, the scenario harness), so every
-event names its own scheduler's instance (``inst=``, from that scheduler's kv_role) and
-step (``step=``, the ``_pdtrace_step`` attribute kept on the scheduler object) explicitly.
-The KV cache manager and the connector get a back reference ``_pdtrace_sched`` to their
-scheduler so hooks on them (here and in ``hooks/nixl.py``) can do the same.
+Two schedulers (P and D) may live in one process (tests, the harness), so every event names its
+scheduler's instance (``inst=``, from its kv_role) and step (``step=``, ``_pdtrace_step`` kept on
+the scheduler). The KV cache manager and the connector get a back reference ``_pdtrace_sched`` to
+their scheduler so hooks on them (here and in ``hooks/nixl.py``) can do the same.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from pdtrace.record.recorder import GROW, PROMPT
 from pdtrace.record.redact import summarize_kv_params, token_digest
 
 from . import after, around, before, register
+from .kv_layout import group_layout
 
 SCHED_MOD = "vllm.v1.core.sched.scheduler"
 KVM_MOD = "vllm.v1.core.kv_cache_manager"
@@ -113,6 +113,7 @@ def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_co
         num_blocks=int(getattr(kv_cache_config, "num_blocks", 0) or 0),
         sched=self._pdtrace_sid,
         **({"engine": self._pdtrace_engine} if self._pdtrace_engine is not None else {}),
+        **group_layout(groups, kv_cache_config, conn),
     )
 
 

@@ -158,6 +158,14 @@ _KINDS: tuple[Kind, ...] = (
           required=False),
         F("engine", "str", "KVTransferConfig.engine_id (P's engine id is what D's remote_engine names)",
           required=False),
+        F("windows", "list[int]", "per KV cache group: the sliding window (SlidingWindowSpec) or attention chunk "
+          "(ChunkedLocalAttentionSpec) in tokens, 0 for others", required=False),
+        F("transfer_group_ids", "list[int]", "the KV cache groups that take part in KV transfer, in the order "
+          "the connector's per-group block lists follow (KVCacheConfig.transfer_group_ids; absent: every group)",
+          required=False),
+        F("exchange_blocks", "list[int]", "per transfer group, the in-window tail the NIXL connector keeps "
+          "when it exchanges block lists (its own blocks_per_sw: 0 = the whole list), read from the connector",
+          required=False),
     ), hook="scheduler"),
     Kind("sched.step", "One Scheduler.schedule() call returned.", (
         F("num_reqs", "int", "requests scheduled this step"),
@@ -228,6 +236,9 @@ _KINDS: tuple[Kind, ...] = (
         F("remote_block_ids", "list[list[int]]", "remote_block_ids from P's kv_transfer_params, per group"),
         F("remote_num_tokens", "int", "remote_num_tokens from P", required=False),
         F("num_external_tokens", "int", "tokens D will load"),
+        F("load_block_ids", "list[list[int]]", "the blocks D's connector will load into, per transfer group, as the "
+          "connector itself derived them (unhashed, no null blocks, sliding-window tail): what it hands its "
+          "worker's trim", required=False),
         F("remote_req", "str", "P's request id (remote_request_id)", required=False),
         F("remote_engine", "str", "P's engine id", required=False),
         F("sched", "int", "the emitting scheduler (sched.config's sched, same pid)", required=False),

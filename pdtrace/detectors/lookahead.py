@@ -19,13 +19,12 @@ from typing import Any
 
 from .base import LOOKAHEAD_MISALIGNMENT, SEVERITY_ERROR, SEVERITY_INCONCLUSIVE, SEVERITY_WARNING, Finding
 from .index import feed_all
-from .transfers import Joiner, Transfer, _make, blocks_needed, end_trim, join_transfers  # noqa: F401
+from .transfers import Joiner, Transfer, _make, blocks_needed, end_trim, is_tail_group, join_transfers  # noqa: F401
 
 Event = dict[str, Any]
 
 
 _NO_TAIL_PAIRS = "in-window tail and no trim or read of D's in the trace: what D paired is not recorded"
-_TAIL_MARKERS = ("SlidingWindow", "ChunkedLocal")  # groups whose exchanged lists are in-window tails
 
 
 def analyze_group(tr: Transfer, g: int) -> dict[str, Any]:
@@ -43,7 +42,7 @@ def analyze_group(tr: Transfer, g: int) -> dict[str, Any]:
     R = tr.reported[g] if g < len(tr.reported) else []
     attention = tr.is_attention(g)
     kind = tr.group_kind(g)
-    tail = any(m in kind for m in _TAIL_MARKERS)
+    tail = is_tail_group(kind)
     rnt = tr.remote_num_tokens
     A = None
     if tr.p_finished is not None:
@@ -75,14 +74,15 @@ def analyze_group(tr: Transfer, g: int) -> dict[str, Any]:
     if tr.mapping is None or g >= len(tr.mapping):
         return info
     pairs = tr.mapping[g]
-    L = tr.local[g] if tr.local is not None and g < len(tr.local) and tr.local[g] else [lb for lb, _ in pairs]
+    L = (tr.local[g] if tr.local is not None and g < len(tr.local) and tr.local[g] and tr.local_known(g)
+         else [lb for lb, _ in pairs])  # (a list the trace cannot cut as the connector did: what D read)
     pos_of = {lb: i for i, lb in enumerate(L)}
     n = len(L)
     first = needed - n if n <= needed else 0
     held = _held_positions(tr, g, L, tail)
     if held is not None:  # D's own list says where each local block sits (vLLM's block list, not an assumption)
         info["positions"] = "D's block list (sched.alloc)"
-    if n > len(R) and tr.mapping_source != "inferred":  # vLLM #50558: the trim asserts on it (raised)
+    if n > len(R) and tr.mapping_source != "inferred" and tr.local_known(g):  # vLLM #50558: the trim asserts
         info["unpaired_local"] = ([lb for lb in L if held[lb] >= needed] if held is not None else []) or L[len(R):]
         info["mismatches"] += len(info["unpaired_local"])
     shifts = set()
@@ -127,7 +127,7 @@ def _flagged(tr: Transfer) -> bool:
         B = tr.block_size(g)
         if not tr.is_attention(g):
             continue
-        if any(m in tr.group_kind(g) for m in _TAIL_MARKERS):
+        if is_tail_group(tr.group_kind(g)):
             return True  # tail-only lists: the token-range mapping in analyze_group decides
         R = tr.reported[g]
         needed = blocks_needed(rnt, B)
@@ -139,7 +139,7 @@ def _flagged(tr: Transfer) -> bool:
         L = tr.local[g] if tr.local is not None and g < len(tr.local) and tr.local[g] else [lb for lb, _ in pairs]
         n = len(L)
         first = needed - n if n <= needed else 0
-        if n > len(R) and tr.mapping_source != "inferred":
+        if n > len(R) and tr.mapping_source != "inferred" and tr.local_known(g):
             return True  # local > remote (vLLM #50558)
         held = _held_positions(tr, g, L, False)
         if held is not None and (held[L[0]] != first or held[L[-1]] >= needed):

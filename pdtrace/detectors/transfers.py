@@ -57,18 +57,22 @@ class Transfer:
     # which blocks it loads into
     d_positions: list[dict[int, int] | None] | None = None
     raised: str = ""  # D's trim raised (nixl.trim.raised), e.g. more blocks to load than P reported
+    # per group, whether ``local`` is exactly what D's connector loads into (None: D's trim says so;
+    # False: derived from D's whole list where the trace does not say how the connector cut it)
+    local_exact: list[bool] | None = None
+
+    def local_known(self, g: int) -> bool:
+        return self.local_exact is None or (g < len(self.local_exact) and self.local_exact[g])
 
     @property
     def req(self) -> str | None:
         return self.p_req or self.d_req
 
     def block_size(self, g: int) -> int:
-        sizes = (self.config or {}).get("block_sizes") or [16]
-        return int(sizes[g] if g < len(sizes) else sizes[-1])
+        return group_block_size(self.config, g)
 
     def group_kind(self, g: int) -> str:
-        kinds = (self.config or {}).get("group_kinds") or []
-        return kinds[g] if g < len(kinds) else ""
+        return group_kind(self.config, g)
 
     def is_attention(self, g: int) -> bool:
         return is_attention_group(self.group_kind(g))
@@ -76,6 +80,70 @@ class Transfer:
     def event_ids(self) -> list[int]:
         evs = [self.p_finished, self.config, self.d_alloc, self.trim, *self.reads]
         return sorted({e["id"] for e in evs if e is not None and "id" in e})
+
+
+NULL_BLOCK = 0  # vLLM's BlockPool hands out block 0 as its null block (padding, never KV to load)
+_TAIL_MARKERS = ("SlidingWindow", "ChunkedLocal")  # groups whose exchanged lists are in-window tails
+
+
+def _kv_group(config: Event | None, g: int) -> int:
+    """The KV cache group behind the connector's ``g``-th per-group list: the connector's lists
+    follow the transfer groups (``sched.config.transfer_group_ids``; absent: every group)."""
+    tg = (config or {}).get("transfer_group_ids")
+    return int(tg[g]) if tg and g < len(tg) else g
+
+
+def group_block_size(config: Event | None, g: int) -> int:
+    sizes = (config or {}).get("block_sizes") or [16]
+    k = _kv_group(config, g)
+    return int(sizes[k] if k < len(sizes) else sizes[-1])
+
+
+def group_kind(config: Event | None, g: int) -> str:
+    kinds = (config or {}).get("group_kinds") or []
+    k = _kv_group(config, g)
+    return kinds[k] if k < len(kinds) else ""
+
+
+def is_tail_group(kind: str) -> bool:
+    """Sliding-window / chunked-local groups: the connector exchanges only their in-window tail."""
+    return any(m in kind for m in _TAIL_MARKERS)
+
+
+def load_list(a: Event, config: Event | None) -> tuple[list[list[int]], list[bool]]:
+    """The blocks D loads into, per transfer group, and per group whether that list is exact.
+
+    Recorded by the hook (``load_block_ids``: the connector's own derivation) where the trace
+    has it. Else derived from D's whole list as vLLM's ``update_state_after_alloc`` does: the
+    transfer groups only, no null blocks (padding for out-of-window positions), and a sliding /
+    chunked group cut to the connector's in-window tail (``exchange_blocks``, or the
+    ``cdiv(window, block_size) + 1`` rule from the group's recorded window). The derived list
+    still holds D's own prefix-cache hits (their hashes are not recorded), and a tail group whose
+    cut the trace does not say is not exact."""
+    rec = a.get("load_block_ids")
+    if rec is not None:
+        return [list(x) for x in rec], [True] * len(rec)
+    full = a.get("local_block_ids") or []
+    tg = (config or {}).get("transfer_group_ids")
+    if tg and len(full) > len(tg):  # D's whole list is per KV cache group: the transfer groups' lists
+        full = [full[i] for i in tg if i < len(full)]
+    cut = (config or {}).get("exchange_blocks") or []
+    wins = (config or {}).get("windows") or []
+    out, exact = [], []
+    for g, lo in enumerate(full):
+        lo = [b for b in lo if b != NULL_BLOCK]
+        ok = True
+        if is_tail_group(group_kind(config, g)):
+            k = _kv_group(config, g)
+            n = cut[g] if g < len(cut) else None
+            if n is None and k < len(wins) and wins[k]:
+                n = blocks_needed(int(wins[k]), group_block_size(config, g)) + 1
+            if n:
+                lo = lo[-n:]
+            ok = n is not None
+        out.append(lo)
+        exact.append(ok)
+    return out, exact
 
 
 def end_trim(local: list[int], remote: list[int]) -> list[tuple[int, int]]:
@@ -332,14 +400,15 @@ def _make(idx: Index, p: Event | None, a: Event | None, trim: Event | None, rd: 
     local = None
     mapping = None
     msource = "none"
+    local_exact = None
     if a is not None:
-        local = lists(a["local_block_ids"])
+        local, local_exact = load_list(a, config)
         if trim is None:
             for t in unkeyed_trims:
-                if t["local_in"] == a["local_block_ids"] and t["remote_in"] == a["remote_block_ids"]:
+                if t["local_in"] in (a["local_block_ids"], local) and t["remote_in"] == a["remote_block_ids"]:
                     trim = t
         if trim is not None:
-            local = lists(trim["local_in"])
+            local, local_exact = lists(trim["local_in"]), None
         if rd:
             mapping = _pairs_from_reads(rd, len(reported))
             msource = "nixl.read"
@@ -349,15 +418,13 @@ def _make(idx: Index, p: Event | None, a: Event | None, trim: Event | None, rd: 
             msource = "nixl.trim"
         else:
             remote_in = lists(a["remote_block_ids"])
-            kinds = (config or {}).get("group_kinds") or []
             mapping = []
             for g, lo in enumerate(local):
                 ro = remote_in[g] if g < len(remote_in) else []
-                kind = kinds[g] if g < len(kinds) else ""
-                mapping.append(end_trim(lo, ro) if is_attention_group(kind) else list(zip(lo, ro)))
+                mapping.append(end_trim(lo, ro) if is_attention_group(group_kind(config, g)) else list(zip(lo, ro)))
             msource = "inferred"
     return Transfer(p_req, d_req, p, a, trim, list(rd), config, rnt, reported, local, mapping, msource, source,
-                    _positions(a, trim), (trim or {}).get("raised") or "")
+                    _positions(a, trim), (trim or {}).get("raised") or "", local_exact)
 
 
 def _positions(a: Event | None, trim: Event | None) -> list[dict[int, int] | None] | None:
@@ -377,4 +444,5 @@ def _positions(a: Event | None, trim: Event | None) -> list[dict[int, int] | Non
     return out
 
 
-__all__ = ["Transfer", "blocks_needed", "end_trim", "join_transfers"]
+__all__ = ["NULL_BLOCK", "Transfer", "blocks_needed", "end_trim", "group_block_size", "group_kind", "is_tail_group",
+           "join_transfers", "load_list"]

@@ -1,0 +1,43 @@
+"""The KV cache groups as vLLM built them, for ``sched.config`` (hooks/scheduler.py): what the
+detectors need to read the NIXL connector's per-group block lists the way that release builds
+them (vllm.v1.kv_cache_interface: ``SlidingWindowSpec.sliding_window``,
+``ChunkedLocalAttentionSpec.attention_chunk_size``, ``KVCacheConfig.transfer_group_ids``; the
+connector scheduler's ``blocks_per_sw`` and ``_is_hma_required``). Every field is read where the
+release has it and left out where it does not; nothing here re-derives a rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def group_layout(groups: list, kv_cache_config: Any, conn: Any) -> dict:
+    """What the detectors need to read the connector's per-group block lists as vLLM builds them:
+    each group's window (sliding window / attention chunk, tokens), the transfer groups (the
+    groups the connector exchanges, in order), and the connector's own in-window tail per
+    transfer group (its ``blocks_per_sw``), each where this release has it."""
+    out: dict[str, Any] = {}
+    wins = []
+    for g in groups:
+        spec = g.kv_cache_spec
+        w = getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None) or 0
+        wins.append(int(w) if isinstance(w, int) else 0)
+    if any(wins):
+        out["windows"] = wins
+    tg = getattr(type(kv_cache_config), "transfer_group_ids", None)
+    if tg is not None:
+        try:
+            ids = [int(i) for i in kv_cache_config.transfer_group_ids]
+        except Exception:  # noqa: BLE001 - a release whose property needs more than the config
+            ids = None
+        if ids is not None and ids != list(range(len(groups))):
+            out["transfer_group_ids"] = ids
+    cs = getattr(conn, "connector_scheduler", None) if conn is not None else None
+    bps = getattr(cs, "blocks_per_sw", None) if cs is not None else None
+    if isinstance(bps, (list, tuple)) and all(isinstance(x, int) for x in bps) and any(bps):
+        # only meaningful where the connector clips at all (its HMA switch; absent: it always does)
+        if getattr(cs, "_is_hma_required", True):
+            out["exchange_blocks"] = [int(x) for x in bps]
+        else:
+            out["exchange_blocks"] = [0] * len(bps)
+    return out

@@ -1,0 +1,170 @@
+"""The lookahead / pairing verdicts on every attention KV-cache layout the harness builds, on real
+vLLM code (issue 47 item 1): full attention, sliding window (alone and beside full attention,
+windows aligned and not aligned to the block), chunked local attention, and a Mamba hybrid.
+
+Each request runs through vLLM's own Scheduler, KV cache manager, NIXL connector scheduler side
+(``get_exchange_clipped_blocks``: the sliding-window tail, null blocks dropped) and the real
+``_apply_prefix_caching`` (``pdtrace.testing.pd_harness``); the fault is the labelled pre-#44151
+P rule (``old_p_block_rule``). The oracle is not pdtrace: the pairs the real trim produced, held
+to vLLM's own block lists (each P block's and each D block's position in its request's list, read
+from the KV cache managers), and the tokens P computed. A request is misaligned when some D block
+is filled from a P block at another token position, or from P's lookahead block.
+
+Three shapes of the same recording are checked, since a trace does not always say how D's
+connector cut its list:
+- as recorded (D's trim attributed to the request, the connector's own load list);
+- D's trim not attributed (an unkeyed ``nixl.trim``, as a worker records it outside
+  ``_read_blocks``, or dropped): the pairs come from D's read, D's load list from
+  ``nixl.remote_alloc``;
+- and that, recorded by the hooks before they read the connector's own list and the groups'
+  windows (``load_block_ids``, ``windows``, ``exchange_blocks`` removed).
+The false error this catches (before the fix): "D holds 6 block(s) to load for group 1, P
+reported 3: D block(s) [0, 7, 8] have no P block (local > remote)" on correct vLLM.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+from pdtrace import detectors  # noqa: E402
+from pdtrace.testing.pd_harness import PDConfig, make_pair, run_pd_request  # noqa: E402
+
+BLOCK = 16
+LAYOUTS = {  # name -> PDConfig fields
+    "full": dict(attn=("full",)),
+    "sliding32": dict(attn=("sliding",), window=32),
+    "full+sliding32": dict(attn=("full", "sliding"), window=32),
+    "sliding+full-w40": dict(attn=("sliding", "full"), window=40),  # a window off the block size
+    "full+sliding128": dict(attn=("full", "sliding"), window=128),  # gpt-oss's window
+    "chunked32": dict(attn=("chunked",), window=32),
+    "full+chunked64": dict(attn=("full", "chunked"), window=64),
+    "full+mamba": dict(attn=("full",), hybrid=True),
+}
+SPECS = {"eagle-k1": dict(spec_method="eagle", num_spec_tokens=1),
+         "eagle-k3": dict(spec_method="eagle", num_spec_tokens=3),
+         "ngram-k3": dict(spec_method="ngram", num_spec_tokens=3)}
+# vLLM 0.32.0's ChunkedLocalAttentionManager asserts "Hybrid KV cache is not supported for eagle +
+# chunked local attention" (single_type_kv_cache_manager.py): chunked layouts run with ngram.
+SPECS_OF = {name: (("ngram-k3",) if "chunked" in name else ("eagle-k1", "eagle-k3")) for name in LAYOUTS}
+PROMPTS = (20, 96, 100, 160, 255)  # shorter than a window, block-aligned, unaligned, past gpt-oss's window
+
+
+def oracle(r) -> bool:
+    """Misaligned per vLLM's own lists: a pair of the real trim whose D block and P block sit at
+    different positions of their request's lists, or whose P block holds no prompt token."""
+    cfg_groups = len(r.trim_local)
+    for g in range(cfg_groups):
+        if g >= len(r.p_blocks) or g >= len(r.d_blocks):
+            continue
+        p_pos = {b: i for i, b in enumerate(r.p_blocks[g]) if b != 0}
+        d_pos = {b: i for i, b in enumerate(r.d_blocks[g]) if b != 0}
+        needed = -(-r.prompt_len // BLOCK)
+        for lb, rb in zip(r.trim_local[g], r.trim_remote[g]):
+            if lb not in d_pos or rb not in p_pos:
+                continue
+            if d_pos[lb] != p_pos[rb] or p_pos[rb] >= needed:
+                return True
+    return False
+
+
+def _shapes(events: list[dict]) -> dict[str, list[dict]]:
+    no_trim = [dict(e) for e in events if e["ev"] != "nixl.trim"]
+    old_hooks = []
+    for e in no_trim:
+        e = dict(e)
+        for k in ("load_block_ids", "windows", "exchange_blocks"):
+            e.pop(k, None)
+        old_hooks.append(e)
+    return {"recorded": [dict(e) for e in events], "trim-unattributed": no_trim, "previous-hooks": old_hooks}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = []
+    for lname, lfields in LAYOUTS.items():
+        for sname in SPECS_OF[lname]:
+            sfields = SPECS[sname]
+            cfg = PDConfig(block_size=BLOCK, **sfields, **lfields)
+            for faults in ((), ("old_p_block_rule",)):
+                pair = make_pair(cfg)
+                for n in PROMPTS:
+                    r = run_pd_request(cfg, n, faults=faults, pair=pair)
+                    out.append((lname, sname, faults, n, r))
+    return out
+
+
+def _verdict(events: list[dict], req: str) -> list:
+    for i, e in enumerate(events):
+        e["id"] = i
+    return [f for f in detectors.run_all(events, {})
+            if f.kind == "lookahead-block-misalignment" and f.req == req and f.severity == "error"]
+
+
+def test_every_layout_flags_exactly_the_misaligned_requests(runs):
+    """No finding of any severity on correct vLLM in any layout or trace shape; with the pre-#44151
+    rule, an error on exactly the requests the oracle finds misaligned."""
+    wrong, flagged, expected = [], 0, 0
+    for lname, sname, faults, n, r in runs:
+        truth = oracle(r)
+        expected += truth
+        for shape, evs in _shapes(r.events).items():
+            for i, e in enumerate(evs):
+                e["id"] = i
+            fs = [f for f in detectors.run_all(evs, {}) if f.kind == "lookahead-block-misalignment"]
+            errs = [f for f in fs if f.severity == "error" and f.req == r.p_req]
+            flagged += bool(errs) and shape == "recorded"
+            if truth and not errs:
+                wrong.append((lname, sname, faults, n, shape, "missed", [f.title for f in fs]))
+            if not truth and fs:
+                wrong.append((lname, sname, faults, n, shape, "false", [f.title for f in fs]))
+    assert not wrong, wrong[:6]
+    assert expected >= 10  # the fault misaligns requests in several layouts
+    assert flagged == expected
+    # the oracle's misaligned requests span the layouts: full, sliding and chunked groups alike
+    bad_layouts = {lname for lname, _s, _f, _n, r in runs if oracle(r)}
+    assert {"full", "sliding32", "full+sliding32", "full+mamba"} <= bad_layouts, bad_layouts
+
+
+def test_correct_vllm_gives_no_finding_in_any_layout(runs):
+    """The fixed code (no fault): the oracle finds nothing misaligned and pdtrace says nothing,
+    whatever the layout, window, prompt or trace shape."""
+    for lname, sname, faults, n, r in runs:
+        if faults:
+            continue
+        assert not oracle(r), (lname, sname, n)
+        for shape, evs in _shapes(r.events).items():
+            for i, e in enumerate(evs):
+                e["id"] = i
+            fs = detectors.run_all(evs, {})
+            assert not fs, (lname, sname, n, shape, [f.title for f in fs])
+
+
+def test_sliding_window_lists_hold_null_blocks_and_the_connector_cuts_them(runs):
+    """The shape the false error came from is really there: D's whole list for a sliding-window
+    group holds null blocks (0) for out-of-window positions, P's report may start with one, and
+    the connector's load list (recorded from it) drops them and keeps the in-window tail."""
+    seen = 0
+    for lname, sname, faults, n, r in runs:
+        if lname != "full+sliding32" or faults or n != 96:
+            continue
+        (alloc,) = r.of("nixl.remote_alloc")
+        assert 0 in alloc["local_block_ids"][1] and 0 not in alloc["load_block_ids"][1]
+        assert alloc["load_block_ids"] == r.d_local and len(alloc["load_block_ids"][1]) <= 3
+        (cfg,) = [e for e in r.events if e["ev"] == "sched.config" and e["inst"] == "D"]
+        assert cfg["windows"] == [0, 32] and cfg["exchange_blocks"] == [0, 3]
+        seen += 1
+    assert seen == len(SPECS_OF["full+sliding32"])
+
+
+def test_the_mamba_state_group_is_never_paired_by_position(runs):
+    """The hybrid's Mamba group is passed through (state, not tokens): its pairs are never judged,
+    so a finding there names the attention group only."""
+    for lname, sname, faults, n, r in runs:
+        if lname != "full+mamba" or not faults:
+            continue
+        evs = [dict(e, id=i) for i, e in enumerate(r.events)]
+        for f in detectors.run_all(evs, {}):
+            assert "group 1" not in f.title, f.title
