@@ -13,3 +13,7 @@ if not _os.path.isdir(_os.path.join(__path__[0], "hooks")) and \
         _os.path.isfile(_os.path.join(_root, "hooks", "__init__.py")):
     __path__.append(_root)
 del _root
+
+from . import _moved  # noqa: E402 - the names the restructure moved, importable for a release
+
+_moved.install()
