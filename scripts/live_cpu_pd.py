@@ -59,19 +59,23 @@ def _pdtrace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_spec: int = 3,
              block_size: int = 32, start_timeout: float = 420.0, record: bool = True,
-             log=print, decoders: int = 1, kv_failures: dict[str, str] | None = None) -> dict:
+             log=print, decoders: int = 1, kv_failures: dict[str, str] | None = None,
+             sliding_window: int | None = None) -> dict:
     """``kv_failures``: decoder name -> its kv_load_failure_policy; those decoders start with that
-    policy and, after the load, get requests whose P is gone (scripts/live_kv_failure.py)."""
+    policy and, after the load, get requests whose P is gone (scripts/live_kv_failure.py).
+    ``sliding_window``: the target alternates sliding-window (that many tokens) and full attention
+    layers (make_tiny_models.build), so vLLM builds two KV cache groups."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     res: dict = {"workdir": str(workdir), "spec": spec, "num_spec": num_spec, "block_size": block_size,
-                 "decoders": decoder_names(decoders), "status": "failed", "kv_failure_policies": kv_failures}
+                 "decoders": decoder_names(decoders), "status": "failed", "kv_failure_policies": kv_failures,
+                 "sliding_window": sliding_window}
     servers: dict[str, tuple[Server, int]] = {}
     proxy = None
     sampler = None
     try:
-        models = make_tiny_models.build(workdir / "models", eagle=(spec == "eagle"))
+        models = make_tiny_models.build(workdir / "models", eagle=(spec == "eagle"), sliding_window=sliding_window)
         log(f"models: {models}")
         servers = start_pair(workdir, models, spec, num_spec, block_size, record, decoders, kv_failures)
         sampler = MemSampler({k: s.proc.pid for k, (s, _) in servers.items()})
@@ -152,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-failures", metavar="D=POLICY[,D2=POLICY]",
                     help="start these decoders with this kv_load_failure_policy (fail|recompute) and, after the "
                          "load, send each requests whose P is gone (scripts/live_kv_failure.py)")
+    ap.add_argument("--sliding-window", type=int, metavar="TOKENS",
+                    help="a target whose layers alternate sliding-window (TOKENS) and full attention")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
     a = ap.parse_args(argv)
     why = preflight()
@@ -160,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     res = run_live(a.workdir, spec=a.spec, num_spec=a.num_spec, block_size=a.block_size,
                    start_timeout=a.start_timeout, decoders=a.decoders,
-                   kv_failures=dict(x.split("=", 1) for x in a.kv_failures.split(",")) if a.kv_failures else None, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
+                   kv_failures=dict(x.split("=", 1) for x in a.kv_failures.split(",")) if a.kv_failures else None,
+                   sliding_window=a.sliding_window, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
     print(json.dumps(res, indent=1, default=str) if a.json else format_report(res))
     print(f"live_cpu_pd: workdir {res['workdir']}", file=sys.stderr)
     return 0 if res["status"] == "served" and res.get("summary") else 1

@@ -105,8 +105,14 @@ def _layer_tensors(gen, prefix: str, *, input_norm: bool) -> dict:
     return t
 
 
-def build(out_dir: str | os.PathLike, eagle: bool = True, seed: int = 0) -> dict[str, str]:
-    """Write the target (and the EAGLE drafter) under out_dir; return their paths."""
+def build(out_dir: str | os.PathLike, eagle: bool = True, seed: int = 0,
+          sliding_window: int | None = None) -> dict[str, str]:
+    """Write the target (and the EAGLE drafter) under out_dir; return their paths.
+
+    ``sliding_window``: the target's layers alternate sliding-window (that many tokens) and full
+    attention (``layer_types``, which vLLM's LlamaAttention reads per layer: the layout of
+    gpt-oss and of Gemma 3's local/global layers), so vLLM builds a SlidingWindowSpec KV cache
+    group beside the full-attention one; the drafter stays full attention."""
     import torch
     from safetensors.torch import save_file
 
@@ -123,7 +129,11 @@ def build(out_dir: str | os.PathLike, eagle: bool = True, seed: int = 0) -> dict
         tensors.update(_layer_tensors(gen, f"model.layers.{i}.", input_norm=True))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(target / "model.safetensors"),
               metadata={"format": "pt"})
-    (target / "config.json").write_text(json.dumps(_llama_config(LAYERS), indent=1))
+    cfg = _llama_config(LAYERS)
+    if sliding_window:
+        cfg.update(sliding_window=int(sliding_window),
+                   layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(LAYERS)])
+    (target / "config.json").write_text(json.dumps(cfg, indent=1))
     (target / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, indent=1))
     _write_tokenizer(target)
@@ -199,11 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dir")
     ap.add_argument("--no-eagle", action="store_true", help="target only (for ngram spec decode)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sliding-window", type=int, metavar="TOKENS",
+                    help="the target's layers alternate sliding-window (TOKENS) and full attention")
     ap.add_argument("--hybrid", action="store_true", help="also OUT_DIR/hybrid: the tiny NemotronH (config only)")
     ap.add_argument("--1b", dest="one_b", action="store_true",
                     help="also OUT_DIR/target1b and eagle1b: the ~1.2B Llama-shaped configs")
     a = ap.parse_args(argv)
-    out = build(a.out_dir, eagle=not a.no_eagle, seed=a.seed)
+    out = build(a.out_dir, eagle=not a.no_eagle, seed=a.seed, sliding_window=a.sliding_window)
     if a.hybrid:
         out["hybrid"] = build_hybrid(Path(a.out_dir) / "hybrid")
     if a.one_b:
