@@ -14,6 +14,13 @@ import pytest
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
+# The suite runs under pytest-xdist (scripts/test.sh: -n 2). Its workers export COLUMNS / LINES
+# (80x24) and PYTEST_XDIST_*; the tests' own subprocesses (pytest runs of pytest_plugin and vLLM's
+# tests, tmux terminals, `check` through CliRunner, which wraps at COLUMNS) must see the
+# environment a user's shell gives them, as in a plain run, not the outer worker's.
+for _var in ("COLUMNS", "LINES", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+    os.environ.pop(_var, None)
+
 # ---------------------------------------------------------------- a skip is a claim
 # PDTRACE_STRICT_SKIPS=1 (scripts/test.sh sets it on x86-64 Linux, where everything the suite
 # needs installs: vLLM for CPU, nixl, tmux, chromium) turns every skip into a failure unless

@@ -128,18 +128,27 @@ def test_every_layout_flags_exactly_the_misaligned_requests(runs):
     assert {"full", "sliding32", "full+sliding32", "full+mamba"} <= bad_layouts, bad_layouts
 
 
+def _release() -> tuple[int, ...]:
+    from pdtrace.testing.real_release import vllm_version
+
+    return tuple(int(x) for x in vllm_version().split("+")[0].split(".")[:3])
+
+
 def test_correct_vllm_gives_no_finding_in_any_layout(runs):
-    """The fixed code (no fault): the oracle finds nothing misaligned and pdtrace says nothing,
-    whatever the layout, window, prompt or trace shape."""
+    """Where vLLM's lists are right (the oracle), pdtrace says nothing of any severity, whatever the
+    layout, window, prompt or trace shape. On a release with P's clip (0.25.0 on, ../shared/
+    vllm-releases.md) every run without the fault is right; 0.23.0 / 0.24.0 carry seed 000 and
+    misalign block-aligned prompts by themselves (flagged: the test above)."""
     for lname, sname, faults, n, r in runs:
-        if faults:
+        if faults or oracle(r):
             continue
-        assert not oracle(r), (lname, sname, n)
         for shape, evs in _shapes(r.events).items():
             for i, e in enumerate(evs):
                 e["id"] = i
             fs = detectors.run_all(evs, {})
             assert not fs, (lname, sname, n, shape, [f.title for f in fs])
+    if _release() >= (0, 25, 0):
+        assert not [(lname, sname, n) for lname, sname, faults, n, r in runs if not faults and oracle(r)]
 
 
 def test_sliding_window_lists_hold_null_blocks_and_the_connector_cuts_them(runs):
@@ -152,9 +161,12 @@ def test_sliding_window_lists_hold_null_blocks_and_the_connector_cuts_them(runs)
             continue
         (alloc,) = r.of("nixl.remote_alloc")
         assert 0 in alloc["local_block_ids"][1] and 0 not in alloc["load_block_ids"][1]
-        assert alloc["load_block_ids"] == r.d_local and len(alloc["load_block_ids"][1]) <= 3
+        assert alloc["load_block_ids"] == r.d_local
         (cfg,) = [e for e in r.events if e["ev"] == "sched.config" and e["inst"] == "D"]
-        assert cfg["windows"] == [0, 32] and cfg["exchange_blocks"] == [0, 3]
+        # the connector's own cut, read from it: 0.32.0 clips the sliding group to cdiv(32, 16) + 1;
+        # a release whose connector exchanges whole lists (its _is_hma_required off, 0.24.0) says 0
+        assert cfg["windows"] == [0, 32] and cfg["exchange_blocks"] in ([0, 3], [0, 0])
+        assert 0 < len(alloc["load_block_ids"][1]) <= 3
         seen += 1
     assert seen == len(SPECS_OF["full+sliding32"])
 
