@@ -551,6 +551,9 @@ def _field_checks(fields: tuple[Field, ...]) -> dict[str, tuple[Any, str, bool]]
 
 
 _COMMON_CHECKS = _field_checks(COMMON)
+# an event may lack "id" (the loader numbers it), but a null one is no ordinal: a bad line, not a
+# missing field (the third item is "null is not allowed", which type_error reads as for a required field)
+_COMMON_CHECKS["id"] = (_COMMON_CHECKS["id"][0], "int", True)
 FIELD_CHECKS: dict[str, dict[str, tuple[Any, str, bool]]] = {
     name: {**_COMMON_CHECKS, **_field_checks(k.fields)} for name, k in KINDS.items()}
 HEADER_CHECKS = _field_checks(HEADER_FIELDS)

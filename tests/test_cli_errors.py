@@ -131,3 +131,25 @@ def test_bad_record_options_create_nothing_and_merge_refuses_a_repeated_input(tm
     sample = Path(SAMPLE)
     r = _pdtrace("merge", str(sample), str(sample), "-o", str(tmp_path / "m.jsonl"))
     assert r.returncode == 2 and "given twice" in r.stderr and not (tmp_path / "m.jsonl").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["-j", "2"]])
+def test_a_null_event_id_is_a_bad_line_not_a_crash(tmp_path, extra):
+    """Issue 49: an event whose "id" is null made check exit 3 (sorting ids in
+    detectors/index.py). It is a damaged line: strict, one line naming file:line and the field,
+    exit 2; --lenient skips it and, with no finding in what is left, exits 4 (not checked)."""
+    import json
+
+    src = Path(__file__).resolve().parent.parent / "sample_traces" / "lookahead_aligned16_k1_fixed.jsonl"
+    lines = src.read_text().splitlines()
+    k = next(i for i, ln in enumerate(lines) if '"ev":"nixl.remote_alloc"' in ln)
+    ev = json.loads(lines[k])
+    ev["id"] = None
+    lines[k] = json.dumps(ev)
+    bad = tmp_path / "nullid.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    _one_error_line(_pdtrace("check", str(bad), *extra), f"{bad}:{k + 1}:", "'id' should be int, got null")
+    r = _pdtrace("check", "--lenient", str(bad), *extra)
+    assert r.returncode == 4 and "internal error" not in r.stderr and "Traceback" not in r.stderr, (r.returncode,
+                                                                                                    r.stderr)
+    assert f"{bad}:{k + 1}:" in r.stderr
