@@ -137,6 +137,19 @@ def live_scripts():
     return SimpleNamespace(pd=live_cpu_pd, hybrid=live_cpu_hybrid, workdir=workdir)
 
 
+def served_live(live_scripts, name: str, tmp_path_factory, **kw) -> dict:
+    """One live P/D run (``live_cpu_pd.run_live`` with ``kw``, EAGLE k=3, block 32 unless said)
+    that must have served and merged: its result with the merged trace's events (``events``)."""
+    L = live_scripts.pd
+    kw = {"spec": "eagle", "num_spec": 3, "block_size": 32, "log": lambda m: None, **kw}
+    res = L.run_live(live_scripts.workdir(name, tmp_path_factory), **kw)
+    print(L.format_report(res))
+    assert res["status"] == "served", L.format_report(res)
+    assert res.get("summary"), f"no merged trace: {res.get('merge')}"
+    res["events"] = load_live_events(res)
+    return res
+
+
 def load_live_events(res: dict) -> list:
     """The merged trace of a live run, loaded strictly (a damaged trace fails the test)."""
     from pdtrace.tracefile.trace import load

@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import load_live_events
+from conftest import served_live
 
 pytestmark = pytest.mark.live
 KV_FAILURES = {"D": "fail", "D2": "recompute"}
@@ -36,12 +36,7 @@ KV_FAILURES = {"D": "fail", "D2": "recompute"}
 
 @pytest.fixture(scope="module")
 def xpyd(live_scripts, tmp_path_factory):
-    L = live_scripts.pd
-    res = L.run_live(live_scripts.workdir("1p2d", tmp_path_factory), spec="eagle", num_spec=3, block_size=32,
-                     decoders=2, start_timeout=600, log=lambda m: None, kv_failures=KV_FAILURES)
-    assert res["status"] == "served", L.format_report(res)
-    assert res.get("summary"), f"no merged trace: {res.get('merge')}"
-    res["events"] = load_live_events(res)
+    res = served_live(live_scripts, "1p2d", tmp_path_factory, decoders=2, start_timeout=600, kv_failures=KV_FAILURES)
     res["check_doc"] = json.loads((Path(res["workdir"]) / "check.json").read_text())
     return res
 

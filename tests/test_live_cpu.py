@@ -25,21 +25,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import load_live_events
+from conftest import served_live
 
 pytestmark = pytest.mark.live
 
 
 @pytest.fixture(scope="module")
 def live(live_scripts, tmp_path_factory):
-    L = live_scripts.pd
-    res = L.run_live(live_scripts.workdir("live", tmp_path_factory), spec="eagle", num_spec=3, block_size=32,
-                     log=lambda m: None)
-    print(L.format_report(res))
-    assert res["status"] == "served", L.format_report(res)
-    assert res.get("summary"), f"no merged trace: {res.get('merge')}"
-    res["events"] = load_live_events(res)
-    return res
+    return served_live(live_scripts, "live", tmp_path_factory)
 
 
 def _ev(live, kind, inst=None):

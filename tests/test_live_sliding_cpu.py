@@ -21,7 +21,7 @@ vLLM's CPU kernels it skips with the reason; under PDTRACE_STRICT_SKIPS=1 that i
 from __future__ import annotations
 
 import pytest
-from conftest import load_live_events
+from conftest import served_live
 
 pytestmark = pytest.mark.live
 
@@ -31,14 +31,7 @@ BLOCK = 32
 
 @pytest.fixture(scope="module")
 def sw(live_scripts, tmp_path_factory):
-    L = live_scripts.pd
-    res = L.run_live(live_scripts.workdir("sliding", tmp_path_factory), spec="eagle", num_spec=3, block_size=BLOCK,
-                     sliding_window=WINDOW, log=lambda m: None)
-    print(L.format_report(res))
-    assert res["status"] == "served", L.format_report(res)
-    assert res.get("summary"), f"no merged trace: {res.get('merge')}"
-    res["events"] = load_live_events(res)
-    return res
+    return served_live(live_scripts, "sliding", tmp_path_factory, block_size=BLOCK, sliding_window=WINDOW)
 
 
 def _ev(r, kind, inst=None):

@@ -1,0 +1,343 @@
+"""The architecture zoo at engine-core level (issue 47): for each model family of
+``zoo_models.FAMILIES``, the KV cache groups vLLM builds from the model's own layers, then P/D
+requests through vLLM's real Scheduler, KV cache manager, NIXL connector scheduler side and
+``_apply_prefix_caching`` on exactly that KV cache config (``pd_harness``), checked by pdtrace
+and by an oracle that is not pdtrace.
+
+How the KV cache config is built (vLLM's own path, nothing hand-made): the model class vLLM
+resolves for the config (``get_model_architecture``) is constructed on torch's meta device under
+the real ``VllmConfig``; each attention / Mamba layer's ``get_kv_cache_spec`` (what the worker's
+``get_kv_cache_spec`` collects), the KV cache layout resolved as the engine core does
+(``resolve_kv_cache_layout``), ``get_kv_cache_configs`` and ``generate_scheduler_kv_cache_config``.
+A family whose model cannot be built on this CPU says why (vLLM's exception); the drafter's own
+layers (EAGLE / MTP) are not built here (a worker's proposer loads them), so the spec method only
+sets the lookahead.
+
+The oracle: per request, each pair of the real trim held to vLLM's own block lists (the P
+block's and the D block's positions in their requests' lists, from the KV cache managers) and
+to the tokens P computed (``test_attention_layouts.oracle``'s rule). Runs without a fault must
+give no finding; with the labelled pre-#44151 P rule, exactly the requests the oracle calls
+misaligned must be flagged.
+
+    python -m pdtrace.testing.zoo [FAMILY ...]      # one JSON line per family, then a summary line
+
+Runs in its own process (it initialises torch.distributed with one gloo rank, as a worker does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .zoo_models import FAMILIES
+
+PROMPTS = (20, 64, 100, 128, 200, 255)  # below and past every window, block-aligned and not
+
+
+def _write_model(name: str, out: Path) -> str:
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(FAMILIES[name]["config"], indent=1))
+    return str(d)
+
+
+def _vllm_config(model_dir: str, inst: str, spec: str, block_size: int) -> Any:
+    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig,
+                             SpeculativeConfig, VllmConfig)
+
+    mc = ModelConfig(model=model_dir, tokenizer=model_dir, skip_tokenizer_init=True, dtype="float32", seed=0,
+                     max_model_len=2048)
+    sc = None
+    if spec == "ngram":
+        sc = SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=4, prompt_lookup_min=2)
+    elif spec in ("eagle", "draft_model", "mtp"):
+        from vllm.config import ParallelConfig
+
+        from .pd_harness import DRAFT_DIRS
+        # EAGLE: the harness's tiny EAGLE-1 drafter; a draft model: the family's own tiny config;
+        # MTP: the target's own next-token layers (its config's num_nextn_predict_layers / mtp_*)
+        model = {"eagle": DRAFT_DIRS["eagle"], "draft_model": model_dir, "mtp": None}[spec]
+        sc = SpeculativeConfig(method=spec, model=model, num_speculative_tokens=1 if spec == "mtp" else 3,
+                               target_model_config=mc, target_parallel_config=ParallelConfig())
+    role = {"P": "kv_producer", "D": "kv_consumer"}[inst]
+    vc = VllmConfig(model_config=mc, speculative_config=sc,
+                    scheduler_config=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=1024, max_model_len=2048,
+                                                     is_encoder_decoder=False, enable_chunked_prefill=True),
+                    cache_config=CacheConfig(block_size=block_size, enable_prefix_caching=True),
+                    kv_transfer_config=KVTransferConfig(kv_connector="NixlConnector", kv_role=role,
+                                                        engine_id=f"zoo-{inst}-{os.path.basename(model_dir)}"),
+                    device_config=DeviceConfig("cpu"))
+    vc.cache_config.num_gpu_blocks_override = 1024
+    return vc
+
+
+_DIST = False
+
+
+def _init_dist() -> None:
+    """One gloo rank (once per process), and the model-parallel groups made anew under the current
+    config: vLLM creates the expert-parallel group only for a MoE model."""
+    global _DIST
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.distributed.parallel_state import destroy_model_parallel
+
+    if not _DIST:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                     distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+        _DIST = True
+    destroy_model_parallel()
+    ensure_model_parallel_initialized(1, 1)
+
+
+def kv_cache_config_from_model(vc: Any) -> Any:
+    """The scheduler's KV cache config vLLM builds for ``vc``'s model from its own layers."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.config.vllm import get_layers_from_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config, get_kv_cache_configs
+
+    with set_current_vllm_config(vc):
+        _init_dist()
+        cls, _arch = get_model_architecture(vc.model_config)
+        with torch.device("meta"):
+            cls(vllm_config=vc, prefix="")
+        layers = get_layers_from_vllm_config(vc, AttentionLayerBase)
+        specs = {n: s for n, layer in layers.items() if (s := layer.get_kv_cache_spec(vc))}
+        supported = [x.name for x in get_supported_kv_cache_layouts(get_current_attn_backends(vc))]
+        resolve_kv_cache_layout(vc, [supported], list(specs.values()))
+        configs = get_kv_cache_configs(vc, [specs], [1 << 30])
+        return _as_engine_core(vc, configs, generate_scheduler_kv_cache_config(configs))
+
+
+def _as_engine_core(vc: Any, configs: list, kvc: Any) -> Any:
+    """What vLLM 0.32.0's ``EngineCore._initialize_kv_caches`` does with the configs before it
+    builds the scheduler (vllm/v1/engine/core.py): the pool's block count, the cache's block size
+    (the smallest prefix-cacheable group's), the scheduler and hash block sizes and the cache-hit
+    alignment, set on every config. The scheduler's sizes are kept on ``kvc._pdtrace_sizes``."""
+    from vllm.v1.core.kv_cache_utils import (resolve_cache_hit_alignment_tokens, resolve_kv_cache_block_sizes,
+                                             update_kv_cache_capacity)
+
+    cc = vc.cache_config
+    cc.num_gpu_blocks = kvc.num_blocks
+    if kvc.kv_cache_groups:
+        sizes = [g.kv_cache_spec.block_size for g in kvc.kv_cache_groups if g.kv_cache_spec.prefix_cacheable]
+        cc.block_size = min(sizes or [g.kv_cache_spec.block_size for g in kvc.kv_cache_groups])
+        update_kv_cache_capacity(vc, kvc)
+    vc.validate_block_size()
+    sched_bs, hash_bs = resolve_kv_cache_block_sizes(kvc, vc)
+    align = resolve_cache_hit_alignment_tokens(kvc, vc, sched_bs, hash_bs)
+    for c in (*configs, kvc):
+        c.hash_block_size = hash_bs
+        c.cache_hit_alignment_tokens = align
+    kvc._pdtrace_sizes = (sched_bs, hash_bs)
+    return kvc
+
+
+def _pair(name: str, model_dir: str, spec: str) -> Any:
+    """A real P and D scheduler on the family's own KV cache config, hooks recording."""
+    from pdtrace import hooks
+
+    from .pd_harness import PDConfig, PDPair, new_recorder, recording
+
+    out = {}
+    kvc = None
+    for inst in ("P", "D"):
+        vc = _vllm_config(model_dir, inst, spec, 16)
+        if kvc is None:
+            kvc = kv_cache_config_from_model(vc)
+        else:  # the same model: D's config is P's, set on D's VllmConfig as the engine core would
+            import copy
+
+            kvc = _as_engine_core(vc, [], copy.deepcopy(kvc))
+        out[inst] = (vc, kvc)
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    rec = new_recorder()
+    with recording(rec):
+        scheds = {inst: Scheduler(vllm_config=vc, kv_cache_config=k, structured_output_manager=StructuredOutputManager(vc),
+                                  block_size=k._pdtrace_sizes[0], hash_block_size=k._pdtrace_sizes[1], log_stats=False)
+                  for inst, (vc, k) in out.items()}
+        hooks._report_status()
+    rec.flush()
+    setup = [e for e in rec.events if e["ev"] in ("sched.config", "proc.role", "hooks.status", "hook.error")]
+    vc = out["D"][0]
+    cfg = PDConfig(spec_method=spec if spec in ("", "ngram", "eagle", "dflash") else "eagle",  # (drafts: k tokens)
+                   num_spec_tokens=vc.speculative_config.num_speculative_tokens if vc.speculative_config else 0, block_size=kvc._pdtrace_sizes[1],  # (requests hash by it)
+                   hybrid=any("Mamba" in type(g.kv_cache_spec).__name__ for g in kvc.kv_cache_groups),
+                   engine_tag=f"-zoo-{name}")
+    return PDPair(cfg, scheds["P"], scheds["D"], rec, setup), kvc
+
+
+def oracle(r: Any) -> bool:
+    """Misaligned per vLLM's own lists: a pair of the real trim whose D block and P block sit at
+    different positions of their request's lists, or whose P block holds no prompt token."""
+    for g in range(min(len(r.trim_local), len(r.p_blocks), len(r.d_blocks))):
+        p_pos = {b: i for i, b in enumerate(r.p_blocks[g]) if b != 0}
+        d_pos = {b: i for i, b in enumerate(r.d_blocks[g]) if b != 0}
+        bs = r.block_sizes[g] if g < len(r.block_sizes) else 16
+        needed = -(-r.prompt_len // bs)
+        if r.state_groups[g]:
+            continue  # a Mamba / linear-attention state slot: no token positions
+        for lb, rb in zip(r.trim_local[g], r.trim_remote[g]):
+            if lb in d_pos and rb in p_pos and (d_pos[lb] != p_pos[rb] or p_pos[rb] >= needed):
+                return True
+    return False
+
+
+def run_family(name: str, workdir: Path) -> dict:
+    from pdtrace import detectors
+
+    from .pd_harness import run_pd_request
+
+    fam = FAMILIES[name]
+    res: dict[str, Any] = {"family": name, "stands_for": fam["stands_for"], "spec": fam["spec"], "level": "engine_core"}
+    try:
+        model_dir = _write_model(name, workdir)
+        pair, kvc = _pair(name, model_dir, fam["spec"])
+    except Exception as exc:  # noqa: BLE001 - the family's reason, said in the output
+        tb = traceback.extract_tb(exc.__traceback__)
+        where = next((f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in reversed(tb)
+                      if "vllm" in f.filename), "")
+        res.update(level="not_built", why=f"{type(exc).__name__}: {str(exc)[:300]}", where=where)
+        return res
+    groups = [type(g.kv_cache_spec).__name__ for g in kvc.kv_cache_groups]
+    res["kv_cache_groups"] = [{"kind": k, "block_size": int(g.kv_cache_spec.block_size), "layers": len(g.layer_names),
+                               "window": int(getattr(g.kv_cache_spec, "sliding_window", None)
+                                             or getattr(g.kv_cache_spec, "attention_chunk_size", None) or 0)}
+                              for k, g in zip(groups, kvc.kv_cache_groups)]
+    from .pd_harness import make_pair  # noqa: F401 - (the same module's hooks are installed by recording())
+
+    runs = []
+    for faults in ((), ("old_p_block_rule",)):
+        for n in PROMPTS:
+            try:
+                r = run_pd_request(pair.cfg, n, faults=faults, pair=pair)
+            except Exception as exc:  # noqa: BLE001
+                runs.append({"prompt": n, "faults": list(faults), "error": f"{type(exc).__name__}: {exc}"[:300]})
+                continue
+            r.block_sizes = [int(g.kv_cache_spec.block_size) for g in kvc.kv_cache_groups]
+            r.state_groups = ["Mamba" in k or "State" in k for k in groups]
+            evs = [dict(e, id=i) for i, e in enumerate(r.events)]
+            fs = detectors.run_all(evs, {})
+            runs.append({"prompt": n, "faults": list(faults), "misaligned": oracle(r),
+                         "findings": [{"kind": f.kind, "severity": f.severity, "req": f.req, "title": f.title}
+                                      for f in fs]})
+    clean = [x for x in runs if not x["faults"] and "error" not in x]
+    res["findings_on_correct"] = sum(len(x["findings"]) for x in clean if not x["misaligned"])
+    res["expected"] = sum(1 for x in runs if x.get("misaligned"))
+    res["flagged"] = sum(1 for x in runs if x.get("misaligned") and any(
+        f["severity"] == "error" and f["kind"] == "lookahead-block-misalignment" for f in x["findings"]))
+    res["mismatched"] = [{"prompt": x["prompt"], "faults": x["faults"], "misaligned": x.get("misaligned"),
+                          "findings": [f["title"] for f in x.get("findings", [])], "error": x.get("error")}
+                         for x in runs if "error" in x or bool(x["misaligned"]) != any(
+                             f["severity"] == "error" for f in x["findings"]) or (not x["misaligned"] and x["findings"])]
+    res["runs"] = len(runs)
+    return res
+
+
+def markdown(results: list[dict], summary: dict, vllm: str) -> str:
+    """docs/architectures.md from one run's results (``--markdown``)."""
+    out = [
+        "# The architecture zoo: pdtrace on the KV-cache layouts people serve in P/D",
+        "",
+        f"<!-- generated by `bash scripts/arch_zoo.sh --markdown` on vLLM {vllm}; tests/test_arch_zoo.py fails when "
+        "this file and a fresh run disagree -->",
+        "",
+        "Each family's KV cache groups are the ones vLLM builds from the model's own layers (the model class",
+        "constructed on the meta device under the real VllmConfig, each layer's `get_kv_cache_spec`,",
+        "`get_kv_cache_configs`, the engine core's block sizes: `pdtrace.testing.zoo`); tiny configs, no weights",
+        "(`pdtrace/testing/zoo_models.py`). On that config, P/D requests of "
+        + ", ".join(map(str, PROMPTS)) + " tokens",
+        "run through vLLM's real Scheduler, KV cache manager, NIXL connector scheduler side and",
+        "`_apply_prefix_caching`, once as released and once with the labelled pre-#44151 P rule. The oracle is",
+        "vLLM's own block lists (each pair of the real trim: the same position in P's and D's lists, a P block",
+        "holding prompt tokens), not pdtrace. The drafter's own layers are not built at this level (a worker's",
+        "proposer loads them); the spec method sets the lookahead.",
+        "",
+        "| family | stands for | spec | level | KV cache groups (kind, block, window) | findings on correct | "
+        "flagged / expected |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        groups = "; ".join(f"{g['kind']} x{g['layers']} ({g['block_size']}" + (f", {g['window']}" if g["window"] else "")
+                           + ")" for g in r.get("kv_cache_groups", [])) or f"not built: {r.get('why', '')}"
+        out.append(f"| {r['family']} | {r['stands_for']} | {r['spec']} | {r['level']} | {groups} | "
+                   f"{r.get('findings_on_correct', '-')} | {r.get('flagged', '-')} / {r.get('expected', '-')} |")
+    out += ["", "0 / 0 means the pre-#44151 rule changes nothing for that family's prompts: ngram reserves no lookahead",
+            "(Nemotron-H), and the hybrid Qwen3-Next's attention allocation at P's finish holds no block past the prompt.",
+            "Llama 4 runs a draft model: vLLM refuses EAGLE beside chunked local attention (\"Hybrid KV cache is not",
+            "supported for eagle + chunked local attention\", vllm/v1/core/single_type_kv_cache_manager.py).",
+            "Live on CPU (`bash scripts/arch_zoo.sh --live`, and tests/test_live_cpu.py / test_live_sliding_cpu.py): a",
+            "Llama with EAGLE, and a Llama alternating sliding-window and full attention (the gpt-oss / Gemma 3 layout);",
+            "the other families have not been served live here yet (not tried; their tiny configs with",
+            "`--load-format dummy` through scripts/live_cpu_pd.py are the next step).",
+            "", f"Summary: {summary['families']} families, {len(summary['engine_core'])} at engine-core level, "
+            f"findings on correct vLLM {summary['findings_on_correct']}, flagged {summary['flagged']} of "
+            f"{summary['expected']} the oracle calls misaligned, mismatched {summary['mismatched']}.", ""]
+    return "\n".join(out)
+
+
+def run_all(names: list[str], emit: Any = None) -> tuple[list[dict], dict]:
+    """Every family of ``names`` (``emit(result)`` as each ends) and the summary."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    work = Path(tempfile.mkdtemp(prefix="pdtrace-zoo-"))
+    out = []
+    for name in names:
+        r = run_family(name, work)
+        out.append(r)
+        if emit is not None:
+            emit(r)
+    built = [r for r in out if r["level"] != "not_built"]
+    summary = {"families": len(out), "live": [], "engine_core": [r["family"] for r in built],
+               "not_built": {r["family"]: r["why"] for r in out if r["level"] == "not_built"},
+               "findings_on_correct": sum(r["findings_on_correct"] for r in built),
+               "flagged": sum(r["flagged"] for r in built), "expected": sum(r["expected"] for r in built),
+               "mismatched": [r["family"] for r in built if r["mismatched"]]}
+    return out, summary
+
+
+def families(args: list[str]) -> list[str] | None:
+    """The family names among ``args`` (all when none is named); None after saying which are unknown."""
+    names = [a for a in args if not a.startswith("--")] or list(FAMILIES)
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        print(f"zoo: unknown famil{'y' if len(unknown) == 1 else 'ies'} {unknown}; one of {list(FAMILIES)}",
+              file=sys.stderr)
+        return None
+    return names
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(argv if argv is not None else sys.argv[1:])
+    names = families(args)
+    if names is None:
+        return 2
+    as_markdown = "--markdown" in args
+    out, summary = run_all(names, None if as_markdown else (lambda r: print(json.dumps(r), flush=True)))
+    if as_markdown:
+        import vllm
+
+        print(markdown(out, summary, vllm.__version__.split("+")[0]), end="")
+    else:
+        print(json.dumps(summary), flush=True)
+    return 0 if not summary["mismatched"] and not summary["findings_on_correct"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

