@@ -14,7 +14,9 @@
 #               P, and no finding. Needs nixl (scripts/install.sh --live).
 # --vllm V      on that release's own code (scripts/release_venv.sh; default: .venv's vLLM 0.32.0)
 # --markdown    docs/architectures.md instead of the JSON lines
-# Exit 0 when nothing is mismatched and nothing is found on correct vLLM, 1 otherwise, 2 on bad usage.
+# Exit 0 when nothing is mismatched and nothing is found on correct vLLM, 1 otherwise, 4 when nothing
+# is but some family could not be built (or served) here, which the JSON says with vLLM's reason (e.g.
+# 0.24.0's `vllm` wheel has no CPU platform to construct attention layers), 2 on bad usage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYBIN=.venv/bin/python

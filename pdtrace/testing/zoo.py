@@ -104,11 +104,9 @@ def kv_cache_config_from_model(vc: Any) -> Any:
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.config.vllm import get_layers_from_vllm_config
-    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.model_loader.utils import get_model_architecture
-    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config, get_kv_cache_configs
+    from vllm.v1.engine import core as EC  # the engine core's own functions, wherever the release keeps them
 
     with set_current_vllm_config(vc):
         _init_dist()
@@ -117,32 +115,52 @@ def kv_cache_config_from_model(vc: Any) -> Any:
             cls(vllm_config=vc, prefix="")
         layers = get_layers_from_vllm_config(vc, AttentionLayerBase)
         specs = {n: s for n, layer in layers.items() if (s := layer.get_kv_cache_spec(vc))}
-        supported = [x.name for x in get_supported_kv_cache_layouts(get_current_attn_backends(vc))]
-        resolve_kv_cache_layout(vc, [supported], list(specs.values()))
-        configs = get_kv_cache_configs(vc, [specs], [1 << 30])
-        return _as_engine_core(vc, configs, generate_scheduler_kv_cache_config(configs))
+        _resolve_layout(vc, specs)
+        if hasattr(EC, "get_global_kv_cache_groups"):  # 0.33.0: the engine core groups first, then plans
+            groups = EC.get_global_kv_cache_groups(vc, [specs])
+            vc.adjust_dcp_kv_cache_interleave_size(groups)
+            configs = EC.get_kv_cache_configs(vc, [specs], [1 << 30], groups)
+        else:
+            configs = EC.get_kv_cache_configs(vc, [specs], [1 << 30])
+        return _as_engine_core(vc, configs, EC.generate_scheduler_kv_cache_config(configs))
+
+
+def _resolve_layout(vc: Any, specs: dict) -> None:
+    """The engine core's KV cache layout resolution, where the release has it (0.32.0 on)."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    except ImportError:  # (before 0.32.0: no layout to resolve)
+        return
+    supported = [x.name for x in get_supported_kv_cache_layouts(get_current_attn_backends(vc))]
+    resolve_kv_cache_layout(vc, [supported], list(specs.values()))
 
 
 def _as_engine_core(vc: Any, configs: list, kvc: Any) -> Any:
-    """What vLLM 0.32.0's ``EngineCore._initialize_kv_caches`` does with the configs before it
-    builds the scheduler (vllm/v1/engine/core.py): the pool's block count, the cache's block size
-    (the smallest prefix-cacheable group's), the scheduler and hash block sizes and the cache-hit
-    alignment, set on every config. The scheduler's sizes are kept on ``kvc._pdtrace_sizes``."""
-    from vllm.v1.core.kv_cache_utils import (resolve_cache_hit_alignment_tokens, resolve_kv_cache_block_sizes,
-                                             update_kv_cache_capacity)
+    """What ``EngineCore._initialize_kv_caches`` does with the configs before it builds the
+    scheduler (vllm/v1/engine/core.py; each step where the release has it): the pool's block count,
+    the cache's block size (the smallest prefix-cacheable group's), the scheduler and hash block
+    sizes and the cache-hit alignment, set on every config. The scheduler's sizes are kept on
+    ``kvc._pdtrace_sizes``."""
+    from vllm.v1.engine import core as U  # (it imports each function from where the release keeps it)
 
     cc = vc.cache_config
     cc.num_gpu_blocks = kvc.num_blocks
     if kvc.kv_cache_groups:
-        sizes = [g.kv_cache_spec.block_size for g in kvc.kv_cache_groups if g.kv_cache_spec.prefix_cacheable]
+        sizes = [g.kv_cache_spec.block_size for g in kvc.kv_cache_groups
+                 if getattr(g.kv_cache_spec, "prefix_cacheable", True)]
         cc.block_size = min(sizes or [g.kv_cache_spec.block_size for g in kvc.kv_cache_groups])
-        update_kv_cache_capacity(vc, kvc)
+        if hasattr(U, "update_kv_cache_capacity"):
+            U.update_kv_cache_capacity(vc, kvc)
     vc.validate_block_size()
-    sched_bs, hash_bs = resolve_kv_cache_block_sizes(kvc, vc)
-    align = resolve_cache_hit_alignment_tokens(kvc, vc, sched_bs, hash_bs)
+    sched_bs, hash_bs = (U.resolve_kv_cache_block_sizes(kvc, vc) if hasattr(U, "resolve_kv_cache_block_sizes")
+                         else (cc.block_size, cc.block_size))
+    align = (U.resolve_cache_hit_alignment_tokens(kvc, vc, sched_bs, hash_bs)
+             if hasattr(U, "resolve_cache_hit_alignment_tokens") else None)
     for c in (*configs, kvc):
         c.hash_block_size = hash_bs
-        c.cache_hit_alignment_tokens = align
+        if align is not None:
+            c.cache_hit_alignment_tokens = align
     kvc._pdtrace_sizes = (sched_bs, hash_bs)
     return kvc
 
@@ -336,7 +354,14 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(out, summary, vllm.__version__.split("+")[0]), end="")
     else:
         print(json.dumps(summary), flush=True)
-    return 0 if not summary["mismatched"] and not summary["findings_on_correct"] else 1
+    return exit_code(summary)
+
+
+def exit_code(summary: dict) -> int:
+    """1: a mismatch or a finding on correct vLLM; 4: none, but some family not built (not checked); 0."""
+    if summary["mismatched"] or summary["findings_on_correct"]:
+        return 1
+    return 4 if summary["not_built"] or summary.get("not_live") else 0
 
 
 if __name__ == "__main__":

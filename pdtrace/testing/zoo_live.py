@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             summary["not_live"] = {**summary.get("not_live", {}), name: r["why"]}
     print(json.dumps(summary), flush=True)
-    return 0 if not summary["mismatched"] and not summary["findings_on_correct"] else 1
+    return zoo.exit_code(summary)
 
 
 if __name__ == "__main__":
