@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The architecture zoo (issue 47): bash scripts/arch_zoo.sh [--live] [--vllm VERSION] [--markdown] [FAMILY ...]
 #
-# One JSON line per model family (pdtrace/testing/zoo_models.py: Llama 3, Gemma 3, gpt-oss, Llama 4,
-# DeepSeek-V3, Qwen3-Next, Nemotron-H): the KV cache groups vLLM builds from the model's own layers,
+# FAMILY: llama3 gemma3 gpt-oss llama4 deepseek-v3 qwen3-next nemotron-h (default: all). Needs vLLM
+# (.venv from scripts/install.sh, or --vllm). One JSON line per model family (pdtrace/testing/zoo_models.py):
+# the KV cache groups vLLM builds from the model's own layers,
 # P/D requests through vLLM's real scheduler side on exactly that config, with and without the
 # labelled pre-#44151 P rule, pdtrace's findings against an oracle from vLLM's own block lists
 # (pdtrace.testing.zoo). The last line sums them up:
@@ -13,7 +14,7 @@
 #               gpt-oss / Gemma 3 layout); oracle: greedy tokens disaggregated equal a local decode on
 #               P, and no finding. Needs nixl (scripts/install.sh --live).
 # --vllm V      on that release's own code (scripts/release_venv.sh; default: .venv's vLLM 0.32.0)
-# --markdown    docs/architectures.md instead of the JSON lines
+# --markdown    print docs/architectures.md instead of the JSON lines (> docs/architectures.md to update it)
 # Exit 0 when nothing is mismatched and nothing is found on correct vLLM, 1 otherwise, 4 when nothing
 # is but some family could not be built (or served) here, which the JSON says with vLLM's reason (e.g.
 # 0.24.0's `vllm` wheel has no CPU platform to construct attention layers), 2 on bad usage.
@@ -27,7 +28,7 @@ while [ $# -gt 0 ]; do
     --live) LIVE=1 ;;
     --vllm) shift; [ $# -gt 0 ] || { echo "arch_zoo: --vllm needs a version" >&2; exit 2; }
             PYBIN=$(bash scripts/release_venv.sh "$1") || exit 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) ARGS+=("$1") ;;
   esac
   shift

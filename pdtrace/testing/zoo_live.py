@@ -51,7 +51,7 @@ def run_live(name: str, workdir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
-    names = zoo.families(args)
+    names = zoo.families(args, ())
     if names is None:
         return 2
     results, summary = zoo.run_all(names, lambda r: print(json.dumps(r), flush=True))
