@@ -60,11 +60,13 @@ def _pdtrace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_spec: int = 3,
              block_size: int = 32, start_timeout: float = 420.0, record: bool = True,
              log=print, decoders: int = 1, kv_failures: dict[str, str] | None = None,
-             sliding_window: int | None = None) -> dict:
+             sliding_window: int | None = None, family: str | None = None) -> dict:
     """``kv_failures``: decoder name -> its kv_load_failure_policy; those decoders start with that
     policy and, after the load, get requests whose P is gone (scripts/live_kv_failure.py).
     ``sliding_window``: the target alternates sliding-window (that many tokens) and full attention
-    layers (make_tiny_models.build), so vLLM builds two KV cache groups."""
+    layers (make_tiny_models.build), so vLLM builds two KV cache groups. ``family``: instead of the
+    tiny Llama, that architecture-zoo family's tiny config (pdtrace.testing.zoo_models, served with
+    vLLM's dummy weights; ``spec`` must then be one it serves, e.g. ngram)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -75,7 +77,17 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
     proxy = None
     sampler = None
     try:
-        models = make_tiny_models.build(workdir / "models", eagle=(spec == "eagle"), sliding_window=sliding_window)
+        if family:
+            from pdtrace.testing.zoo_models import FAMILIES
+
+            d = workdir / "models" / family
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "config.json").write_text(json.dumps(FAMILIES[family]["config"], indent=1))
+            make_tiny_models._write_tokenizer(d)
+            models = {"target": str(d)}
+        else:
+            models = make_tiny_models.build(workdir / "models", eagle=(spec == "eagle"),
+                                            sliding_window=sliding_window)
         log(f"models: {models}")
         servers = start_pair(workdir, models, spec, num_spec, block_size, record, decoders, kv_failures)
         sampler = MemSampler({k: s.proc.pid for k, (s, _) in servers.items()})
@@ -158,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                          "load, send each requests whose P is gone (scripts/live_kv_failure.py)")
     ap.add_argument("--sliding-window", type=int, metavar="TOKENS",
                     help="a target whose layers alternate sliding-window (TOKENS) and full attention")
+    ap.add_argument("--family", help="serve this architecture-zoo family's tiny config (pdtrace.testing.zoo_models) "
+                                     "with dummy weights instead of the tiny Llama; use a --spec it serves")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
     a = ap.parse_args(argv)
     why = preflight()
@@ -167,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     res = run_live(a.workdir, spec=a.spec, num_spec=a.num_spec, block_size=a.block_size,
                    start_timeout=a.start_timeout, decoders=a.decoders,
                    kv_failures=dict(x.split("=", 1) for x in a.kv_failures.split(",")) if a.kv_failures else None,
-                   sliding_window=a.sliding_window, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
+                   sliding_window=a.sliding_window, family=a.family,
+                   log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
     print(json.dumps(res, indent=1, default=str) if a.json else format_report(res))
     print(f"live_cpu_pd: workdir {res['workdir']}", file=sys.stderr)
     return 0 if res["status"] == "served" and res.get("summary") else 1

@@ -224,7 +224,15 @@ def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block
         cmd += ["--gpu-memory-utilization", "0.35"]
     if spec_cfg:
         cmd += ["--speculative-config", json.dumps(spec_cfg)]
+    if models_without_weights(model):  # a config-only model (the zoo's): vLLM's own random weights
+        cmd += ["--load-format", "dummy"]
     return cmd + EXTRA_ARGS
+
+
+def models_without_weights(model: str) -> bool:
+    d = Path(model)
+    return d.is_dir() and (d / "config.json").exists() and not any(d.glob("*.safetensors")) \
+        and not any(d.glob("*.bin"))
 
 
 def spec_config(spec: str, models: dict[str, str], num_spec: int) -> dict:

