@@ -106,7 +106,9 @@ def group_kind(config: Event | None, g: int) -> str:
 
 
 def is_tail_group(kind: str) -> bool:
-    """Sliding-window / chunked-local groups: the connector exchanges only their in-window tail."""
+    """Sliding-window / chunked-local groups: only their tail holds KV (vLLM pads the rest with null
+    blocks). Of these the NIXL connector cuts only sliding-window groups' lists to the tail when it
+    exchanges them (``blocks_per_sw``); a chunked group's list goes whole, nulls included."""
     return any(m in kind for m in _TAIL_MARKERS)
 
 
@@ -115,9 +117,9 @@ def load_list(a: Event, config: Event | None) -> tuple[list[list[int]], list[boo
 
     Recorded by the hook (``load_block_ids``: the connector's own derivation) where the trace
     has it. Else derived from D's whole list as vLLM's ``update_state_after_alloc`` does: the
-    transfer groups only, no null blocks (padding for out-of-window positions), and a sliding /
-    chunked group cut to the connector's in-window tail (``exchange_blocks``, or the
-    ``cdiv(window, block_size) + 1`` rule from the group's recorded window). The derived list
+    transfer groups only, no null blocks (padding for out-of-window positions), and a tail group cut
+    as the connector cuts it (``exchange_blocks``; else a sliding-window group by the
+    ``cdiv(window, block_size) + 1`` rule from its recorded window). The derived list
     still holds D's own prefix-cache hits (their hashes are not recorded), and a tail group whose
     cut the trace does not say is not exact."""
     rec = a.get("load_block_ids")
@@ -136,7 +138,7 @@ def load_list(a: Event, config: Event | None) -> tuple[list[list[int]], list[boo
         if is_tail_group(group_kind(config, g)):
             k = _kv_group(config, g)
             n = cut[g] if g < len(cut) else None
-            if n is None and k < len(wins) and wins[k]:
+            if n is None and k < len(wins) and wins[k] and "SlidingWindow" in group_kind(config, g):
                 n = blocks_needed(int(wins[k]), group_block_size(config, g)) + 1
             if n:
                 lo = lo[-n:]
