@@ -9,6 +9,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import inspect
+import os
 import sys
 from typing import Any
 
@@ -118,7 +119,31 @@ def _apply(spec: HookSpec, mod: Any, form: "tuple[str, str, tuple[str, ...]] | N
             return
         spec.owner, spec.original = owner, fn
         spec.status, spec.reason, spec.applied_form = "applied", "", (module, qualname, params)
+        spec.where = source_of(fn, qualname)
     _report_status()
+
+
+def source_of(fn: Any, qualname: str) -> str:
+    """"vllm/PATH.py:LINE QUALNAME": where the wrapped function is defined (its file under the
+    vllm package, its first line), so a trace names vLLM's code without vLLM to read it; "" when
+    Python cannot say (a builtin, a C function)."""
+    target = fn.__func__ if isinstance(fn, (staticmethod, classmethod)) else fn
+    target = inspect.unwrap(target)
+    try:
+        path = inspect.getsourcefile(target) or ""
+        line = target.__code__.co_firstlineno
+    except (TypeError, AttributeError):
+        return ""
+    import linecache
+
+    for k in range(line, line + 12):  # past its decorators, the ``def`` line (what a reader looks for)
+        text = linecache.getline(path, k).lstrip()
+        if text.startswith(("def ", "async def ")):
+            line = k
+            break
+    path = path.replace("\\", "/")
+    cut = path.rfind("/vllm/")
+    return f"{path[cut + 1:] if cut >= 0 else os.path.basename(path)}:{line} {qualname}"
 
 
 def _report_status() -> None:
@@ -127,7 +152,8 @@ def _report_status() -> None:
         return
     applied = [s.name for s in REGISTRY.values() if s.status == "applied"]
     skipped = {s.name: s.reason for s in REGISTRY.values() if s.status == "skipped"}
-    rec.emit("hooks.status", vllm=_vllm_version(), applied=applied, skipped=skipped)
+    where = {s.name: s.where for s in REGISTRY.values() if s.status == "applied" and s.where}
+    rec.emit("hooks.status", vllm=_vllm_version(), applied=applied, skipped=skipped, where=where)
 
 
 def _vllm_version() -> str:

@@ -38,6 +38,7 @@ class HookSpec:
     original: Any = None
     owner: Any = None
     applied_form: "tuple[str, str, tuple[str, ...]] | None" = None  # the form patched (module, qualname, params)
+    where: str = ""  # the patched function's source, "vllm/PATH.py:LINE QUALNAME" (hooks.status ``where``)
 
     def forms(self) -> list[tuple[str, str, tuple[str, ...]]]:
         """(module, qualname, params) for the primary target, then each other release's layout."""

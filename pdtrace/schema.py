@@ -129,6 +129,8 @@ _KINDS: tuple[Kind, ...] = (
         F("vllm", "str", "vLLM version seen by the process ('' if not importable)"),
         F("applied", "list[str]", "hook names patched in"),
         F("skipped", "dict[str,str]", "hook name -> reason (missing target, signature drift, import error)"),
+        F("where", "dict[str,str]", "hook name -> the wrapped function's source, 'vllm/PATH.py:LINE QUALNAME' "
+          "(where check's root causes point in vLLM)", required=False),
     )),
     Kind("hook.error", "A hook raised; the exception was swallowed and vLLM went on (first 5 per hook).", (
         F("hook", "str", "hook name"),

@@ -68,7 +68,7 @@ def test_split_check_on_a_generated_trace_with_every_bug_class(tmp_path):
     a, b = stream.run(path, request=req), parallel.run(path, request=req, jobs=2)
     assert _outcome(a) == _outcome(b) and b.request.seen
     a, b = stream.run(path, request="no-such"), parallel.run(path, request="no-such", jobs=2)
-    assert not b.request.seen and b.request.known == a.request.known and len(a.request.known) == 11
+    assert not b.request.seen and b.request.known == a.request.known and len(a.request.known) > 11  # (every id: what --request may have meant)
 
 
 @pytest.mark.vllm

@@ -15,9 +15,13 @@ process emitting them dropped events, or the trace is incomplete: damaged lines 
 class, whether it was checked, does not apply to the recorded configuration, or was not
 checked and why (``pdtrace.detectors.coverage``). Formats:
 
-- ``text``: for a terminal.
-- ``markdown``: ready to paste into a GitHub issue (summary table, one section per
-  finding, environment: pdtrace / vLLM / torch / nixl versions and the trace origin).
+- ``text``: for a terminal: the verdict and the root causes first (findings that share a class,
+  a mechanism and vLLM's code path are one cause, with vLLM's file:line and the upstream
+  issues), then coverage, then each cause's first findings in full (``--cause N``: all of one).
+- ``markdown``: ready to paste into a GitHub issue: each cause with one worked example, links
+  to vLLM's source at the recorded release's tag, the commands that reproduce it; the finding
+  table and coverage under <details>; environment: pdtrace / vLLM / torch / nixl versions and
+  the trace origin.
 - ``json``: a stable machine-readable shape::
 
     {
@@ -33,9 +37,15 @@ checked and why (``pdtrace.detectors.coverage``). Formats:
                   "not_checked": [kind, ...]},
       "coverage": {kind: {"kind", "status": "checked" | "not-applicable" | "not-checked",
                           "reason": str, "events": int, "hook_errors": {hook: int}}},
+      "causes": [{"n", "kind", "mechanism", "title", "severity",   # root causes (pdtrace.detectors.causes):
+                  "findings": [int, ...],        # indices into "findings"
+                  "errors", "warnings", "inconclusive": int, "requests": [str], "steps": [first, last],
+                  "instances": [str], "upstream": [url],
+                  "where": [{"hook", "function", "file", "line", "source", "url"}],  # in vLLM, at its tag
+                  "first": {"index", "req", "step"}}, ...],   # errors first, then by size
       "findings": [{"kind", "severity", "req", "step", "inst", "event_ids", "title",
-                    "explanation", "data"}, ...],   # sorted by (step, kind); text and markdown
-                                                # list errors, then warnings, then inconclusive
+                    "explanation", "data", "cause": int}, ...],   # sorted by (step, kind); text and
+                                                # markdown list errors, then warnings, then inconclusive
       "what_if": {"rule": str, "requests": [...]}   # only with --what-if (see pdtrace.detectors.whatif)
     }
 
@@ -57,12 +67,13 @@ from .. import __version__
 from ..detectors import DETECTORS, Finding, by_severity, unknown_kinds
 from ..detectors.base import SEVERITY_INCONCLUSIVE
 from ..detectors import parallel, stream
+from ..detectors.causes import group
 from ..detectors.checking import check_file
 from ..detectors.coverage import Coverage, coverage, not_checked
 from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, check_writable, write_stdout
 from ..tracefile.damage import incomplete_reason, warn_problems
 from ..tracefile.trace import Trace
-from . import check_notes
+from . import check_causes, check_notes
 from .progress import load_progress
 
 FORMATS = ("text", "markdown", "json")
@@ -72,7 +83,7 @@ JSON_VERSION = 1
 
 def run(trace: Path | str, format: str = "text", only: list[str] | None = None, request: str | None = None,
         what_if: str | None = None, output: Path | str | None = None, lenient: bool = False,
-        jobs: int = 0) -> int:
+        jobs: int = 0, cause: int | None = None) -> int:
     from ..detectors import whatif as _whatif
 
     if format not in FORMATS:
@@ -94,20 +105,34 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
                          progress=load_progress(str(trace), verb="checking"),
                          jobs=jobs or parallel.auto_jobs(str(trace)))
     tr: Any = checked.trace
+    if not checked.request_seen:  # the client's id or a prefix: the one request it names, checked again
+        request = _resolve_request(tr.path, request or "", checked.requests)
+        checked = check_file(str(trace), only=only, request=request, lenient=lenient, what_if=what_if,
+                             jobs=jobs or parallel.auto_jobs(str(trace)))
+        tr = checked.trace
     warn_problems(tr)
-    if not checked.request_seen:
-        _unknown_request(tr.path, request or "", checked.requests)
     findings, cov, wi = checked.findings, checked.coverage, checked.replay
     pair = checked.pair
+    causes = group(by_severity(findings), checked.where)
+    if cause is not None and not 1 <= cause <= len(causes):
+        raise PdtraceError(f"{tr.path}: no cause {cause}: " + (f"the trace's findings have {len(causes)} root "
+                                                              f"cause(s), 1 to {len(causes)}" if causes else
+                                                              "the trace has no findings"))
+    if cause is not None:  # one cause's findings (and the counts, coverage and causes as they were)
+        keep = {id(by_severity(findings)[i]) for i in causes[cause - 1].findings}
+        findings = [f for f in findings if id(f) in keep]
     if format == "json":
-        text = render_json(tr, findings, ran, request, what_if, wi, cov=cov, notes=checked.notes, pair=pair)
+        text = render_json(tr, findings, ran, request, what_if, wi, cov=cov, notes=checked.notes, pair=pair,
+                           where=checked.where, cause=cause)
     elif format == "markdown":
-        text = render_markdown(tr, findings, ran, request, cov=cov, notes=checked.notes, pair=pair)
+        text = render_markdown(tr, findings, ran, request, cov=cov, notes=checked.notes, pair=pair,
+                               where=checked.where, cause=cause)
         if wi is not None:
             text += "\n" + _whatif.render_markdown(wi)
     else:
         width = text_width() if output is None else None
-        text = render_text(tr, findings, ran, request, cov=cov, width=width, notes=checked.notes, pair=pair)
+        text = render_text(tr, findings, ran, request, cov=cov, width=width, notes=checked.notes, pair=pair,
+                           where=checked.where, cause=cause)
         if wi is not None:
             wi_text = _whatif.render_text(wi)
             text += "\n" + (wi_text if width is None else _wrap_block(wi_text, width))
@@ -121,10 +146,23 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     return exit_code(findings, cov)
 
 
-def _unknown_request(path: str, request: str, reqs: list[str]) -> None:
+def _resolve_request(path: str, request: str, reqs: list[str]) -> str:
+    """The one request id of the trace that ``request`` names: a unique prefix of it (the id the
+    client has, vLLM's external id, is the front of the engine's ``EXTERNAL-0-HASH``); else one
+    line naming the matches (ambiguous) or the closest ids (unknown)."""
+    import difflib
+
     known = sorted(set(reqs), key=stream.natural_key)
+    hits = [r for r in known if request and r.startswith(request)]
+    if len(hits) == 1:
+        print(f"pdtrace: request {request!r} is {hits[0]!r}", file=sys.stderr)
+        return hits[0]
+    if hits:
+        raise PdtraceError(f"{path}: request {request!r} is ambiguous: {len(hits)} requests start with it: "
+                           f"{', '.join(hits[:5])}" + (" ..." if len(hits) > 5 else "") + "; give more of the id")
+    close = difflib.get_close_matches(request, known, n=5, cutoff=0.5) or known[:5]
     raise PdtraceError(f"{path}: request {request!r} does not appear in the trace"
-                       + (f"; requests seen: {', '.join(known[:5])}" + (" ..." if len(known) > 5 else "")
+                       + (f"; closest: {', '.join(close)}" + (f" (of {len(known)})" if len(known) > 5 else "")
                           if known else ""))
 
 
@@ -180,9 +218,11 @@ def _cov(tr: Trace, ran: list[str], cov: dict[str, Coverage] | None) -> dict[str
 def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
                 what_if: str | None = None, wi: list | None = None,
                 cov: dict[str, Coverage] | None = None, notes: dict[str, list] | None = None,
-                pair: list[str] | None = None) -> str:
+                pair: list[str] | None = None, where: dict | None = None, cause: int | None = None) -> str:
     cov = _cov(tr, ran, cov)
     h = tr.header
+    causes = _numbered(group(findings, where), cause)  # (indices into "findings", in its (step, kind) order)
+    of = check_causes.cause_of(causes)
     doc: dict[str, Any] = {
         "schema": JSON_SCHEMA, "version": JSON_VERSION,
         "trace": {"path": str(tr.path), "origin": h.get("origin", ""), "created": h.get("created", ""),
@@ -192,12 +232,20 @@ def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str
         "detectors": list(ran), "request": request, "request_other_side": list(pair or []),
         "summary": _counts(findings, cov),
         "coverage": {k: c.to_dict() for k, c in cov.items()},
-        "findings": [f.to_dict() for f in findings],
+        "causes": check_causes.json_causes(causes, _versions(tr)["vllm"]),
+        "findings": [{**f.to_dict(), "cause": of[i].n} for i, f in enumerate(findings)],
         "kv_load": check_notes.kv_load_notes(notes or {}),
     }
     if what_if is not None:
         doc["what_if"] = {"rule": what_if, "requests": wi or []}
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode() + "\n"
+
+
+def _numbered(causes: list, cause: int | None) -> list:
+    """--cause N: the one cause left keeps its number."""
+    if cause is not None and len(causes) == 1:
+        causes[0].n = cause
+    return causes
 
 
 def _summary_line(findings: list[Finding], cov: dict[str, Coverage] | None = None) -> str:
@@ -207,7 +255,9 @@ def _summary_line(findings: list[Finding], cov: dict[str, Coverage] | None = Non
     if not c["findings"]:
         return ("no findings in the classes checked" if nc else "no findings") + tail
     inc = f", {c['inconclusive']} inconclusive" if c["inconclusive"] else ""
-    return f"{c['findings']} finding(s): {c['errors']} error(s), {c['warnings']} warning(s){inc}" + tail
+    nc_ = len(group(findings))
+    return (f"{c['findings']} finding(s): {c['errors']} error(s), {c['warnings']} warning(s){inc}; "
+            f"{nc_} root cause{'s' if nc_ != 1 else ''}" + tail)
 
 
 _NBSP = "\u00a0"  # textwrap does not break there
@@ -245,10 +295,13 @@ def _asked(request: str, pair: list[str] | None, q: str = "") -> str:
 
 def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
                 cov: dict[str, Coverage] | None = None, width: int | None = None,
-                notes: dict[str, list] | None = None, pair: list[str] | None = None) -> str:
+                notes: dict[str, list] | None = None, pair: list[str] | None = None, where: dict | None = None,
+                cause: int | None = None) -> str:
     """The text report: every line wrapped at ``width`` columns (``text_width()``: a
     terminal); with None (piped, written to a file), the explanations at 100 columns and
-    each header and coverage line whole."""
+    each header and coverage line whole. First the verdict and the root causes (at 80 columns
+    the first screen), then coverage, then each cause's first ``PER_CAUSE`` findings in full
+    (all of them with ``cause``: --cause N)."""
     whole, width = width is None, width or 100
 
     def line(text: str, w: int, indent: str, hang: str | None = None) -> list[str]:
@@ -267,7 +320,13 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
                     f"from vLLM's kv_role)", width, "  ", "    ")
     out += line(f"detectors: {', '.join(ran)}" + (f"; request {_asked(request, pair)}" if request else ""),
                 width, "  ", "    ")
-    out += ["", *line(_summary_line(findings, cov), width, "", "  "), "", "coverage:"]
+    ordered = by_severity(findings)
+    causes = _numbered(group(ordered, where), cause)
+    out += ["", *line(_summary_line(findings, cov), width, "", "  ")]
+    if cause is not None:
+        out += line(f"(--cause {cause}: only its findings)", width, "", "  ")
+    out += check_causes.text_lines(causes, str(tr.path), line, width)
+    out += ["", "coverage:"]
     kw = max((len(k) for k in cov), default=0)
     for k, c in cov.items():
         if whole or 2 + kw + 2 + 30 <= width:  # the verdict in a column beside the class
@@ -279,22 +338,53 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
         out += ["", *line(kv_title, width, "", "  ")]
         for head, words in check_notes.text_lines(notes or {}):
             out += line(head, width, "  ", "    ") + line(words, width, "    ", "      ")
-    for n, f in enumerate(by_severity(findings), 1):
-        where = " ".join(x for x in (f"step{_NBSP}{f.step}" if f.step is not None else "",
+    shown = _shown(causes, cause)
+    of = check_causes.cause_of(causes)
+    for n, f in enumerate(ordered, 1):
+        if n - 1 not in shown:
+            continue
+        at = " ".join(x for x in (f"step{_NBSP}{f.step}" if f.step is not None else "",
                                       f"inst{_NBSP}{f.inst}" if f.inst else "", f"req{_NBSP}{f.req}" if f.req else "") if x)
         out.append("")
         # (a label and its value are never split over two lines: "req" / "req-10-D")
-        out += [x.replace(_NBSP, " ") for x in line(f"[{n}] {f.severity.upper()} {f.kind}  {where}", width, "", "    ")]
-        out += line(f.title, width, "    ")
+        out += [x.replace(_NBSP, " ") for x in line(f"[{n}] {f.severity.upper()} {f.kind}  {at}", width, "", "    ")]
+        out += line(f.title + (f"  (cause {of[n - 1].n})" if len(causes) > 1 else ""), width, "    ")
         out += _wrap(f.explanation, width, "    ")
         ids = f.event_ids[:12]
         out.append(f"    events: {ids}" + (f" (+{len(f.event_ids) - 12})" if len(f.event_ids) > 12 else ""))
-    if len(findings) > 3:  # a long list scrolls the counts away: say them again where the terminal stops
+    hidden = [(c, len(c.findings) - len([i for i in c.findings if i in shown])) for c in causes]
+    for c, k in hidden:
+        if k:
+            out += ["", *line(f"(+{k} more finding(s) of cause {c.n}: pdtrace check {tr.path} --cause {c.n}, or "
+                              f"--format json)", width, "", "  ")]
+    if len(shown) > 3:  # a long list scrolls the counts away: say them again where the terminal stops
         out += ["", *line(_summary_line(findings, cov) + " (listed above, errors first)", width, "", "  ")]
     return "\n".join(out) + "\n"
 
 
-MD_ROWS, MD_DETAILS = 100, 20  # markdown: findings in the table, and with their explanation and data
+PER_CAUSE = 3  # findings listed in full per cause (all of one with --cause N)
+
+
+def _shown(causes: list, cause: int | None) -> set[int]:
+    if cause is not None:
+        return {i for c in causes for i in c.findings}
+    return {i for c in causes for i in sorted(c.findings)[:PER_CAUSE]}
+
+
+MD_ROWS = 20  # markdown: findings in the table (a GitHub issue body holds 65,536 characters)
+
+
+def _untagged(f: Finding) -> str:
+    """A finding's title without the request and step its row's columns already give."""
+    t = f.title
+    for head in (f"request {f.req} step {f.step}: ", f"request {f.req}: ", f"step {f.step}: "):
+        if t.startswith(head):
+            return t[len(head):]
+    return t
+
+
+def _short(title: str, n: int = 110) -> str:
+    return title if len(title) <= n else title[:n - 3] + "..."
 
 
 def _md_escape(s: Any) -> str:
@@ -303,35 +393,42 @@ def _md_escape(s: Any) -> str:
 
 def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
                     cov: dict[str, Coverage] | None = None, notes: dict[str, list] | None = None,
-                    pair: list[str] | None = None) -> str:
+                    pair: list[str] | None = None, where: dict | None = None, cause: int | None = None) -> str:
+    """For a GitHub issue: the verdict, each root cause with one worked example, where in vLLM
+    (links at the recorded release's tag) and upstream, the commands that reproduce the check;
+    the findings table (``MD_ROWS`` rows) and coverage under <details>, then the environment."""
     cov = _cov(tr, ran, cov)
     v = _versions(tr)
     h = tr.header
     out = [f"## pdtrace check: {_summary_line(findings, cov)}", ""]
     if request:  # (a pasted issue must not read as the whole trace's count)
         out += [f"Only the findings about request {_asked(request, pair, '`')}.", ""]
+    if cause is not None:
+        out += [f"Only the findings of cause {cause} (`--cause {cause}`).", ""]
     if findings:
         findings = by_severity(findings)
-        out += ["| # | severity | kind | step | instance | request | summary |",
+        causes = _numbered(group(findings, where), cause)
+        of = check_causes.cause_of(causes)
+        out += check_causes.markdown(causes, findings, str(tr.path), h, v, v["vllm"])
+        out += [f"<details><summary>All {len(findings)} finding(s)"
+                + (f" (the first {MD_ROWS} here; all: <code>pdtrace check --format json</code>)"
+                   if len(findings) > MD_ROWS else "") + "</summary>", "",
+                "| # | cause | severity | step | instance | request | summary |",
                 "| --- | --- | --- | --- | --- | --- | --- |"]
         for n, f in enumerate(findings[:MD_ROWS], 1):
-            out.append(f"| {n} | {f.severity} | `{f.kind}` | {'' if f.step is None else f.step} | "
-                       f"{f.inst or ''} | {('`' + _md_escape(f.req) + '`') if f.req else ''} | {_md_escape(f.title)} |")
-        if len(findings) > MD_DETAILS:  # a GitHub issue body holds 65,536 characters
-            out.append(f"\n{len(findings)} findings: the first {min(MD_ROWS, len(findings))} listed above, the first "
-                       f"{MD_DETAILS} in detail below; all of them: `pdtrace check --format json` or `pdtrace report`.")
-        out.append("")
-        for n, f in enumerate(findings[:MD_DETAILS], 1):
-            out += [f"### {n}. `{f.kind}` ({f.severity})", "", f"**{_md_escape(f.title)}**", "", f.explanation, "",
-                    f"Trace events: {', '.join(str(i) for i in f.event_ids[:40])}"
-                    + (f" (+{len(f.event_ids) - 40} more)" if len(f.event_ids) > 40 else ""), "",
-                    "<details><summary>details</summary>", "", "```json",
-                    orjson.dumps(f.data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode(),
-                    "```", "", "</details>", ""]
+            out.append(f"| {n} | {of[n - 1].n} | {f.severity} | {'' if f.step is None else f.step} | "
+                       f"{f.inst or ''} | {('`' + _md_escape(f.req) + '`') if f.req else ''} | "
+                       f"{_md_escape(_short(_untagged(f)))} |")
+        out += ["", "</details>", ""]
     else:
         out += [f"No findings from: {', '.join(f'`{k}`' for k in ran)}.", ""]
-    out += ["### Coverage", "", "| bug class | verdict |", "| --- | --- |"]
+    folded = not not_checked(cov)  # (a class not checked stays in sight)
+    out += ["### Coverage", ""]
+    out += (["<details><summary>" + ", ".join(f"{k} {c.status}" for k, c in cov.items()) + "</summary>", ""]
+            if folded else [])
+    out += ["| bug class | verdict |", "| --- | --- |"]
     out += [f"| `{k}` | {_md_escape(c.line())} |" for k, c in cov.items()]
+    out += ["", "</details>"] if folded else []
     kv_md = check_notes.markdown(notes or {})
     if kv_md:
         out += ["", *kv_md[:-1]]

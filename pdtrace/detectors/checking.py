@@ -14,6 +14,7 @@ from ..tracefile.damage import incomplete_reason
 from ..tracefile.trace import ProgressFn, load, read_header
 from ..tracefile.zsource import is_gap
 from . import DETECTORS, Finding, parallel, run_all, stream, whatif
+from .causes import locations
 from .index import feed_all
 from .coverage import Coverage, coverage, coverage_of
 from .ringcut import mark_after_gap
@@ -35,6 +36,7 @@ class Checked:
     requests: list[str] = dataclasses.field(default_factory=list)
     notes: dict[str, list] = dataclasses.field(default_factory=dict)  # detector -> facts (``Stream.notes``)
     pair: list[str] = dataclasses.field(default_factory=list)
+    where: dict[str, dict] = dataclasses.field(default_factory=dict)  # hook -> vLLM source (``causes.locations``)
 
 
 def check_file(path: str, *, only: list[str] | tuple = (), request: str | None = None, lenient: bool = False,
@@ -52,11 +54,12 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
             res = stream.run(path, only=only, request=request, lenient=lenient, progress=progress, header=header,
                              observe=(lambda: whatif.FixedTrim(request)) if what_if else None)
         seen = res.request
+        where = locations(res.summary.kind("hooks.status"), _vllm(header))
         return Checked(res, after_gap(res.findings, res), coverage_of(res.summary, res.footer, kinds=kinds,
                                                       incomplete=incomplete_reason(res.footer, res.problems)),
                        replay=res.observed.finish() if what_if else None,
                        request_seen=request is None or seen.seen, requests=list(seen.known),
-                       notes=_about_request(res.notes, seen.wanted()), pair=sorted(seen.pair))
+                       notes=_about_request(res.notes, seen.wanted()), pair=sorted(seen.pair), where=where)
     tr = load(path, lenient=lenient, progress=progress, header=header)
     seen = request is None or any(e.get("req") == request or e.get("remote_req") == request for e in tr.events)
     pair = set() if request is None else stream.pair_of((e for e in tr.events if e["ev"] in stream.PAIR_KINDS), request)
@@ -66,7 +69,12 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
                             incomplete=incomplete_reason(tr.footer, tr.problems)),
                    replay=whatif.run(what_if, tr.events, request) if what_if else None, request_seen=seen,
                    requests=[] if seen else [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"],
-                   notes=_about_request(_notes(tr.events, tr.header, kinds), wanted), pair=sorted(pair))
+                   notes=_about_request(_notes(tr.events, tr.header, kinds), wanted), pair=sorted(pair),
+                   where=locations((e for e in tr.events if e["ev"] == "hooks.status"), _vllm(header)))
+
+
+def _vllm(header: dict) -> str:
+    return str((header.get("versions") or {}).get("vllm") or "")
 
 
 def after_gap(findings: list[Finding], tr: Any) -> list[Finding]:

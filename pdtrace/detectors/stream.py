@@ -170,11 +170,11 @@ class RequestSeen:
         if self.seen:
             return
         self.seen = any(e.get("req") == r or e.get("remote_req") == r for e in idx.events)
-        # the smallest request ids of the trace: ten to suggest, an eleventh says there are more
+        # the trace's request ids: what --request may have meant (a prefix, the client's id, a near miss)
         self._know(e["req"] for e in idx.by_kind.get("req.add", ()) if e.get("req"))
 
     def _know(self, reqs: Any) -> None:
-        self.known = sorted({*self.known, *reqs}, key=natural_key)[:11]
+        self.known = sorted({*self.known, *reqs}, key=natural_key)
 
     def merge(self, other: "RequestSeen") -> None:
         self.seen = self.seen or other.seen

@@ -1,0 +1,94 @@
+"""`pdtrace check`'s root causes (``pdtrace.detectors.causes``) in each format: the text's first
+screen, the markdown a maintainer pastes into a GitHub issue, the JSON ``causes``."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Callable
+
+import orjson
+
+from ..detectors.causes import Cause, issue_refs, source_link
+
+LineFn = Callable[[str, int, str, "str | None"], list[str]]
+
+
+def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], width: int,
+               asked: int | None = None) -> list[str]:
+    """One block per cause: its title, its counts, where in vLLM, upstream, the first example and
+    how to list all of its findings."""
+    if not causes:
+        return []
+    out = ["", f"root cause{'s' if len(causes) > 1 else ''}:"]
+    for c in causes:
+        if asked is not None and c.n != asked:
+            continue
+        out += line(f"cause {c.n}: {c.severity.upper()} {c.kind}: {c.title}", width, "  ", "    ")
+        out += line(c.counts_text(), width, "    ", "      ")
+        if c.where:
+            out += line("in vLLM: " + ", ".join(f"{w['file']}:{w['line']} {w['function'].rsplit('.', 1)[-1]}"
+                                                for w in c.where), width, "    ", "      ")
+        if c.upstream:
+            out += line("upstream: " + ", ".join([c.upstream[0], *("#" + u.rsplit("/", 1)[-1] for u in c.upstream[1:])]),
+                        width, "    ", "      ")
+        first = c.first
+        ex = " ".join(x for x in (f"request {first['req']}" if first.get("req") else "",
+                                  f"step {first['step']}" if first.get("step") is not None else "") if x)
+        more = (f"; all {len(c.findings)}: pdtrace check {shlex.quote(trace)} --cause {c.n}"
+                if len(c.findings) > 1 and asked is None else "")
+        out += line(f"first: finding [{first['index'] + 1}]" + (f", {ex}" if ex else "") + more, width, "    ",
+                    "      ")
+    return out
+
+
+def cause_of(causes: list[Cause]) -> dict[int, Cause]:
+    """finding index -> its cause."""
+    return {i: c for c in causes for i in c.findings}
+
+
+def json_causes(causes: list[Cause], vllm: str) -> list[dict[str, Any]]:
+    out = []
+    for c in causes:
+        d = c.to_dict()
+        d["where"] = [{**w, "url": source_link(w, vllm)} for w in c.where]
+        out.append(d)
+    return out
+
+
+def markdown(causes: list[Cause], findings: list[Any], trace_path: str, header: dict, versions: dict,
+             vllm: str) -> list[str]:
+    """The causes, one worked example each, the commands that reproduce the check; the finding
+    table is the caller's (under <details>)."""
+    out: list[str] = []
+    for c in causes:
+        out += [f"### Cause {c.n}: {c.title}", "",
+                f"`{c.kind}` ({c.severity}): {c.counts_text()}.", ""]
+        if c.where:
+            out += ["Where in vLLM " + (vllm or "") + ": " + ", ".join(
+                f"[`{w['file']}:{w['line']}`]({source_link(w, vllm)}) (`{w['function']}`)" for w in c.where) + ".", ""]
+        if c.upstream:
+            out += [f"Upstream: {', '.join(f'[{r}]({u})' for r, u in zip(issue_refs(c).split(', '), c.upstream))}.",
+                    ""]
+        f = findings[c.first["index"]]
+        get = (lambda k: f.get(k)) if isinstance(f, dict) else (lambda k: getattr(f, k))
+        data = get("data") or {}
+        small = {k: v for k, v in data.items() if not isinstance(v, (list, dict)) or len(orjson.dumps(v)) < 120}
+        out += [f"Example (finding {c.first['index'] + 1} of `pdtrace check`): **{_esc(get('title'))}**", "",
+                "> " + str(get("explanation")).replace("\n", " "), "",
+                "<details><summary>its data</summary>", "", "```json",
+                orjson.dumps(small, option=orjson.OPT_NON_STR_KEYS).decode(), "```", "",
+                "</details>", ""]
+    cmd = header.get("cmd") or []
+    path = shlex.quote(str(trace_path))
+    out += ["### Reproduce", "", "```sh", f"pdtrace check {path}"]
+    out += [f"pdtrace check {path} --cause {c.n}" for c in causes[:3]]
+    out += ["```", ""]
+    if cmd:
+        shown = " ".join(shlex.quote(str(x)) for x in cmd)
+        out += ["Recorded command" + (" (first process)" if header.get("merged_from") else "") + ":", "", "```sh",
+                shown if len(shown) < 1200 else shown[:1200] + " ...", "```", ""]
+    return out
+
+
+def _esc(s: Any) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
