@@ -179,7 +179,9 @@ def info(
 
     With an intact footer the answer comes from the first and last lines alone (constant
     time, whatever the trace's size); a trace without one is read in full, in segments
-    (memory bounded: the events are counted, not kept)."""
+    (memory bounded: the events are counted, not kept). A damaged or cut trace is read past its
+    damage (as --lenient does elsewhere): each damaged line is named on stderr, the summary says
+    "complete NO", exit 0. Exit 2 only for a file that is not a readable trace at all."""
     _run("info", trace=trace, lenient=lenient, full=full)
 
 

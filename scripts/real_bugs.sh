@@ -13,6 +13,8 @@
 # 3. Prints, as its last line, one JSON object: {"vllm", "scenarios", "flagged", "expected",
 #    "doctor_skipped", "families"}. Exit 0 when flagged == expected, 1 when not, 2 on a usage or
 #    install error.
+# 4. The architecture zoo on the release (pdtrace.testing.zoo): real_bugs/VERSION.zoo.json, exit 1 on
+#    a finding on correct vLLM or a mismatch with the release's own block lists.
 # The live GPU half of issue 34 (a real 0.24.0 P/D + EAGLE under `pdtrace record`) runs on a GPU
 # machine through scripts/gpu_run.sh; this script says so when it sees a GPU and does not run it.
 set -euo pipefail
@@ -44,4 +46,14 @@ rc=0
 VLLM_TARGET_DEVICE=cpu "$PYBIN" -m pdtrace.testing.real_release "$OUT" 2>"$OUT.log" | tail -1 \
   | tee "real_bugs/$V.json" || rc=$?
 VLLM_TARGET_DEVICE=cpu "$PYBIN" -m pdtrace doctor --json >"real_bugs/$V.doctor.json" 2>>"$OUT.log" || true
+# The architecture zoo at engine-core level on this release (issue 47; bash scripts/arch_zoo.sh --vllm V):
+# each family's KV cache groups as the release builds them, P/D requests through its scheduler side; a
+# finding on correct vLLM or a mismatch with its own block lists fails (exit 1); a family the release
+# cannot build here (exit 4) is said in real_bugs/V.zoo.json, the README's zoo column.
+zrc=0
+VLLM_TARGET_DEVICE=cpu "$PYBIN" -m pdtrace.testing.zoo >"$OUT.zoo.jsonl" 2>>"$OUT.log" || zrc=$?
+tail -1 "$OUT.zoo.jsonl" >"real_bugs/$V.zoo.json"
+if [ $zrc = 1 ] || [ $zrc -gt 4 ] || [ $zrc = 2 ] || [ $zrc = 3 ]; then
+  echo "real_bugs: the architecture zoo on $V exited $zrc (real_bugs/$V.zoo.json)" >&2; rc=1
+fi
 exit $rc

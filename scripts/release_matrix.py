@@ -42,6 +42,11 @@ def load() -> list[tuple[str, dict, dict]]:
             with open(res_path) as fh:
                 text = fh.read().strip()
             res = json.loads(text) if text else {}
+        zoo_path = os.path.join(ROOT, "real_bugs", f"{v}.zoo.json")
+        if os.path.exists(zoo_path):
+            with open(zoo_path) as fh:
+                text = fh.read().strip()
+            res = {**res, "zoo": json.loads(text) if text else {}}
         out.append((v, doctor, res))
     return sorted(out, key=lambda t: _key(t[0]))
 
@@ -80,16 +85,28 @@ def _family(res: dict, name: str) -> str:
     return f"{fl} of {n} flagged, {ex} expected{mark}"
 
 
+def _zoo(res: dict) -> str:
+    """The architecture zoo's line for a release (real_bugs/VERSION.zoo.json)."""
+    z = res.get("zoo")
+    if not z:
+        return "not run"
+    built = z.get("engine_core") or []
+    mark = " **MISMATCH**" if z.get("mismatched") or z.get("findings_on_correct") else ""
+    return (f"{len(built)} of {z.get('families', 0)} built; {z.get('findings_on_correct', 0)} finding(s) on "
+            f"correct vLLM; {z.get('flagged', 0)} of {z.get('expected', 0)} flagged{mark}")
+
+
 def summary(runs: list[tuple[str, dict, dict]]) -> str:
     lines = ["| vLLM | hooks: ok / required skipped / other layouts absent | classes, V1 | classes, V2 | "
              "seed 000/001 lookahead (P/D EAGLE) | seed 003 DFlash window | seed 004 accepted counts | "
-             "KV load rollback (#49250, #45138) | KV load failure, hybrid model (#50687, #56855) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "KV load rollback (#49250, #45138) | KV load failure, hybrid model (#50687, #56855) | "
+             "architecture zoo, engine core (docs/architectures.md) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v, doctor, res in runs:
         ok, skipped, absent = _counts(doctor)
         fams = " | ".join(_family(res, f) for f in FAMILIES)
         lines.append(f"| {v} | {ok} / {len(skipped)} / {absent} | {_classes(doctor, 'v1')} | "
-                     f"{_classes(doctor, 'v2')} | {fams} |")
+                     f"{_classes(doctor, 'v2')} | {fams} | {_zoo(res)} |")
     return "\n".join(lines)
 
 
@@ -129,7 +146,14 @@ def document(runs: list[tuple[str, dict, dict]]) -> str:
         mr = doctor.get("model_runner") or {}
         if mr.get("gpu_default"):
             parts += ["", f"Default model runner on a GPU host: {mr['gpu_default'].upper()}."]
-        if res:
+        z = res.get("zoo") if res else None
+        if z:
+            parts += ["", f"Architecture zoo (engine core; `bash scripts/arch_zoo.sh --vllm {v}`): {_zoo(res)}; "
+                      f"built: {', '.join(z.get('engine_core') or []) or 'none'}."]
+            if z.get("not_built"):
+                parts += [""] + [f"- {fam} not built here: {why.splitlines()[0][:200]}"
+                                 for fam, why in z["not_built"].items()]
+        if res and res.get("families"):
             parts += ["", "| scenarios of | scenarios | flagged | expected |", "| --- | --- | --- | --- |"]
             for name in FAMILIES:
                 fam = (res.get("families") or {}).get(name)

@@ -120,6 +120,7 @@ def test_doctor_reports_signature_drift(pd_harness, capsys, monkeypatch):
     from pdtrace import hooks
     from pdtrace.commands import doctor
 
+    hooks.load_subsystems()  # (run alone, nothing else has registered the hooks yet)
     spec = hooks.REGISTRY["scheduler.add_request"]
     monkeypatch.setattr(spec, "params", ("req",))
     rc = doctor.run(json_out=False)

@@ -44,18 +44,18 @@ def test_full_reads_the_events_and_finds_what_the_footer_cannot_say(tmp_path):
     bad.write_text("\n".join(lines) + "\n")
     rc, out, _ = _info(bad)  # the ends are intact: answered from them
     assert rc == 0 and "events were not read" in out
-    rc, out, err = _info(bad, "--full")
-    assert rc == 2 and f"{bad}:6" in err and "--lenient" in err
+    rc, out, err = _info(bad, "--full")  # info reads past damage: it names the line and says so
+    assert rc == 0 and f"{bad}:6" in err and "complete   NO" in out and "Traceback" not in err
 
 
 def test_a_trace_without_a_footer_is_read_in_full(tmp_path):
     cut = tmp_path / "cut.jsonl"
     cut.write_bytes(SAMPLE.read_bytes()[:3000])
     assert read_ends(str(cut))[1] is None
-    rc, out, err = _info(cut)
-    assert rc == 2 and "no newline at end of file" in err
-    rc, out, err = _info(cut, "--lenient")
-    assert rc == 0 and "summary rebuilt from the events" in out
+    rc, out, err = _info(cut)  # (the command for looking at a broken file does not demand --lenient)
+    assert rc == 0 and "no newline at end of file" in err and "summary rebuilt from the events" in out
+    rc, out2, err = _info(cut, "--lenient")
+    assert rc == 0 and out2 == out
 
 
 def test_read_ends_finds_a_footer_longer_than_one_read(tmp_path):

@@ -27,7 +27,7 @@ SIZES = [(60, 20), (80, 24), (120, 40), (200, 50)]
 VERDICTS = {
     "lookahead_aligned16_k1_buggy": ("blocks", ["MISMATCH", "P block 2 is a lookahead block"]),
     "dflash_window_buggy": ("window", ["OUTSIDE THE ALLOCATION", "past the allocation", "not owned"]),
-    "metadata_cleared_before_drafter_buggy": ("meta", ["✗ clear (phase between)",
+    "metadata_cleared_before_drafter_buggy": ("meta", ["✗ clear (between the model phases)",
                                                        "✗ has_connector_metadata() -> False (drafter)"]),
     "kv_load_async_rollback_buggy": ("blocks", ["KV LOAD FAILED", "cut back", "✗ LOAD FAILED"]),
     "stale_read_rowmoves_buggy": ("acc", ["STALE: read before the copy's event completed",

@@ -90,8 +90,8 @@ def test_a_damaged_stream_is_one_clear_line(tmp_path):
     assert err.count("\n") == 1 and "Traceback" not in err
     cut = tmp_path / "cut.jsonl.zst"
     cut.write_bytes(packed.read_bytes()[: len(data) // 2])
-    rc, out, err = _cli("info", cut)
-    assert rc == 2 and str(cut) in err and "Traceback" not in err
+    rc, out, err = _cli("info", cut)  # info reads past damage, but this one frame held line 1: nothing to show
+    assert rc == 2 and str(cut) in err and "Traceback" not in err and err.count("\n") == 1
     # the cut is named as a cut of the compressed file, not as a line of text the user cannot see
     assert "compressed stream ends early: the file was cut inside its last zstd frame" in err
 

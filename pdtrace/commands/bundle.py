@@ -90,16 +90,41 @@ def _versions(header: dict[str, Any]) -> dict[str, Any]:
             "here": collect_versions(), "platform": platform.platform(), "python": sys.version.split()[0]}
 
 
-def _readme(trace_name: str, header: dict[str, Any], check_status: str, n_findings: int, note: str) -> str:
+def _cause_lines(findings: list, tr: Any) -> list[str]:
+    """The root causes (as `pdtrace check` names them), one line each."""
+    from ..detectors import by_severity
+    from ..detectors.causes import group, locations, where_text
+
+    vllm = str((tr.header.get("versions") or {}).get("vllm") or "")
+    where = locations((e for e in tr.events if e.get("ev") == "hooks.status"), vllm)
+    out = []
+    for c in group(by_severity(findings), where):
+        out.append(f"cause {c.n}: {c.severity.upper()} {c.kind}: {c.title} ({c.counts_text()})"
+                   + (f"; in vLLM {vllm}: {where_text(c)}" if c.where else "")
+                   + (f"; upstream: {', '.join(c.upstream)}" if c.upstream else ""))
+    return out
+
+
+def _readme(trace_name: str, header: dict[str, Any], check_status: str, n_findings: int, note: str,
+            zst: bool = False, causes: list[str] | None = None) -> str:
+    import textwrap
+
+    what = ("JSON Lines compressed with zstd: `zstd -dc` or `zstdcat` it for `head` / `jq`; pdtrace reads it "
+            "as it is" if zst else "JSON Lines")
+    said = "\n".join(ln for c in (causes or []) for ln in textwrap.wrap(c, 90, subsequent_indent="    ", break_on_hyphens=False, break_long_words=False))
     return f"""pdtrace bug-report bundle
 =========================
 
 Made {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `pdtrace bundle` from the trace {trace_name}
 (origin: {header.get('origin', '?')}, recorded {header.get('created', '?')}, redacted: {header.get('redacted')}).
 
+Root causes ({len(causes or [])}; `pdtrace check {trace_name}` says the same, check.md in full)
+-----------
+{said or "none: no findings"}
+
 Files
 -----
-{trace_name:<16} the pdtrace trace itself (JSON Lines: header line, events, footer line;
+{trace_name:<16} the pdtrace trace itself ({what}: header line, events, footer line;
                  format: docs/trace-format.md). Re-run everything below from it.
 check.md         `pdtrace check --format markdown` on the trace: the findings, ready to
                  paste into a GitHub issue ({check_status}).
@@ -136,7 +161,11 @@ def run(trace: Path, output: Path, allow_unredacted: bool = False, lenient: bool
             f"prompts. Re-record without --no-redact, or pass --allow-unredacted if the bundle stays private.",
             EXIT_UNUSABLE)
 
-    trace_name = trace.name if trace.name.endswith(".jsonl") else "trace.jsonl"
+    from ..tracefile.compress import is_zstd
+
+    zst = is_zstd(str(trace))  # (named for what it is: `head` / `jq` on a .jsonl that is zstd get binary)
+    ext = ".jsonl.zst" if zst else ".jsonl"
+    trace_name = trace.name if trace.name.endswith(ext) else "trace" + ext
     with tempfile.TemporaryDirectory(prefix="pdtrace-bundle-") as tmp:
         d = Path(tmp) / ROOT
         d.mkdir()
@@ -149,8 +178,8 @@ def run(trace: Path, output: Path, allow_unredacted: bool = False, lenient: bool
                                            encoding="utf-8")
         (d / "doctor.txt").write_text(_doctor(), encoding="utf-8")
         (d / "versions.json").write_text(json.dumps(_versions(tr.header), indent=2) + "\n", encoding="utf-8")
-        (d / "README.txt").write_text(_readme(trace_name, tr.header, check_status, len(findings), note),
-                                      encoding="utf-8")
+        (d / "README.txt").write_text(_readme(trace_name, tr.header, check_status, len(findings), note, zst,
+                                              _cause_lines(findings, tr)), encoding="utf-8")
         names = [trace_name, "check.md", "report.html", "doctor.txt", "versions.json", "README.txt"]
         part = output.with_name(output.name + ".part")
         try:

@@ -374,19 +374,6 @@ def _shown(causes: list, cause: int | None) -> set[int]:
 MD_ROWS = 20  # markdown: findings in the table (a GitHub issue body holds 65,536 characters)
 
 
-def _untagged(f: Finding) -> str:
-    """A finding's title without the request and step its row's columns already give."""
-    t = f.title
-    for head in (f"request {f.req} step {f.step}: ", f"request {f.req}: ", f"step {f.step}: "):
-        if t.startswith(head):
-            return t[len(head):]
-    return t
-
-
-def _short(title: str, n: int = 110) -> str:
-    return title if len(title) <= n else title[:n - 3] + "..."
-
-
 def _md_escape(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
@@ -418,7 +405,7 @@ def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request:
         for n, f in enumerate(findings[:MD_ROWS], 1):
             out.append(f"| {n} | {of[n - 1].n} | {f.severity} | {'' if f.step is None else f.step} | "
                        f"{f.inst or ''} | {('`' + _md_escape(f.req) + '`') if f.req else ''} | "
-                       f"{_md_escape(_short(_untagged(f)))} |")
+                       f"{_md_escape(check_causes.short(check_causes.untagged(f)))} |")
         out += ["", "</details>", ""]
     else:
         out += [f"No findings from: {', '.join(f'`{k}`' for k in ran)}.", ""]

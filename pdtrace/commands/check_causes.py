@@ -92,3 +92,16 @@ def markdown(causes: list[Cause], findings: list[Any], trace_path: str, header: 
 
 def _esc(s: Any) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def untagged(f: Any) -> str:
+    """A finding's title without the request and step its row's columns already give."""
+    t = f.title
+    for head in (f"request {f.req} step {f.step}: ", f"request {f.req}: ", f"step {f.step}: "):
+        if t.startswith(head):
+            return t[len(head):]
+    return t
+
+
+def short(title: str, n: int = 110) -> str:
+    return title if len(title) <= n else title[:n - 3] + "..."

@@ -31,8 +31,8 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
         damage = footer_damage(footer)
         if damage:
             complete = "NO: " + "; ".join(damage)
-    else:
-        tr, counted = _read(str(trace), lenient)
+    else:  # info is the command for looking at a damaged trace: it reads past damage (as --lenient)
+        tr, counted = _read(str(trace), lenient or not _newer(str(trace)))  # (a newer schema: refused)
         warn_problems(tr, incomplete=False)  # info says whether it is complete itself
         h, footer, problems, n_events, path = tr.header, tr.footer, tr.problems, counted.n, tr.path
         derived = footer is None
@@ -87,6 +87,17 @@ def run(trace: Path | str, lenient: bool = False, full: bool = False) -> int:
                                              if len(line) > w else [line])]
     write_stdout("\n".join(out) + "\n")
     return EXIT_OK
+
+
+def _newer(path: str) -> bool:
+    """The trace's header says a schema newer than this pdtrace reads (refused as check refuses
+    it, unless --lenient)."""
+    from ..tracefile.trace import read_header
+
+    try:
+        return int(read_header(path).get("schema_version") or 0) > schema.SCHEMA_VERSION
+    except Exception:  # noqa: BLE001 - an unreadable header: the read below says why, in one line
+        return False
 
 
 def _read(path: str, lenient: bool) -> tuple[Sink, FooterCounter]:

@@ -149,7 +149,7 @@ def _findings(by_proc: dict[tuple, list[_Step]], idx: Any) -> list[Finding]:
             reqs = list((st.bind or {}).get("reqs") or [])
             where = f"pid {pid}" + (f" rank {rank}" if rank is not None else "")
             if clear is not None:
-                why = (f"kvmeta.clear (event {clear.get('id')}, phase {clear.get('phase')!r}) ran before the "
+                why = (f"kvmeta.clear (event {clear.get('id')}, {_phase(clear.get('phase'))}) ran before the "
                        f"drafter phase began (event {st.drafter_begin.get('id')})")
             else:
                 why = "the connector metadata was gone when the drafter phase began"
@@ -161,9 +161,12 @@ def _findings(by_proc: dict[tuple, list[_Step]], idx: Any) -> list[Finding]:
                 f"On {inst} ({where}, step {st.step}) {why}, so has_connector_metadata() answered False "
                 f"{len(st.has_false)} time(s) during the drafter forward and save_kv_layer never ran for "
                 f"{layers_txt}. The target model saved {len(st.target_saved)} layer(s) and the drafter "
-                f"{len(st.drafter_saved)}; {('the metadata named ' + str(n_save) + ' request(s) to save') if n_save is not None else ''}"
-                f"{(' ' + str(reqs[:8])) if reqs else ''}. The drafter's KV for these requests was never "
-                f"transferred to D. Clear the metadata only after the drafter proposes."
+                f"{len(st.drafter_saved)}; {_named(n_save, reqs)}. "
+                + ("Nothing was to be saved at this step, so no KV was lost here (latent); at a step that saves, "
+                   "the drafter's KV would not reach D. " if n_save == 0 else
+                   f"The drafter's KV for {'these requests' if reqs else 'the requests of this step'} was never "
+                   f"transferred to D. ")
+                + "Clear the metadata only after the drafter proposes."
             )
             f = Finding(
                 kind=METADATA_CLEARED_BEFORE_DRAFTER, severity=severity, req=reqs[0] if len(reqs) == 1 else None,
@@ -181,3 +184,20 @@ def _findings(by_proc: dict[tuple, list[_Step]], idx: Any) -> list[Finding]:
             if st.step is not None:
                 seen[(inst, st.step)] = f
     return findings
+
+
+def _phase(p: Any) -> str:
+    """kvmeta.clear's phase as check and the viewer both say it ('' is between the phases)."""
+    return f"phase {p}" if p else "between the model phases"
+
+
+def _named(n_save: Any, reqs: list) -> str:
+    """What the bound metadata named: its requests (``reqs``) and how many of them it asked to
+    save (``n_save``), said so that 0 to save beside a named request does not read as a
+    contradiction (a request the metadata names only to receive or send)."""
+    ids = (" " + ", ".join(map(str, reqs[:8])) + (f" (+{len(reqs) - 8})" if len(reqs) > 8 else "")) if reqs else ""
+    if n_save is None:
+        return f"the metadata named{ids}" if reqs else "the metadata's requests are not in the trace"
+    if reqs:
+        return f"the metadata named {len(reqs)} request(s){ids}, {n_save} of them to save"
+    return f"the metadata named {n_save} request(s) to save"

@@ -350,7 +350,10 @@ def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req
         kind=STALE_ACCEPTED_COUNT_READ, severity=severity, req=req, step=e.get("step"),
         inst=e.get("inst"), event_ids=sorted(set(ids)), title=title, explanation=expl,
         data={"row": row, "value": e["value"], "truth": tval, "own": own, "reasons": reasons,
-              "held": list(lab), "moved_by": writer.get("id") if writer is not None else None,
+              # what the row held when read: (how it was written: "c" a copy, "a" add_request's 1, "i" the
+              # buffer's initial 1, "u" unknown; whose; which copy), and the same in words
+              "held": list(lab), "row_held": _label_text(lab),
+              "moved_by": writer.get("id") if writer is not None else None,
               "mapping": mapping, "upstream": UPSTREAM if verdict == "row-moved" and mapping == "prev" else None,
               "d2h_event": ev_id if ev_id is not None else (issue or {}).get("event"),
               "event_done": e.get("event_done"), "synced": e.get("synced"),

@@ -106,7 +106,7 @@ def metadata(m: Model, max_steps: int, limit: int) -> tuple[list[tuple[str, dict
                 P = pts["clear"]
                 early = "drafter" not in open_phase and e.get("phase", "") != "drafter"
                 P[0].append(x), P[1].append("clear_connector_metadata"), P[2].append(
-                    f"<b>clear_connector_metadata</b> phase '{html.escape(e.get('phase', ''))}' step {e.get('step')}"
+                    f"<b>clear_connector_metadata</b> {html.escape(('phase ' + e['phase']) if e.get('phase') else 'between the model phases')} step {e.get('step')}"
                     f"<br>open phases: {', '.join(during)}")
                 P[3].append(DARK_GREY), P[4].append("line-ns-open" if early else "line-ns-open")
             elif k == "kvmeta.save_layer":

@@ -264,7 +264,7 @@ def metadata(index: TraceIndex, step: int | None) -> list[MetaView]:
             elif kind == "kvmeta.clear":
                 bad = bound and drafter_later[k]
                 bound = False
-                lines.append(MetaLine(f"clear (phase {e['phase'] or 'between'})"
+                lines.append(MetaLine(f"clear ({('phase ' + e['phase']) if e['phase'] else 'between the model phases'})"
                                       + ("  <- before the drafter forward: drafter layers will not save" if bad else ""),
                                       bad, 0, e["id"]))
             elif kind == "spec.phase":
