@@ -55,8 +55,7 @@ def test_sample_verdict_visible(sample, size, snap_compare):
             if app.findings_done:
                 break
             await pilot.pause(0.02)
-        await pilot.press("f")
-        await pilot.pause()
+        await pilot.pause()  # (the viewer opens on the first root cause's finding, in its pane)
         seen["tab"] = app.query_one("TabbedContent").active
         seen["screen"] = screen_text(app)
 
@@ -76,7 +75,7 @@ def test_sample_verdict_visible(sample, size, snap_compare):
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (apt-get install -y tmux)")
 @pytest.mark.parametrize("sample", ["dflash_window_buggy", "stale_read_rowmoves_buggy"])
 def test_tmux_80x24(tmp_path, sample):
-    """The real program in a real 80x24 terminal: press f, the verdict is on screen."""
+    """The real program in a real 80x24 terminal: it opens on the first finding, the verdict on screen."""
     sock, session = f"pdtrace-tui-{os.getpid()}-{sample[:5]}", "v"
     exe = pathlib.Path(sys.executable).parent / "pdtrace"
     tmux = ["tmux", "-L", sock]
@@ -89,14 +88,7 @@ def test_tmux_80x24(tmp_path, sample):
 
         deadline = time.monotonic() + 60
         screen = ""
-        while time.monotonic() < deadline:  # the verdict line reads "N finding(s)" once they are in
-            screen = capture()
-            if "finding(s)" in screen:
-                break
-            time.sleep(0.3)
-        assert "finding(s)" in screen, screen
-        subprocess.run(tmux + ["send-keys", "-t", session, "f"], check=True)
-        _, needles = VERDICTS[sample]
+        _, needles = VERDICTS[sample]  # (once the detectors report it opens on the first root cause's finding)
         while time.monotonic() < deadline:
             screen = capture()
             if all(n in screen for n in needles) and "c Copy" in screen:  # (the key bar redraws after f)

@@ -114,6 +114,23 @@ def _figure_section(sec_id: str, heading: str, intro: str, note: str, empty: str
     return f'<section id="{sec_id}"><h2>{heading}</h2>' + "".join(body) + "</section>"
 
 
+LOOKAHEAD, METADATA = "lookahead-block-misalignment", "connector-metadata-cleared-before-drafter"
+
+
+def _not_applicable(trace: Any) -> dict[str, str]:
+    """The bug classes that do not apply to the recorded configuration, with vLLM's reason (the
+    coverage `pdtrace check` gives): their sections are one line, not an empty chart."""
+    cov = getattr(trace, "coverage", None)
+    if cov is None:
+        try:
+            from pdtrace.detectors.coverage import coverage
+
+            cov = coverage(trace.events, trace.header, trace.footer)
+        except Exception:  # noqa: BLE001 - without it every section is drawn as before
+            return {}
+    return {k: c.reason for k, c in cov.items() if c.status == "not-applicable"}
+
+
 def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: int, cap: int,
                  js: str) -> tuple[str, dict]:
     events = trace.events
@@ -138,8 +155,11 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
                     + fig_timeline.caption(tl, st, st.get("opened_on")) + "</p>" + time_div("fig-timeline", tl)
                     + "</section>")
 
+    n_a = _not_applicable(trace)  # class -> why it does not apply: its section is that one line
     maps, note = fig_blockmap.block_maps(m, limit=12)
-    body = [f'<p class="note">{fig_blockmap.caption([fig for _r, _t, fig in maps], note)}</p>']
+    body = ([f'<p class="note">{fig_blockmap.caption([fig for _r, _t, fig in maps], note)}</p>'] if maps
+            or LOOKAHEAD not in n_a else
+            [f'<p class="ok">No KV transfers in this trace: {esc(LOOKAHEAD)} does not apply ({esc(n_a[LOOKAHEAD])}).</p>'])
     reqfigs: dict[str, list[str]] = {}  # block-map figure -> the requests it draws (D's and P's id)
     for i, (req, _title, fig) in enumerate(maps):
         reqfigs[f"fig-blockmap-{i}"] = sorted({req, m.d2p.get(req, req)})
@@ -159,10 +179,15 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
     sections.append(_figure_section("accepted", "Accepted-token counts", fig_accepted.caption([fig for _ln, fig in acc]), note,
                                     "No accepted-count reads in this trace.", [fig for _ln, fig in acc], time_div))
 
-    meta, note = fig_metadata.metadata(m, max_steps=max(20, budget // 600), limit=4)
-    sections.append(_figure_section("metadata", "Connector metadata phases", fig_metadata.caption([fig for _ln, fig in meta]), note,
-                                    "No connector-metadata events in this trace.", [fig for _ln, fig in meta],
-                                    time_div))
+    if METADATA in n_a and not any(f.kind == METADATA for f in fv):
+        sections.append(f'<section id="metadata"><h2>Connector metadata phases</h2><p class="ok">{esc(METADATA)} '
+                        f'does not apply ({esc(n_a[METADATA])}): nothing drawn.</p></section>')
+    else:
+        meta, note = fig_metadata.metadata(m, max_steps=max(20, budget // 600), limit=4)
+        sections.append(_figure_section("metadata", "Connector metadata phases",
+                                        fig_metadata.caption([fig for _ln, fig in meta]), note,
+                                        "No connector-metadata events in this trace.", [fig for _ln, fig in meta],
+                                        time_div))
 
     win, note = fig_windows.windows(m, limit=40)
     if win is not None or note:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 from pdtrace.detectors.coverage import CHECKED, NOT_CHECKED
 
+from .causes_section import causes_html
 from .common import FindingView, Model, esc, short
 from .coverage_section import coverage_html, no_findings_line
 
@@ -78,6 +79,7 @@ def overview_html(m: Model, header: dict, footer: dict | None, events: list[dict
                    f"warning(s)" + (f", {n_inc} inconclusive" if n_inc else "") + f" in {classes} bug class(es)"
                    + (f"; {len(unchecked)} class(es) not checked: {esc(', '.join(unchecked))}" if unchecked else "")
                    + ". Click a finding (or a count) to zoom every time axis to it and list its events.</p>")
+        out.append(causes_html(fs, events, header, finding_link))
     out.append('<div class="cols"><div>' + cov_table)
     other = sorted(set(per_class) - _covered_kinds(cov_table))
     if other:

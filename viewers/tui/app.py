@@ -31,6 +31,7 @@ from textual.widgets import Footer, Header, Input, OptionList, ProgressBar, Stat
 from textual.worker import get_current_worker
 
 from pdtrace.detectors import by_severity
+from pdtrace.detectors.causes import group
 from pdtrace.errors import PdtraceError
 from pdtrace.index.trace_index import TraceIndex
 
@@ -261,7 +262,10 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         self._show_findings()
         self.query_one(StepScrubber).set_marks({s for f in self.findings if (s := self._finding_step(f)) is not None})
         self._add_requests(force=True)
-        if self.req is None:  # something to show without the request list (hidden when narrow)
+        kept_f = any(what == "finding" for what, _arg in self._pending)  # (f pressed early: it goes there itself)
+        if self.req is None and self.findings and not kept_f:  # not navigated yet: open on the first root cause
+            self.goto_finding(group(self.findings)[0].first["index"])  # its first finding, in its pane
+        elif self.req is None:  # something to show without the request list (hidden when narrow)
             rows = selection.request_rows(self.index, self._bad_reqs)
             first = next((f.req for f in self.findings if f.req), rows[0][0] if rows else None)
             if first is not None:

@@ -16,7 +16,7 @@ from rich.text import Text
 from textual.widgets import Footer, Static, TabbedContent
 
 from .widgets.base import Pane
-from .widgets.lists import SHORT, short_title
+from .widgets.lists import MARKS, SHORT, short_title
 
 NARROW = 100  # below this many columns the left column collapses
 TABS = (  # id, long label, short label
@@ -86,7 +86,8 @@ class LayoutMixin:
         f = self.finding
         if f is not None and f in self.findings:
             k = self.findings.index(f)
-            t.append(f"● {k + 1}/{len(self.findings)} {SHORT.get(f.kind, f.kind)} ", style="bold red")
+            mark, style = MARKS.get(f.severity, MARKS["warning"])  # (● error, ▲ warning, ? inconclusive)
+            t.append(f"{mark}{k + 1}/{len(self.findings)} {f.severity} {SHORT.get(f.kind, f.kind)} ", style=style)
             where = " ".join(x for x in (f.req or "", f"s{f.step}" if f.step is not None else "", f.inst or "") if x)
             t.append(f"{where}: ", style="cyan")
             t.append(short_title(f), style="red")

@@ -32,18 +32,30 @@ def short_title(f: Any) -> str:
     return _PREFIX.sub("", f.title, count=1) if _PREFIX.match(f.title) else f.title
 
 
+MARKS = {"error": ("● ", "bold red"), "warning": ("▲ ", "bold yellow"), "inconclusive": ("? ", "bold magenta")}
+
+
+def short_req(req: str, n: int = 22) -> str:
+    """A long request id (vLLM's cmpl-<16 hex>-0-<8 hex>) cut in the middle, its ends kept: the
+    list's step and title stay in sight (the filter and the panes take the whole id)."""
+    return req if len(req) <= n else req[: n // 2] + "…" + req[-(n - n // 2 - 1):]
+
+
 def finding_line(f: Any, by: str) -> Text:
+    """mark (● error, ▲ warning, ? inconclusive: told apart without colour), step, instance,
+    request, title: the step first, so a narrow list never cuts it."""
     t = Text(no_wrap=True, overflow="ellipsis")
     sev = getattr(f, "severity", "error")
-    t.append("● " if sev == "error" else "▲ ", style="bold red" if sev == "error" else "bold yellow")
-    if by == "request":
-        t.append(SHORT.get(f.kind, f.kind) + " ", style="bold")
-    elif f.req:
-        t.append(f"{f.req} ", style="cyan")
+    mark, style = MARKS.get(sev, MARKS["warning"])
+    t.append(mark, style=style)
     if f.step is not None:
         t.append(f"s{f.step} ", style="cyan")
     if f.inst:
         t.append(f"{f.inst} ", style="dim cyan")
+    if by == "request":
+        t.append(SHORT.get(f.kind, f.kind) + " ", style="bold")
+    elif f.req:
+        t.append(f"{short_req(f.req)} ", style="cyan")
     t.append(short_title(f))
     return t
 
