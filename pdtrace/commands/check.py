@@ -316,9 +316,10 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
                 width, "  ", "    ")
     insts = tr.header.get("instances") or []
     if insts:  # the "inst" of each finding below (record --instance, or P / D from vLLM's kv_role)
-        out += line(f"instances: {', '.join(map(str, insts))} (each process's `pdtrace record --instance`, or P / D "
-                    f"from vLLM's kv_role)", width, "  ", "    ")
-    out += line(f"detectors: {', '.join(ran)}" + (f"; request {_asked(request, pair)}" if request else ""),
+        out += line(f"instances: {', '.join(map(str, insts))} (`pdtrace record --instance`, or P / D from vLLM's "
+                    f"kv_role)", width, "  ", "    ")
+    said = f"all {len(DETECTORS)}" if set(ran) == set(DETECTORS) else ", ".join(ran)  # (the coverage lines name each class)
+    out += line(f"detectors: {said}" + (f"; request {_asked(request, pair)}" if request else ""),
                 width, "  ", "    ")
     ordered = by_severity(findings)
     causes = _numbered(group(ordered, where), cause)

@@ -20,6 +20,20 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
     if not causes:
         return []
     out = ["", f"root cause{'s' if len(causes) > 1 else ''}:"]
+    if len(causes) > 1 and asked is None:  # each in two or three lines: every cause on the first screen
+        for c in causes:
+            out += line(f"cause {c.n}: {c.severity.upper()} {c.kind}: {c.title}", width, "  ", "    ")
+            bits = [c.counts_text()]
+            if c.where:
+                w = c.where[0]
+                bits.append(f"{w['file'].rsplit('/', 1)[-1]}:{w['line']} {w['function'].rsplit('.', 1)[-1]}")
+            if c.upstream:
+                bits.append(issue_refs(c))
+            bits.append(f"first [{c.first['index'] + 1}]")
+            out += line("; ".join(bits), width, "    ", "      ")
+        out += line(f"each in full (vLLM's files, upstream links, all its findings): pdtrace check "
+                    f"{shlex.quote(trace)} --cause N", width, "  ", "    ")
+        return out
     for c in causes:
         if asked is not None and c.n != asked:
             continue

@@ -344,6 +344,11 @@ def markdown(results: list[dict], summary: dict, vllm: str) -> str:
             "BF16\"; the live servers run float32), DeepSeek-V3 (MLA on CPU: the worker raised \"Unsupported block size:",
             "16\" at the first step, served with --block-size 32; not pursued). The Nemotron-H layout runs live on one server,",
             "not P/D (tests/test_live_hybrid_cpu.py: D would need Mamba align mode's Triton pre-copy, docs/live-cpu.md).",
+            "", "On every release the matrix covers (0.19.1 to 0.33.0), `bash scripts/real_bugs.sh VERSION` runs this zoo on",
+            "the release's own code (`scripts/arch_zoo.sh --vllm VERSION`): README's support matrix has its column, and",
+            "docs/releases.md says per release which families it builds here and why not the others (a release's `vllm`",
+            "wheel is its CUDA build: its own CpuPlatform is selected, and layers whose CPU path calls a kernel the wheel",
+            "lacks, MLA on CPU before 0.32, or a hybrid layout that release cannot unify are said as not built).",
             "", f"Summary: {summary['families']} families, {len(summary['engine_core'])} at engine-core level, "
             f"findings on correct vLLM {summary['findings_on_correct']}, flagged {summary['flagged']} of "
             f"{summary['expected']} the oracle calls misaligned, mismatched {summary['mismatched']}.", ""]
