@@ -118,6 +118,38 @@ def test_a_read_without_query_result_is_not_a_race():
     assert f.data["reasons"] == ["copy-not-complete"]
 
 
+def _old_recording(synced: bool, value: int) -> list[dict]:
+    """A recording by the hooks before the moves' ``landed`` field: rows [a, b] copied, a
+    finishes, the condense moves b to row 0 with the copy in flight, b reads row 0. b's
+    authoritative count (acc.truth of the step the copy was for) is 4."""
+    evs = [{"ev": "batch.add", "pid": 1, "inst": "D", "step": 1, "req": "a", "row": 0},
+           {"ev": "batch.add", "pid": 1, "inst": "D", "step": 1, "req": "b", "row": 1},
+           {"ev": "d2h.issue", "pid": 1, "inst": "D", "step": 1, "rows": ["a", "b"], "event": "e1",
+            "moves_with_rows": True},
+           {"ev": "batch.remove", "pid": 1, "inst": "D", "step": 2, "req": "a", "row": 0},
+           {"ev": "batch.condense", "pid": 1, "inst": "D", "step": 2, "moves": [["b", 1, 0]]},
+           {"ev": "acc.truth", "pid": 1, "inst": "D", "step": 1, "req": "b", "value": 4, "for_step": 1},
+           {"ev": "acc.read", "pid": 1, "inst": "D", "step": 2, "req": "b", "row": 0, "value": value,
+            "event": "e1", "event_done": True, "synced": synced, "mapping": "direct"}]
+    return [dict(e, id=i) for i, e in enumerate(evs)]
+
+
+@pytest.mark.parametrize("synced, value, severity", [(False, 1, "error"), (False, 4, "inconclusive"),
+                                                     (True, 1, "inconclusive")])
+def test_an_unsynchronized_read_that_differs_from_the_truth_is_wrong_whatever_the_landing(synced, value, severity):
+    """Issue 50 item 4: where the trace cannot say when the copy landed, an unsynchronized read
+    of a value other than the authoritative count is an error (the copy carries that count on
+    this path); the same read of the right value, or a synchronized read (Mamba align mode copies
+    1 by design), stays inconclusive. The oracle is acc.truth, the GPU-side count."""
+    (f,) = detect(_old_recording(synced, value))
+    assert (f.req, f.severity) == ("b", severity)
+    if severity == "error":
+        assert f.data["reasons"] == ["landing-unknown", "value-wrong"] and f.data["truth"] == 4
+        assert "read 1, authoritative value 4" in f.title and "not in the trace" in f.title
+        from pdtrace.detectors.causes import mechanism
+        assert mechanism(f)[0] == "stale-read/wrong-landing-unknown"
+
+
 def test_a_damaged_condense_makes_the_rows_unknown_not_a_crash():
     """A condense record whose moves are not [req, old, new] (a damaged trace read with
     --lenient passes the schema's list[list]): the rows it touched are unknown, so a read of

@@ -33,6 +33,10 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "_prepare_inputs read the accepted counts from their device-to-host copy without waiting for it: "
         "before it landed, or after it landed in rows that had moved since its issue ({moves})",
         ("accepted_counts.read", "accepted_counts.issue", "input_batch.{move}"), ("45100",)),
+    "stale-read/wrong-landing-unknown": (
+        "accepted counts read unsynchronized that differ from the authoritative count, in a recording that "
+        "does not say when the copy landed among the row moves ({moves})",
+        ("accepted_counts.read", "accepted_counts.issue", "input_batch.{move}"), ()),
     "stale-read/landing-unknown": (
         "accepted counts read after row moves, where the trace does not say when the copy landed",
         ("accepted_counts.read", "accepted_counts.issue"), ()),
@@ -98,6 +102,8 @@ def mechanism(f: Any) -> tuple[str, dict[str, str]]:
         reasons = d.get("reasons") or []
         ops = sorted({h.get("op", "") for h in d.get("row_history") or [] if h.get("op")})
         words = {"move": ",".join(ops)}
+        if "value-wrong" in reasons:
+            return "stale-read/wrong-landing-unknown", words
         if "row-moved" in reasons and d.get("mapping") == "prev" and "copy-not-complete" not in reasons:
             return "stale-read/row-moved/prev", words
         if "row-moved" in reasons or "copy-not-complete" in reasons:

@@ -17,7 +17,10 @@ add_request's 1 for a request added since). Otherwise:
   condense / swap_states move the values, and the gather through ``prev_positions`` reads the
   old rows), or after moves that a direct read assumed it followed (seed 004, 0.19.0-0.23.0);
 - the request's count from an older copy is there: the copy had not landed (no sync);
-- the possible landing points disagree about the row: inconclusive, never clean.
+- the possible landing points disagree about the row: inconclusive, never clean; but an
+  unsynchronized read whose value differs from ``acc.truth`` is an error wherever the copy landed
+  (on that path the copy carries the authoritative count; align mode's synchronized path copies 1
+  by design, so there it stays inconclusive).
 
 Severity compares the value read with the request's own count: the copy's own values
 (``d2h.done`` / blocking ``d2h.issue`` ``values``) where recorded, else ``acc.truth`` (in Mamba
@@ -297,7 +300,13 @@ def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req
     truth = _truth_for(truths.get((e.get("inst"), req), []), e)
     tval = truth["value"] if truth is not None else None
     ref, ref_name = (own, "the copy's own count") if own is not None else (tval, "authoritative value")
-    if verdict == "inconclusive":
+    # unsynchronized, the copy carries the authoritative count (align mode's synchronized path copies 1 by
+    # design): a value other than acc.truth is a wrong read wherever the copy landed (issue 50, item 4)
+    wrong_anyway = (verdict == "inconclusive" and e.get("synced") is not True and tval is not None
+                    and e["value"] != tval)
+    if wrong_anyway:
+        severity = SEVERITY_ERROR
+    elif verdict == "inconclusive":
         severity = SEVERITY_INCONCLUSIVE
     elif ref is not None:
         severity = SEVERITY_ERROR if ref != e["value"] else SEVERITY_WARNING
@@ -305,6 +314,8 @@ def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req
         severity = SEVERITY_ERROR if verdict == "row-moved" else SEVERITY_WARNING
     reasons = {"row-moved": ["row-moved"], "copy-not-complete": ["copy-not-complete"],
                "inconclusive": ["landing-unknown"]}[verdict]
+    if wrong_anyway:
+        reasons = ["landing-unknown", "value-wrong"]
     if raced_other:
         reasons = ["row-moved", *reasons]  # raced, and had the copy landed the row held another request's count
     rows = issue["rows"] if issue is not None else []
@@ -338,6 +349,16 @@ def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req
         expl = (f"_prepare_inputs read num_accepted_tokens for {req}{how} on {e.get('inst')} (pid {pid}, "
                 f"step {e.get('step')}) before the copy {ev_id!r} landed (event.query() False, no synchronize): "
                 f"{where}. It {vtxt}.")
+    elif wrong_anyway:
+        title = (f"request {req} step {e.get('step')}: accepted count read from row {row} is wrong (read "
+                 f"{e['value']}, authoritative value {tval}); how is not in the trace")
+        expl = (f"_prepare_inputs read num_accepted_tokens for {req}{how} on {e.get('inst')} (pid {pid}, "
+                f"step {e.get('step')}) without synchronizing, and read {e['value']} where the authoritative count "
+                f"(acc.truth, step {truth.get('for_step') if truth else '?'}) is {tval}. On this path the copy "
+                f"carries the authoritative count, so the read is wrong wherever the copy {ev_id!r} landed. Which "
+                f"way it went is not in the trace (a recording without the moves' landed field): among the "
+                f"{len(hist)} row move(s) after its issue, row {row} held the request's own count or "
+                f"{_label_text(lab)} ({_writer_text(writer)}).")
     else:
         title = (f"request {req} step {e.get('step')}: accepted count read from row {row}: the copy's landing "
                  f"relative to the row moves is not in the trace")
