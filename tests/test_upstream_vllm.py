@@ -124,6 +124,14 @@ def _events(trace: Path) -> dict[int, dict]:
     return {e["id"]: e for e in evs if "id" in e}
 
 
+def _designed_refusal(test: str, f: dict) -> bool:
+    """vLLM's own test of its fail-closed refusal (block-level failures of a multi-group model,
+    #56855): the scheduler raises by design, which ends an engine core; pdtrace says so as a
+    warning (issue 50 item 3), in that test alone."""
+    return ("fails_closed" in test and f["severity"] == "warning" and "refused" in f["title"]
+            and "#56855" in f["title"])
+
+
 def _flagged(report: dict) -> list[dict]:
     return [f for f in report["findings"] if f["severity"] in ("error", "warning")]
 
@@ -145,11 +153,14 @@ def test_outcomes_unchanged_and_no_findings_on_fixed_vllm(upstream, tmp_path):
     assert len(res) == len(recorded), (len(res), len(recorded))  # every test recorded
     files = sorted(traces.glob("*.jsonl"))
     assert len(files) == len(res) and not list(traces.glob("*.shards"))
-    flagged = [(t, f["title"]) for t, r in res.items() for f in r["findings"] if f["severity"] in ("error", "warning")]
+    flagged = [(t, f["title"]) for t, r in res.items() for f in r["findings"] if f["severity"] in ("error", "warning")
+               and not _designed_refusal(t, f)]
     assert flagged == [], flagged
     for t, r in res.items():  # what is left says why it could not be decided
         assert not r.get("error"), (t, r["error"])
         for f in r["findings"]:
+            if _designed_refusal(t, f):
+                continue
             assert f["severity"] == "inconclusive" and "remote_num_tokens" in f["explanation"], (t, f)
     kinds: dict[str, int] = {}
     handled = []

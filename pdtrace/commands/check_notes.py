@@ -19,7 +19,12 @@ def kv_load_notes(notes: dict[str, list]) -> list[dict[str, Any]]:
 def text_lines(notes: dict[str, list]) -> list[tuple[str, str]]:
     """(head, words) per request: ``head`` the instance and request, ``words`` ``describe``'s."""
     kv = kv_load_notes(notes)
-    return [(f"{n.get('inst') or '-'} {n.get('req')}", describe(n)) for n in kv[:SHOWN]]
+    return [(f"{n.get('inst') or '-'} {_req(n)}", describe(n)) for n in kv[:SHOWN]]
+
+
+def _req(n: dict) -> str:
+    """The request a fact is about, or what the trace says instead (never "None")."""
+    return str(n["req"]) if n.get("req") is not None else "(the failed load's request is not in the trace)"
 
 
 def title(notes: dict[str, list]) -> str | None:
@@ -36,5 +41,5 @@ def markdown(notes: dict[str, list]) -> list[str]:
         return []
     out = [f"### {t}", "", "| instance | request | what happened |", "| --- | --- | --- |"]
     for n in kv_load_notes(notes)[:SHOWN]:
-        out.append(f"| {n.get('inst') or ''} | `{str(n.get('req')).replace('|', chr(92) + '|')}` | {describe(n)} |")
+        out.append(f"| {n.get('inst') or ''} | `{_req(n).replace('|', chr(92) + '|')}` | {describe(n)} |")
     return out + [""]

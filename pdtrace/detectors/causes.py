@@ -66,6 +66,9 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "kv-load/handler-raised": (
         "the scheduler's KV-load failure handler raised; nothing in the engine core's step catches it",
         ("kv_load.invalid_blocks", "kv_load.failed_recving"), ("50687", "56855")),
+    "kv-load/refused": (
+        "vLLM refused a block-level KV-load failure on a model with several KV cache groups (fail closed, by "
+        "design): the scheduler raised and the engine core died", ("kv_load.invalid_blocks",), ("56855",)),
     "kv-load/no-restart": (
         "after a failed KV load the recompute did not restart at the first failed block",
         ("kv_load.invalid_blocks",), ()),
@@ -123,6 +126,8 @@ def mechanism(f: Any) -> tuple[str, dict[str, str]]:
     if kind == METADATA_CLEARED_BEFORE_DRAFTER:
         return "metadata-cleared", {}
     if kind == KV_LOAD_FAILURE_RECOVERY:
+        if d.get("refused"):
+            return "kv-load/refused", {}
         if "error" in d and "failed_loads" in d:
             return "kv-load/handler-raised", {}
         if "restart_at" in d:

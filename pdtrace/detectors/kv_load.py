@@ -24,7 +24,8 @@ findings, per request:
 - *the handler raised* (per scheduler call, not per request): the engine core's step does not
   catch it, one failed load ends the instance (multi-group models: vLLM #50687 on 0.2x). vLLM
   0.32+'s deliberate refusal of block-level failures on such models (#56855, "fail closed", which
-  vLLM's own tests expect) is told as a fact per request, not flagged.
+  vLLM's own tests expect) is a warning: by design, but the instance died (the requests its last
+  step scheduled are listed as lost), and a fact per request.
 
 Oracles are vLLM's own values as the hooks read them (block lists, num_computed_tokens,
 num_tokens, num_output_placeholders, the scheduled token counts), never another detector.
@@ -94,8 +95,9 @@ class Stream:
                 errs = self.loads_failed.pop(e.get("inst"), [])
                 if e.get("error") and refused(e.get("error")):
                     self._tell_refused(where, e, errs)
+                    self._crashed(e, errs, where, by_design=True)
                 elif e.get("error"):
-                    self._crashed(e, errs)
+                    self._crashed(e, errs, where)
             elif k == REQUEST:
                 call = self.calls.get(where)
                 if call is None or call[0].get("step") != e.get("step") or call[0].get("source") != e.get("source"):
@@ -141,12 +143,34 @@ class Stream:
                                   "blocks": len(h.get("block_ids") or []), "failed_blocks": None, "failures": 1,
                                   "events": [y["id"] for y in (x, h) if "id" in y]}
 
-    def _crashed(self, h: Event, errs: list[Event]) -> None:
+    def _crashed(self, h: Event, errs: list[Event], where: tuple = (), by_design: bool = False) -> None:
         """The scheduler's failure handler raised: nothing catches it in the engine core's step, so
         the engine exits and every request on the instance with it, for one failed load (named
-        by the worker's failure record before it, when the trace has one)."""
+        by the worker's failure record before it, when the trace has one). Where vLLM raises by
+        design (0.32+ refusing block-level failures of a multi-group model, #56855) a warning: the
+        instance died all the same, and the user must hear it first."""
         groups = h.get("groups") or 1
         reqs = list(dict.fromkeys(str(x["req"]) for x in errs))
+        last = self.steps.get(where) or {}
+        lost = sorted(map(str, (last.get("tokens") or {}).keys()))  # the requests its last step scheduled
+        if by_design:
+            self.findings.append(Finding(
+                KV_LOAD_FAILURE_RECOVERY, SEVERITY_WARNING, reqs[0] if reqs else None, h.get("step"), h.get("inst"),
+                [x["id"] for x in (*errs, h) if "id" in x],
+                f"the engine core died: vLLM refused a block-level KV load failure on a model with {groups} KV cache "
+                f"groups (by design, #56855)",
+                f"The connector reported {len(h.get('block_ids') or [])} failed block(s) ({h.get('source')}) on a "
+                f"model with {groups} KV cache groups, and the scheduler raised {h.get('error')}: vLLM 0.32+ fails "
+                f"closed there on purpose (vLLM #56855; its own test_block_level_load_failure_fails_closed_with_"
+                f"multiple_groups expects it), and nothing in the engine core's step catches it, so the engine core "
+                f"exits and no request on the instance finishes"
+                + (f": {len(lost)} request(s) its last step scheduled were lost ({', '.join(lost[:6])}"
+                   + (" ..." if len(lost) > 6 else "") + ")" if lost else "")
+                + ". A connector that reports failed requests (failed_recving) instead of blocks lets vLLM "
+                  "recompute them.",
+                {"error": h.get("error"), "groups": groups, "source": h.get("source"), "policy": h.get("policy"),
+                 "failed_loads": reqs, "refused": True, "lost": lost}))
+            return
         why = (f"With {groups} KV cache groups: vLLM 0.2x unpacks one block list per request and raises "
                f"ValueError on a multi-group (hybrid) model (vLLM #50687, fixed by #50388 in 0.30); 0.32+ refuses "
                f"block-level failures of multi-group models with RuntimeError (#56855: the connector must report "
@@ -160,7 +184,7 @@ class Stream:
             f"core's step catches it: the engine exits, and every request on the instance fails for one failed "
             f"load. " + (why + "." if why else ""),
             {"error": h.get("error"), "groups": groups, "source": h.get("source"), "policy": h.get("policy"),
-             "failed_loads": reqs}))
+             "failed_loads": reqs, "lost": lost}))
 
     def _tell(self, key: tuple, e: Event, handled: Event) -> None:
         """What the scheduler decided for the request, kept for ``notes``: its first failed load
