@@ -209,7 +209,10 @@ def test_lenient_check_of_a_cut_trace_calls_no_class_clean(tmp_path):
     doc = json.loads(r.stdout)
     assert doc["trace"]["complete"] is False and not doc["findings"]
     cov = doc["coverage"]
-    assert cov["stale-accepted-count-read"]["status"] == "not-applicable"
+    # (V2 keeps the counts on the device: it does not apply in what is left, but a lost config or worker
+    # may say otherwise: not checked either, never "does not apply" on a cut trace, issue 49)
+    st = cov["stale-accepted-count-read"]
+    assert st["status"] == "not-checked" and "says it does not apply" in st["reason"]
     for k in ("lookahead-block-misalignment", "connector-metadata-cleared-before-drafter",
               "drafter-window-outside-allocation"):
         assert cov[k]["status"] == "not-checked" and "no footer" in cov[k]["reason"] and cov[k]["events"] > 0
@@ -246,3 +249,21 @@ def test_text_and_markdown_list_errors_before_warnings():
     text = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(trace)], capture_output=True, text=True).stdout
     heads = [ln.split()[1] for ln in text.splitlines() if ln.startswith("[")]
     assert heads and heads == sorted(heads, key=["ERROR", "WARNING", "INCONCLUSIVE"].index), heads
+
+
+def test_a_cut_trace_never_says_a_class_does_not_apply(tmp_path):
+    """Issue 49: the stale-read sample cut at line 90 of 160 (P's and D's first scheduler configs
+    read, the hybrid D's config after the cut): the class is not checked, never "does not apply",
+    where the whole file has 17 findings of it."""
+    src = pathlib.Path(__file__).parent.parent / "sample_traces" / "stale_read_rowmoves_buggy.jsonl"
+    lines = src.read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:90]))
+    doc = json.loads(subprocess.run([sys.executable, "-m", "pdtrace", "check", str(cut), "--lenient", "-f", "json"],
+                                    capture_output=True, text=True).stdout)
+    st = doc["coverage"]["stale-accepted-count-read"]
+    assert st["status"] == "not-checked" and "may say otherwise" in st["reason"]
+    whole = json.loads(subprocess.run([sys.executable, "-m", "pdtrace", "check", str(src), "-f", "json"],
+                                      capture_output=True, text=True).stdout)
+    assert whole["summary"]["by_kind"] == {"stale-accepted-count-read": 17}
+

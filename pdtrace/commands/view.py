@@ -62,14 +62,20 @@ def _decompressed(p: Path) -> Path:
     from ..tracefile.compress import decompress_to
 
     out = Path(tempfile.mkdtemp(prefix="pdtrace-view-")) / (p.name[:-4] if p.name.endswith(".zst") else p.name)
-    print(f"pdtrace: {p} is zstd-compressed as one stream (no seek table); decompressing to {out} "
-          "to index it", file=sys.stderr)
+    print(f"pdtrace: {p} is zstd-compressed without a seek table (written by another tool, or a pdtrace trace "
+          f"cut before its end); decompressing to {out} to index it", file=sys.stderr)
     try:
         size = decompress_to(str(p), str(out))
     except (ValueError, OSError) as exc:
         _remove_decompressed(str(out))
         raise PdtraceError(f"{p}: cannot decompress: {exc}") from None
     print(f"pdtrace: {size / 2**20:.1f} MB decompressed", file=sys.stderr)
+    with open(out, "rb") as fh:  # said as `pdtrace check` says it: the stream ends inside a line
+        fh.seek(max(0, size - 1))
+        if size and fh.read(1) != b"\n":
+            print(f"pdtrace: warning: {p}: compressed stream ends early: the file was cut inside its last zstd "
+                  f"frame (the lines before the cut are shown; the viewer marks the trace incomplete)",
+                  file=sys.stderr)
     return out
 
 

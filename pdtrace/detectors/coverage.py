@@ -389,8 +389,9 @@ def coverage(events: list[Event], header: dict | None = None, footer: dict | Non
 
     ``incomplete``: why the trace as read is not whole (damaged lines skipped by --lenient, no
     footer), from the loader. Then no class is called checked: the missing part may hold the
-    events that would give a finding. A class that "does not apply" keeps that verdict (it rests
-    on the scheduler config, recorded at start)."""
+    events that would give a finding; nor "does not apply": the configs read may not be all (a
+    trace cut at 90 of 160 lines said the stale-read class did not apply, from P's and D's first
+    configs, where the whole trace has 17 findings of it after a later D config)."""
     return coverage_of(IndexFacts(build(events)), footer, kinds, incomplete)
 
 
@@ -405,6 +406,11 @@ def coverage_of(idx: Any, footer: dict | None = None, kinds: tuple[str, ...] | l
             if c.status == CHECKED:
                 out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}): events of this class "
                                   f"may be missing ({c.events} read)", c.events, c.hook_errors)
+            elif c.status == NOT_APPLICABLE:  # the configs read rule it out; a lost one (another scheduler,
+                # another worker: a merged or multi-scheduler trace) may not
+                out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}): what it still holds says "
+                                  f"it does not apply ({c.reason}), but a scheduler config or worker lost with the "
+                                  f"rest may say otherwise", c.events, c.hook_errors)
     return out
 
 

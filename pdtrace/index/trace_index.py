@@ -115,7 +115,7 @@ class TraceIndex(ColumnQueries):
         frames = seek_table(path)
         if frames is None:
             self.close()
-            raise TraceError(path, 0, "zstd-compressed as one stream (no seek table: another tool or an older pdtrace wrote it), "
+            raise TraceError(path, 0, "zstd-compressed without a seek table (written by another tool or an older pdtrace, or cut before its end), "
                                       "so it has no offsets to index; decompress it first (zstd -d), as "
                                       "`pdtrace view` does")
         self._src = FrameSource(path, frames)

@@ -331,6 +331,8 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
 
     @on(TabbedContent.TabActivated)
     def _on_tab(self) -> None:
+        if not self.query(TabbedContent):  # (a tab switch that arrives as the app closes)
+            return
         self._refresh_panes()
 
     def watch_req(self) -> None:
