@@ -240,6 +240,8 @@ def test_the_installed_release_flags_exactly_what_its_own_code_sent(upstream, tm
     evs = _events(trace)
     named = set()
     for f in _flagged(_check(trace)):
+        if f["kind"] == "kv-load-failure-recovery" and (f.get("data") or {}).get("refused"):
+            continue  # vLLM's own fails_closed test: its designed refusal, a warning (issue 50 item 3)
         assert f["kind"] == "lookahead-block-misalignment", f
         scheds = {evs[i].get("sched") for i in f["event_ids"] if i in evs} - {None}
         assert len(scheds) == 1, f

@@ -69,6 +69,10 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "kv-load/refused": (
         "vLLM refused a block-level KV-load failure on a model with several KV cache groups (fail closed, by "
         "design): the scheduler raised and the engine core died", ("kv_load.invalid_blocks",), ("56855",)),
+    "kv-load/shared-block-read-early": (
+        "a failed block shared by two requests: vLLM let one keep it as computed while the other recomputes it, "
+        "and under chunked prefill it was read before the rewrite",
+        ("kv_load.invalid_blocks", "scheduler.schedule"), ()),
     "kv-load/no-restart": (
         "after a failed KV load the recompute did not restart at the first failed block",
         ("kv_load.invalid_blocks",), ()),
@@ -130,6 +134,8 @@ def mechanism(f: Any) -> tuple[str, dict[str, str]]:
             return "kv-load/refused", {}
         if "error" in d and "failed_loads" in d:
             return "kv-load/handler-raised", {}
+        if d.get("shared") and "recomputer" in d:
+            return "kv-load/shared-block-read-early", {}
         if "restart_at" in d:
             return "kv-load/no-restart", {}
         if ("scheduled" in d or "steps_without_it" in d) and d.get("placeholders"):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .kv_shared import scheduled as shared_scheduled, watch as shared_watch
 from .base import KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR, SEVERITY_WARNING, Finding
 from .index import feed_all, kind_code
 
@@ -64,6 +65,7 @@ class Stream:
         self.configs: Any = None
         self.told: dict[tuple, dict] = {}  # (*scheduler, req) -> what happened to it (``outcomes``)
         self.loads_failed: dict[Any, list] = {}  # instance -> its worker's kvload.error events since its last handling
+        self.shared: dict[tuple, Any] = {}  # (*scheduler, block) -> kv_shared.Watch: a failed block kept until rewritten
 
     def _where(self, e: Event) -> tuple:
         """The scheduler an event is from: its process and instance, and the scheduler config
@@ -74,7 +76,7 @@ class Stream:
     def feed(self, idx: Any) -> None:
         self.configs = idx.configs
         if not idx.kind("kvload.handled") and not idx.kind("kvload.error") and not self.waiting and not self.failed \
-                and not self.after:
+                and not self.after and not self.shared:
             # no failure to follow: only each scheduler's latest step (a failure handled at the
             # start of the next segment reads the tokens its step scheduled)
             for e in idx.kind("sched.step"):
@@ -87,6 +89,8 @@ class Stream:
                 self.steps[where] = e
                 if self.waiting or self.after:
                     self._scheduled(where, e)
+                if self.shared:
+                    shared_scheduled(self.shared, where, e, self.findings, self._block_size(e) or 16)
             elif k == ERROR:  # D's worker: a failed load, of which request (the scheduler's handler follows)
                 if e.get("req") is not None and len(self.loads_failed) < KEPT:
                     self.loads_failed.setdefault(e.get("inst"), []).append(e)
@@ -220,10 +224,10 @@ class Stream:
         if first is None or e.get("computed", 0) <= first * B:
             return
         block = blocks[first]
-        for o in earlier:  # an earlier request of the call recomputes that shared block
-            ob = (o.get("block_ids") or [[]])[0]
-            if block in ob and o.get("computed", 0) <= ob.index(block) * B:
-                return
+        # earlier requests of the call recompute every failed block it keeps (vLLM's shared-block rule):
+        # followed until they have (kv_shared), else a recompute that did not restart
+        if shared_watch(self.shared, where, e, handled, earlier, B, blocks, bad, had):
+            return
         self.findings.append(Finding(
             KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR, e.get("req"), e.get("step"), e.get("inst"),
             [x["id"] for x in (handled, e) if "id" in x],

@@ -84,13 +84,15 @@ class PDConfig:
     window: int = 32
     engine_tag: str = ""  # makes the engine ids differ between otherwise equal instances (xPyD)
     kv_load_failure_policy: str = "fail"  # KVTransferConfig's: "fail" (vLLM's default) or "recompute"
+    long_prefill: int = 0  # SchedulerConfig.long_prefill_token_threshold (0: vLLM's default)
 
     def label(self) -> str:
         spec = f"{self.spec_method}k{self.num_spec_tokens}" if self.spec_method else "nospec"
         attn = "" if self.attn == ("full",) else "-" + "+".join(self.attn) + f"{self.window}"
         return (f"{spec}-bs{self.block_size}" + attn + ("-hybrid" if self.hybrid else "")
                 + ("-async" if self.async_scheduling else "")
-                + ("" if self.kv_load_failure_policy == "fail" else f"-{self.kv_load_failure_policy}"))
+                + ("" if self.kv_load_failure_policy == "fail" else f"-{self.kv_load_failure_policy}")
+                + (f"-chunk{self.long_prefill}" if self.long_prefill else ""))
 
 
 ROLE_KV = {"P": "kv_producer", "D": "kv_consumer", "PD": "kv_both"}
@@ -123,7 +125,8 @@ def build_vllm_config(inst: str, cfg: PDConfig) -> Any:
         raise ValueError(f"unknown spec_method {cfg.spec_method!r}; one of {SPEC_METHODS}")
     sc = SchedulerConfig(max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
                          max_model_len=cfg.max_model_len, enable_chunked_prefill=True,
-                         is_encoder_decoder=False, async_scheduling=cfg.async_scheduling)
+                         is_encoder_decoder=False, async_scheduling=cfg.async_scheduling,
+                         **({"long_prefill_token_threshold": cfg.long_prefill} if cfg.long_prefill else {}))
     cc = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=True)
     policy = {} if cfg.kv_load_failure_policy == "fail" else {"kv_load_failure_policy": cfg.kv_load_failure_policy}
     kvt = KVTransferConfig(kv_connector="NixlConnector", kv_role=ROLE_KV[inst],
