@@ -85,6 +85,8 @@ def provenance_md(sc) -> str:
                      + ".")
     elif sc.provenance.get("own_bug"):
         lines.append("- No fault: the bug is " + sc.provenance["own_bug"] + ".")
+    elif sc.provenance.get("clean_twin"):
+        lines.append("- No fault: " + sc.provenance["clean_twin"] + ".")
     else:
         lines.append("- No fault: the fixed vLLM 0.32.0 code path.")
     lines.append(f"- Expected findings: {', '.join(sc.expected) or 'none'}.")

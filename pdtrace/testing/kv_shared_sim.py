@@ -96,3 +96,27 @@ def shared_block_failure(long_prefill: int = 16, block_size: int = 16, steps_aft
     steps = [e["step"] for e in events if e["ev"] == "sched.step" and e.get("inst") == "D"]
     base = steps[0] if steps else 0  # the hooks' step numbers: schedule() calls of this scheduler
     return SharedLoad(events, base + failure_step, failed, kept, [(r, base + k) for r, k in wrong])
+
+
+def scenario(long_prefill: int) -> Any:
+    """The sample pair's builder (``scenarios.SCENARIOS``): expected findings from vLLM's objects
+    (``SharedLoad.wrong``), never from the detector."""
+    def build() -> Any:
+        from pdtrace.detectors.base import KV_LOAD_FAILURE_RECOVERY
+
+        from .scenario_builders import REAL_KV_LOAD, SIM_KV_SYNC, Scenario
+
+        r = shared_block_failure(long_prefill)
+        return Scenario("", "", r.events, [KV_LOAD_FAILURE_RECOVERY] if r.wrong else [], {
+            "real": [REAL_KV_LOAD + "; its prefix cache (the second request hits the first's blocks) and "
+                     "chunked prefill (SchedulerConfig.long_prefill_token_threshold)"],
+            "simulated": [SIM_KV_SYNC], "faults": [], "fixture": [],
+            "own_bug": ("vLLM 0.32.0's own _update_requests_with_invalid_blocks: the second request keeps the "
+                        "shared failed blocks as computed and is scheduled before the first rewrites them") if r.wrong
+            else "",
+            "clean_twin": "" if r.wrong else ("vLLM 0.32.0 as released with its default scheduler config (no "
+                                              "long_prefill_token_threshold): the same code, nothing read early"),
+            "facts": {"long_prefill_token_threshold": long_prefill, "failed_blocks": r.failed,
+                      "computed_after": r.kept, "read_before_rewrite": [list(x) for x in r.wrong]},
+        }, [])
+    return build

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .kv_shared_sim import scenario as _kv_shared
 from .scenario_builders import (  # noqa: F401 - Scenario and the fixtures' kinds are part of this module's API
     NIXL_HOOK_KINDS, SCHED_KINDS, Scenario, _attn_kinds, _dflash, _hook_failure, _kv_load, _lookahead, _metadata,
     _race, _reused_ids, _stale, _two_p_two_d, failing_recorder,
@@ -109,6 +110,15 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
                                      "#45430 / #49252, labelled): exactly what is left is recomputed", _kv_load(
                                          "recompute", when="running", how="blocks", failed=(2,), async_scheduling=True,
                                          fix=True)),
+    # issue 50: a failed block two requests share, read before its rewrite under chunked prefill
+    "kv_load_shared_block_buggy": ("blocks 1-3 of a running request, shared with a second request through D's "
+                                   "prefix cache, reported failed, policy 'recompute', chunked prefill "
+                                   "(long_prefill_token_threshold=16), on vLLM 0.32.0's own Scheduler, no planted "
+                                   "fault: the second request keeps them as computed and decodes on them before the "
+                                   "first rewrites them", _kv_shared(16)),
+    "kv_load_shared_block_fixed": ("the same shared failed blocks without long_prefill_token_threshold (vLLM's "
+                                   "default; the clean twin, not a fix): the first request recomputes them in one "
+                                   "step, written before that step's attention reads them", _kv_shared(0)),
     # issue 19: two schedulers per role in one process reusing request ids
     "reused_ids_two_pairs_buggy": ("two P/D pairs in one process (block 16 and 32), both with request id "
                                    "'id-1'; pair 1 under the pre-fix P rule", _reused_ids(True)),
@@ -130,6 +140,7 @@ SAMPLES = (
     "dflash_window_buggy", "dflash_window_fixed",
     "stale_read_rowmoves_buggy", "stale_read_rowmoves_fixed",
     "kv_load_async_rollback_buggy", "kv_load_async_rollback_fixed",
+    "kv_load_shared_block_buggy", "kv_load_shared_block_fixed",
 )
 DEMO_SAMPLE = "lookahead_aligned16_k1_buggy"
 
