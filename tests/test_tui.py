@@ -168,7 +168,12 @@ async def _ready(app: PdtraceViewer, pilot) -> None:
             break
         await pilot.pause(0.02)
     assert app.findings_done, "detectors never reported"
-    await pilot.pause()
+    for _ in range(200):  # and the index: a pane redrawn when it completes scrolls anew
+        if app.indexed:
+            break
+        await pilot.pause(0.02)
+    for _ in range(4):  # (it opens on the first finding; the key bar follows the focus a refresh later)
+        await pilot.pause(0.05)
 
 
 def _pane(app: PdtraceViewer, tab: str) -> str:

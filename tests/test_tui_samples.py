@@ -55,7 +55,14 @@ def test_sample_verdict_visible(sample, size, snap_compare):
             if app.findings_done:
                 break
             await pilot.pause(0.02)
-        await pilot.pause()  # (the viewer opens on the first root cause's finding, in its pane)
+        # the viewer opens on the first root cause's finding, in its pane; the key bar follows the focus a
+        # refresh later: let it settle before the screenshot
+        for _ in range(200):  # and the index: a pane redrawn when it completes scrolls anew
+            if app.indexed:
+                break
+            await pilot.pause(0.02)
+        for _ in range(4):
+            await pilot.pause(0.05)
         seen["tab"] = app.query_one("TabbedContent").active
         seen["screen"] = screen_text(app)
 

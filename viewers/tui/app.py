@@ -134,6 +134,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         self._trackers: dict[str, model.RowTracker] = {}
         self._filter = ""
         self._pending: list[tuple[str, int]] = []
+        self._user_moved = False  # a key or a click before the detectors reported: they do not move the view
         self._side_override: bool | None = None
         self._narrow: bool | None = None
         self._lists_at = 0.0
@@ -263,8 +264,9 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         self.query_one(StepScrubber).set_marks({s for f in self.findings if (s := self._finding_step(f)) is not None})
         self._add_requests(force=True)
         kept_f = any(what == "finding" for what, _arg in self._pending)  # (f pressed early: it goes there itself)
-        if self.req is None and self.findings and not kept_f:  # not navigated yet: open on the first root cause
-            self.goto_finding(group(self.findings)[0].first["index"])  # its first finding, in its pane
+        if self.findings and not kept_f and not self._user_moved:  # not navigated yet: open on the first root cause
+            # (after the next refresh: a tab switch made while the tabs still settle their first tab is lost)
+            self.call_after_refresh(self._open_first_cause)
         elif self.req is None:  # something to show without the request list (hidden when narrow)
             rows = selection.request_rows(self.index, self._bad_reqs)
             first = next((f.req for f in self.findings if f.req), rows[0][0] if rows else None)
@@ -278,6 +280,14 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         self._update_verdict()
         self._run_pending("findings")
         self._refresh_panes()
+
+    def _open_first_cause(self) -> None:
+        """The first root cause's first finding, selected in the pane that shows it, unless the user
+        moved meanwhile; the focus on what is shown (a hidden findings list gives it up)."""
+        if self._user_moved or not self.findings or not self.query(TabbedContent):
+            return
+        self.goto_finding(group(self.findings)[0].first["index"])
+        self._apply_layout()
 
     # ------------------------------------------------------------------ lists
     def _show_findings(self) -> None:
@@ -328,6 +338,12 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
     @on(StepScrubber.Scrubbed)
     def _on_scrub(self, msg: StepScrubber.Scrubbed) -> None:
         self.step = msg.step
+
+    def on_key(self, _event: Any) -> None:
+        self._user_moved = True
+
+    def on_click(self, _event: Any) -> None:
+        self._user_moved = True
 
     @on(TabbedContent.TabActivated)
     def _on_tab(self) -> None:
