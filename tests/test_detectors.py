@@ -181,6 +181,10 @@ def test_metadata_nothing_to_save_is_warning():
     b = E.metadata_scenario(fixed=False, inst="PD", n_save=0)
     (f,) = _only(b.events, METADATA_CLEARED_BEFORE_DRAFTER)
     assert f.severity == "warning"
+    # (issue 49) the words agree with themselves: what the metadata named, how many of them to save, and that
+    # nothing was lost at this step; the empty phase in the viewer's words
+    assert "0 request(s) to save [" not in f.explanation and "nothing was to be saved" in f.explanation.lower()
+    assert "phase ''" not in f.explanation and "between the model phases" in f.explanation
 
 
 # ---------------------------------------------------------------- drafter window

@@ -52,6 +52,7 @@ def test_where_the_copy_lands_decides_the_read(order, fix):
         swap = next(e for e in events if e["ev"] == "batch.swap")
         assert (f.req, f.severity, f.data["value"], f.data["own"], f.data["moved_by"]) == ("C", "error", 1, 4, swap["id"])
         assert f.data["held"][:2] == ["a", "N"] and "#51571" in f.explanation and "swap_states" in f.explanation
+        assert f.data["row_held"] == "the 1 that add_request wrote for N"  # (JSON's held, in words: issue 49)
     else:
         assert res["wrong"] == [] and [(f.req, f.severity) for f in found] == [("C", "inconclusive")]
         assert any(e.get("landed") == "unknown" for e in events if e["ev"] == "batch.swap")
