@@ -103,7 +103,7 @@ def test_json_stable_shape_and_filters(buggy):
     # (cli.main prints a PdtraceError as one line and exits 2: tests/test_cli_errors.py)
     from pdtrace.errors import PdtraceError
 
-    with pytest.raises(PdtraceError, match="request 'nobody' does not appear in the trace; closest: r1") as ei:
+    with pytest.raises(PdtraceError, match=r"request 'nobody' does not appear in the trace; none near it among its 1 request\(s\), e\.g\. r1") as ei:
         _run("check", buggy, "--format", "json", "--request", "nobody")
     assert ei.value.exit_code == 2
 

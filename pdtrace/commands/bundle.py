@@ -106,7 +106,7 @@ def _cause_lines(findings: list, tr: Any) -> list[str]:
 
 
 def _readme(trace_name: str, header: dict[str, Any], check_status: str, n_findings: int, note: str,
-            zst: bool = False, causes: list[str] | None = None) -> str:
+            zst: bool = False, causes: list[str] | None = None, lenient: str = "") -> str:
     import textwrap
 
     what = ("JSON Lines compressed with zstd: `zstd -dc` or `zstdcat` it for `head` / `jq`; pdtrace reads it "
@@ -118,7 +118,7 @@ def _readme(trace_name: str, header: dict[str, Any], check_status: str, n_findin
 Made {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `pdtrace bundle` from the trace {trace_name}
 (origin: {header.get('origin', '?')}, recorded {header.get('created', '?')}, redacted: {header.get('redacted')}).
 
-Root causes ({len(causes or [])}; `pdtrace check {trace_name}` says the same, check.md in full)
+Root causes ({len(causes or [])}; `pdtrace check {trace_name}{lenient}` says the same, check.md in full)
 -----------
 {said or "none: no findings"}
 
@@ -139,7 +139,7 @@ versions.json    vLLM / torch / NIXL / Python versions from the trace header ("t
                  and on the machine that made this bundle ("here").
 README.txt       this file.
 
-To look at it yourself: `pdtrace check {trace_name}`, `pdtrace view {trace_name}`,
+To look at it yourself: `pdtrace check {trace_name}{lenient}`, `pdtrace view {trace_name}`,
 `pdtrace export {trace_name} --perfetto out.json` (open in https://ui.perfetto.dev).
 """
 
@@ -179,7 +179,8 @@ def run(trace: Path, output: Path, allow_unredacted: bool = False, lenient: bool
         (d / "doctor.txt").write_text(_doctor(), encoding="utf-8")
         (d / "versions.json").write_text(json.dumps(_versions(tr.header), indent=2) + "\n", encoding="utf-8")
         (d / "README.txt").write_text(_readme(trace_name, tr.header, check_status, len(findings), note, zst,
-                                              _cause_lines(findings, tr)), encoding="utf-8")
+                                              _cause_lines(findings, tr), " --lenient" if lenient else ""),
+                                      encoding="utf-8")
         names = [trace_name, "check.md", "report.html", "doctor.txt", "versions.json", "README.txt"]
         part = output.with_name(output.name + ".part")
         try:

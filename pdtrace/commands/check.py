@@ -74,6 +74,7 @@ from ..errors import EXIT_FINDINGS, EXIT_NOT_CHECKED, EXIT_OK, PdtraceError, che
 from ..tracefile.damage import incomplete_reason, warn_problems
 from ..tracefile.trace import Trace
 from . import check_causes, check_notes
+from .check_request import resolve_request
 from .progress import load_progress
 
 FORMATS = ("text", "markdown", "json")
@@ -106,7 +107,7 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
                          jobs=jobs or parallel.auto_jobs(str(trace)))
     tr: Any = checked.trace
     if not checked.request_seen:  # the client's id or a prefix: the one request it names, checked again
-        request = _resolve_request(tr.path, request or "", checked.requests)
+        request = resolve_request(tr.path, request or "", checked.requests)
         checked = check_file(str(trace), only=only, request=request, lenient=lenient, what_if=what_if,
                              jobs=jobs or parallel.auto_jobs(str(trace)))
         tr = checked.trace
@@ -121,18 +122,20 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
     if cause is not None:  # one cause's findings (and the counts, coverage and causes as they were)
         keep = {id(by_severity(findings)[i]) for i in causes[cause - 1].findings}
         findings = [f for f in findings if id(f) in keep]
+    flags = dict(lenient=lenient, request=request, only=only)
     if format == "json":
         text = render_json(tr, findings, ran, request, what_if, wi, cov=cov, notes=checked.notes, pair=pair,
                            where=checked.where, cause=cause)
     elif format == "markdown":
         text = render_markdown(tr, findings, ran, request, cov=cov, notes=checked.notes, pair=pair,
-                               where=checked.where, cause=cause)
+                               where=checked.where, cause=cause,
+                               again=check_causes.again(os.path.basename(str(trace)), **flags))
         if wi is not None:
             text += "\n" + _whatif.render_markdown(wi)
     else:
         width = text_width() if output is None else None
         text = render_text(tr, findings, ran, request, cov=cov, width=width, notes=checked.notes, pair=pair,
-                           where=checked.where, cause=cause)
+                           where=checked.where, cause=cause, again=check_causes.again(str(trace), **flags))
         if wi is not None:
             wi_text = _whatif.render_text(wi)
             text += "\n" + (wi_text if width is None else _wrap_block(wi_text, width))
@@ -144,26 +147,6 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
         if format == "text" and sys.stdout.isatty():
             _next_steps(str(trace), findings, cov)
     return exit_code(findings, cov)
-
-
-def _resolve_request(path: str, request: str, reqs: list[str]) -> str:
-    """The one request id of the trace that ``request`` names: a unique prefix of it (the id the
-    client has, vLLM's external id, is the front of the engine's ``EXTERNAL-0-HASH``); else one
-    line naming the matches (ambiguous) or the closest ids (unknown)."""
-    import difflib
-
-    known = sorted(set(reqs), key=stream.natural_key)
-    hits = [r for r in known if request and r.startswith(request)]
-    if len(hits) == 1:
-        print(f"pdtrace: request {request!r} is {hits[0]!r}", file=sys.stderr)
-        return hits[0]
-    if hits:
-        raise PdtraceError(f"{path}: request {request!r} is ambiguous: {len(hits)} requests start with it: "
-                           f"{', '.join(hits[:5])}" + (" ..." if len(hits) > 5 else "") + "; give more of the id")
-    close = difflib.get_close_matches(request, known, n=5, cutoff=0.5) or known[:5]
-    raise PdtraceError(f"{path}: request {request!r} does not appear in the trace"
-                       + (f"; closest: {', '.join(close)}" + (f" (of {len(known)})" if len(known) > 5 else "")
-                          if known else ""))
 
 
 def _next_steps(trace: str, findings: list[Finding], cov: dict[str, Coverage]) -> None:
@@ -296,7 +279,7 @@ def _asked(request: str, pair: list[str] | None, q: str = "") -> str:
 def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
                 cov: dict[str, Coverage] | None = None, width: int | None = None,
                 notes: dict[str, list] | None = None, pair: list[str] | None = None, where: dict | None = None,
-                cause: int | None = None) -> str:
+                cause: int | None = None, again: str | None = None) -> str:
     """The text report: every line wrapped at ``width`` columns (``text_width()``: a
     terminal); with None (piped, written to a file), the explanations at 100 columns and
     each header and coverage line whole. First the verdict and the root causes (at 80 columns
@@ -326,9 +309,14 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
     out += ["", *line(_summary_line(findings, cov), width, "", "  ")]
     if cause is not None:
         out += line(f"(--cause {cause}: only its findings)", width, "", "  ")
-    out += check_causes.text_lines(causes, str(tr.path), line, width)
+    out += check_causes.text_lines(causes, again or check_causes.again(str(tr.path)), line, width, asked=cause)
     out += ["", "coverage:"]
     kw = max((len(k) for k in cov), default=0)
+    if cause is not None:  # (its findings, not the verdicts again: those are in the whole report)
+        n = {st: sum(c.status == st for c in cov.values()) for st in ("checked", "not-applicable", "not-checked")}
+        out += line(f"{n['checked']} class(es) checked, {n['not-applicable']} do not apply, {n['not-checked']} not "
+                    f"checked (without --cause the report says why)", width, "  ", "    ")
+        cov = {}
     for k, c in cov.items():
         if whole or 2 + kw + 2 + 30 <= width:  # the verdict in a column beside the class
             out += line(f"{k:<{kw}}  {c.line()}", width, "  ", " " * (2 + kw + 2))
@@ -356,7 +344,8 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
     hidden = [(c, len(c.findings) - len([i for i in c.findings if i in shown])) for c in causes]
     for c, k in hidden:
         if k:
-            out += ["", *line(f"(+{k} more finding(s) of cause {c.n}: pdtrace check {tr.path} --cause {c.n}, or "
+            out += ["", *line(f"(+{k} more finding(s) of cause {c.n}: {again or check_causes.again(str(tr.path))} "
+                              f"--cause {c.n}, or "
                               f"--format json)", width, "", "  ")]
     if len(shown) > 3:  # a long list scrolls the counts away: say them again where the terminal stops
         out += ["", *line(_summary_line(findings, cov) + " (listed above, errors first)", width, "", "  ")]
@@ -381,7 +370,8 @@ def _md_escape(s: Any) -> str:
 
 def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request: str | None = None,
                     cov: dict[str, Coverage] | None = None, notes: dict[str, list] | None = None,
-                    pair: list[str] | None = None, where: dict | None = None, cause: int | None = None) -> str:
+                    pair: list[str] | None = None, where: dict | None = None, cause: int | None = None,
+                    again: str | None = None) -> str:
     """For a GitHub issue: the verdict, each root cause with one worked example, where in vLLM
     (links at the recorded release's tag) and upstream, the commands that reproduce the check;
     the findings table (``MD_ROWS`` rows) and coverage under <details>, then the environment."""
@@ -397,7 +387,9 @@ def render_markdown(tr: Trace, findings: list[Finding], ran: list[str], request:
         findings = by_severity(findings)
         causes = _numbered(group(findings, where), cause)
         of = check_causes.cause_of(causes)
-        out += check_causes.markdown(causes, findings, str(tr.path), h, v, v["vllm"])
+        # (the file's own name: a pasted issue carries no local path; a bundle holds the trace by that name)
+        out += check_causes.markdown(causes, findings, again or check_causes.again(os.path.basename(str(tr.path))),
+                                     h, v, v["vllm"])
         out += [f"<details><summary>All {len(findings)} finding(s)"
                 + (f" (the first {MD_ROWS} here; all: <code>pdtrace check --format json</code>)"
                    if len(findings) > MD_ROWS else "") + "</summary>", "",

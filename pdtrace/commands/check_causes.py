@@ -13,6 +13,14 @@ from ..detectors.causes import Cause, issue_refs, source_link
 LineFn = Callable[[str, int, str, "str | None"], list[str]]
 
 
+def again(trace: str, *, lenient: bool = False, request: str | None = None, only: list[str] | tuple = ()) -> str:
+    """The `pdtrace check` command that reads the trace as this one did (its flags kept), for the
+    hints that say how to list more."""
+    parts = ["pdtrace", "check", trace] + (["--lenient"] if lenient else []) + \
+        (["--request", request] if request else []) + [x for k in only for x in ("--only", k)]
+    return " ".join(shlex.quote(str(p)) for p in parts)
+
+
 def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], width: int,
                asked: int | None = None) -> list[str]:
     """One block per cause: its title, its counts, where in vLLM, upstream, the first example and
@@ -31,8 +39,8 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
                 bits.append(issue_refs(c))
             bits.append(f"first [{c.first['index'] + 1}]")
             out += line("; ".join(bits), width, "    ", "      ")
-        out += line(f"each in full (vLLM's files, upstream links, all its findings): pdtrace check "
-                    f"{shlex.quote(trace)} --cause N", width, "  ", "    ")
+        out += line(f"each in full (vLLM's files, upstream links, all its findings): {trace} --cause N", width,
+                    "  ", "    ")
         return out
     for c in causes:
         if asked is not None and c.n != asked:
@@ -48,7 +56,7 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
         first = c.first
         ex = " ".join(x for x in (f"request {first['req']}" if first.get("req") else "",
                                   f"step {first['step']}" if first.get("step") is not None else "") if x)
-        more = (f"; all {len(c.findings)}: pdtrace check {shlex.quote(trace)} --cause {c.n}"
+        more = (f"; all {len(c.findings)}: {trace} --cause {c.n}"
                 if len(c.findings) > 1 and asked is None else "")
         out += line(f"first: finding [{first['index'] + 1}]" + (f", {ex}" if ex else "") + more, width, "    ",
                     "      ")
@@ -69,7 +77,7 @@ def json_causes(causes: list[Cause], vllm: str) -> list[dict[str, Any]]:
     return out
 
 
-def markdown(causes: list[Cause], findings: list[Any], trace_path: str, header: dict, versions: dict,
+def markdown(causes: list[Cause], findings: list[Any], command: str, header: dict, versions: dict,
              vllm: str) -> list[str]:
     """The causes, one worked example each, the commands that reproduce the check; the finding
     table is the caller's (under <details>)."""
@@ -93,9 +101,8 @@ def markdown(causes: list[Cause], findings: list[Any], trace_path: str, header: 
                 orjson.dumps(small, option=orjson.OPT_NON_STR_KEYS).decode(), "```", "",
                 "</details>", ""]
     cmd = header.get("cmd") or []
-    path = shlex.quote(str(trace_path))
-    out += ["### Reproduce", "", "```sh", f"pdtrace check {path}"]
-    out += [f"pdtrace check {path} --cause {c.n}" for c in causes[:3]]
+    out += ["### Reproduce", "", "```sh", command]
+    out += [f"{command} --cause {c.n}" for c in causes[:3]]
     out += ["```", ""]
     if cmd:
         shown = " ".join(shlex.quote(str(x)) for x in cmd)

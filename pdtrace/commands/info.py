@@ -132,8 +132,12 @@ def _read(path: str, lenient: bool) -> tuple[Sink, FooterCounter]:
 def _commands(h: dict) -> list[str]:
     """The recorded command; for a merged trace, each input's."""
     merged = [m for m in (h.get("merged_from") or []) if isinstance(m, dict)]
+    import shlex
+
+    def say(cmd: Any) -> str:  # (quoted: it pastes into a shell)
+        return " ".join(shlex.quote(str(x)) for x in (cmd or [])) or "-"
     if not any(m.get("cmd") for m in merged):
-        return [f"command    {' '.join(h.get('cmd') or []) or '-'}"]
-    return [f"command    {m.get('trace', '?')}: {' '.join(m.get('cmd') or []) or '-'}" if i == 0 else
-            f"           {m.get('trace', '?')}: {' '.join(m.get('cmd') or []) or '-'}"
+        return [f"command    {say(h.get('cmd'))}"]
+    return [f"command    {m.get('trace', '?')}: {say(m.get('cmd'))}" if i == 0 else
+            f"           {m.get('trace', '?')}: {say(m.get('cmd'))}"
             for i, m in enumerate(merged)]

@@ -404,8 +404,9 @@ def coverage_of(idx: Any, footer: dict | None = None, kinds: tuple[str, ...] | l
     if incomplete:
         for k, c in out.items():
             if c.status == CHECKED:
-                out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}): events of this class "
-                                  f"may be missing ({c.events} read)", c.events, c.hook_errors)
+                out[k] = Coverage(k, NOT_CHECKED, f"checked only as far as the trace goes: it is incomplete "
+                                  f"({incomplete}), events of this class past that may be missing ({c.events} read; "
+                                  f"its findings in what was read stand)", c.events, c.hook_errors)
             elif c.status == NOT_APPLICABLE:  # the configs read rule it out; a lost one (another scheduler,
                 # another worker: a merged or multi-scheduler trace) may not
                 out[k] = Coverage(k, NOT_CHECKED, f"the trace is incomplete ({incomplete}): what it still holds says "

@@ -96,11 +96,11 @@ def _finding(ws: list[tuple[Watch, int, Event]], req: str, step: Event, B: int) 
         f"{req} attended failed block(s) {blocks} at step {step.get('step')} before {w.recomputer} recomputed "
         f"them: KV from the failed load",
         f"The connector reported block(s) {sorted(h.get('block_ids') or blocks)[:8]} failed to load (step "
-        f"{h.get('step')}); {blocks} are shared: "
-        f"{w.recomputer} holds them too, and vLLM's _update_requests_with_invalid_blocks cut {w.recomputer} back to "
-        f"recompute them and let {req} keep them as computed, on the assumption (its own comment) that "
-        f"{w.recomputer} rewrites them before anyone reads them. At step {step.get('step')} {req} was scheduled "
-        f"with them in its context while {w.recomputer} had computed {w.computed} token(s): {where}. Under chunked "
+        f"{h.get('step')}), blocks {req} shares with {w.recomputer}; vLLM's _update_requests_with_invalid_blocks cut "
+        f"{w.recomputer} back to recompute them and let {req} keep them as computed, on the assumption (its own "
+        f"comment) that {w.recomputer} rewrites them before anyone reads them. At step {step.get('step')} {req} was "
+        f"scheduled with {blocks} still unwritten in its context ({w.recomputer} had computed {w.computed} "
+        f"token(s)): {where}. Under chunked "
         f"prefill it rewrites a chunk per step, so {req} attended to KV that never arrived. Silent wrong output.",
         {"blocks": blocks, "block": w.block, "recomputer": w.recomputer, "recomputed_at": [x.end for x, _i, _e in ws],
          "recomputer_computed": w.computed, "holder_index": i, "block_size": B, "report_step": h.get("step"),

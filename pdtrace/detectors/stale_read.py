@@ -340,7 +340,7 @@ def _finding(truths: dict[tuple, list[Event]], e: Event, pid: Any, row: Any, req
                    if severity == SEVERITY_ERROR else
                    "The value happened to be the request's own, but the row held another request's count. ")
                 + (f"The copy landed before this row move and the gather through the previous rows does not "
-                   f"follow it: {UPSTREAM} (open; fix proposed in #51599, a snapshot buffer rows do not move)."
+                   f"follow it: {UPSTREAM} (open; fix proposed in #51599: a snapshot buffer that row moves do not touch)."
                    if mapping == "prev" else
                    "The read takes the current row, which the copy (landing after the move) filled with the "
                    "request that sat there at issue: vLLM thread 004 (fixed in 0.24.0)."))
