@@ -93,10 +93,10 @@ def _versions(header: dict[str, Any]) -> dict[str, Any]:
 def _cause_lines(findings: list, tr: Any) -> list[str]:
     """The root causes (as `pdtrace check` names them), one line each."""
     from ..detectors import by_severity
-    from ..detectors.causes import group, locations, where_text
+    from ..detectors.causes import group, header_vllm, trace_locations, where_text
 
-    vllm = str((tr.header.get("versions") or {}).get("vllm") or "")
-    where = locations((e for e in tr.events if e.get("ev") == "hooks.status"), vllm)
+    vllm = header_vllm(tr.header)
+    where = trace_locations(tr.events, tr.header)
     out = []
     for c in group(by_severity(findings), where):
         out.append(f"cause {c.n}: {c.severity.upper()} {c.kind}: {c.title} ({c.counts_text()})"

@@ -120,7 +120,8 @@ def run(trace: Path | str, format: str = "text", only: list[str] | None = None, 
                                                               f"cause(s), 1 to {len(causes)}" if causes else
                                                               "the trace has no findings"))
     if cause is not None:  # one cause's findings (and the counts, coverage and causes as they were)
-        keep = {id(by_severity(findings)[i]) for i in causes[cause - 1].findings}
+        ordered = by_severity(findings)  # (the order the causes' indices refer to, sorted once)
+        keep = {id(ordered[i]) for i in causes[cause - 1].findings}
         findings = [f for f in findings if id(f) in keep]
     flags = dict(lenient=lenient, request=request, only=only)
     if format == "json":

@@ -291,6 +291,15 @@ def locations(status_events: Iterable[dict[str, Any]], vllm_version: str) -> dic
     return out
 
 
+def trace_locations(events: Iterable[dict[str, Any]], header: dict) -> dict[str, dict[str, Any]]:
+    """``locations`` for a loaded trace: its hooks.status events and its header's vLLM version."""
+    return locations((e for e in events if e.get("ev") == "hooks.status"), header_vllm(header))
+
+
+def header_vllm(header: dict) -> str:
+    return str((header.get("versions") or {}).get("vllm") or "")
+
+
 def source_link(loc: dict[str, Any], vllm_version: str) -> str:
     """vLLM's source on GitHub at the recorded release's tag (main when the version is unknown)."""
     tag = f"v{vllm_version.split('+')[0]}" if vllm_version else "main"

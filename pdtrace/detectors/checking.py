@@ -14,7 +14,7 @@ from ..tracefile.damage import incomplete_reason
 from ..tracefile.trace import ProgressFn, load, read_header
 from ..tracefile.zsource import is_gap
 from . import DETECTORS, Finding, parallel, run_all, stream, whatif
-from .causes import locations
+from .causes import header_vllm, locations, trace_locations
 from .index import feed_all
 from .coverage import Coverage, coverage, coverage_of
 from .ringcut import mark_after_gap
@@ -54,7 +54,7 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
             res = stream.run(path, only=only, request=request, lenient=lenient, progress=progress, header=header,
                              observe=(lambda: whatif.FixedTrim(request)) if what_if else None)
         seen = res.request
-        where = locations(res.summary.kind("hooks.status"), _vllm(header))
+        where = locations(res.summary.kind("hooks.status"), header_vllm(header))
         return Checked(res, after_gap(res.findings, res), coverage_of(res.summary, res.footer, kinds=kinds,
                                                       incomplete=incomplete_reason(res.footer, res.problems)),
                        replay=res.observed.finish() if what_if else None,
@@ -70,11 +70,7 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
                    replay=whatif.run(what_if, tr.events, request) if what_if else None, request_seen=seen,
                    requests=[] if seen else [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"],
                    notes=_about_request(_notes(tr.events, tr.header, kinds), wanted), pair=sorted(pair),
-                   where=locations((e for e in tr.events if e["ev"] == "hooks.status"), _vllm(header)))
-
-
-def _vllm(header: dict) -> str:
-    return str((header.get("versions") or {}).get("vllm") or "")
+                   where=trace_locations(tr.events, header))
 
 
 def after_gap(findings: list[Finding], tr: Any) -> list[Finding]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from pdtrace.detectors.causes import group, locations, source_link
+from pdtrace.detectors.causes import group, header_vllm, source_link, trace_locations
 
 from .common import esc
 
@@ -15,8 +15,8 @@ def causes_html(findings: list[Any], events: list[dict], header: dict,
                 finding_link: Callable[[int, str], str]) -> str:
     if not findings:
         return ""
-    vllm = str((header.get("versions") or {}).get("vllm") or "")
-    where = locations((e for e in events if e.get("ev") == "hooks.status"), vllm)
+    vllm = header_vllm(header)
+    where = trace_locations(events, header)
     causes = group(findings, where)
     out = [f'<div class="causes"><p><b>{len(causes)} root cause{"s" if len(causes) != 1 else ""}</b> '
            f'(as <code>pdtrace check</code> names them; <code>--cause N</code> lists one):</p><ol>']
