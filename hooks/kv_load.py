@@ -11,6 +11,10 @@ Scheduler side (engine-core process), ``vllm.v1.core.sched.scheduler.Scheduler``
   ``running`` and those waiting on a remote load (``kv_holding_waiting``; ``skipped_waiting``
   in 0.19), read before and after the call; the arguments pass through untouched.
 
+- ``update_from_output(scheduler_output, ...)``, only while a request rolled back by the
+  above is followed (else the wrapper skips it) -> ``kvload.output``: what one step's output
+  appended to that request, and whether the step was scheduled before the rollback.
+
 Worker side (D's NIXL worker; a GPU worker in production):
 - ``NixlBaseConnectorWorker._log_failure`` (every failed handshake, transfer, notification,
   logged with its type, request and exception) -> ``kvload.error``
@@ -74,6 +78,11 @@ def _after(rec: Any, source: str, sched: Any, snap: dict, result: Any, fields: d
             continue
         action = ("fail" if rid in failed else
                   "recompute" if req.num_computed_tokens < computed or rid in returned else "none")
+        if action == "recompute":  # follow what update_from_output appends to it next (_output_after)
+            follow = getattr(sched, "_pdtrace_rolled", None)
+            if follow is None:
+                follow = sched._pdtrace_rolled = {}
+            follow[rid] = [step, req, len(req.output_token_ids), 0]
         rec.put("kvload.request", rid, step, {
             "inst": inst, "source": source, "policy": policy, "status": status,
             "computed_before": computed, "computed": req.num_computed_tokens,
@@ -118,6 +127,37 @@ def _recv_after(rec: Any, state: Any, result: Any, self: Any, *a: Any, **kw: Any
 register("kv_load.failed_recving", SCHED_MOD, "Scheduler._handle_failed_recving", ("failed_req_ids",),
          around("kv_load.failed_recving", _recv_before, _recv_after), optional=True,
          doc="kvload.handled / kvload.request (whole requests whose receive failed; vLLM 0.30+)")
+
+
+def _output_after(rec: Any, _result: Any, self: Any, scheduler_output: Any, *a: Any, **kw: Any) -> None:
+    """``kvload.output``: for a request a rollback cut back, what ``update_from_output`` appended
+    to its output from one step's output, and which step that was: a step scheduled before the
+    rollback (in flight when the failure was handled, under async scheduling) ran on the KV that
+    failed to load. Followed until the output of a step scheduled after the rollback (or the
+    request's end); ``_pdtrace_outs`` (hooks/scheduler.py) maps the SchedulerOutput to its step."""
+    follow = self._pdtrace_rolled
+    sid = id(scheduler_output)
+    out_step = next((s for i, s in reversed(self._pdtrace_outs) if i == sid), None)
+    scheduled = scheduler_output.num_scheduled_tokens
+    for rid, f in list(follow.items()):
+        rstep, req, n_before, seen = f
+        if rid not in scheduled:
+            if rid not in self.requests or req.is_finished():
+                del follow[rid]
+            continue
+        n_now = len(req.output_token_ids)
+        rec.put("kvload.output", rid, out_step, {
+            "inst": sched_inst(self), "rollback_step": rstep, "position": n_before, "appended": n_now - n_before,
+            "computed": req.num_computed_tokens, "in_flight": out_step is not None and out_step <= rstep})
+        f[2], f[3] = n_now, seen + 1
+        if out_step is None or out_step > rstep or seen >= 3 or req.is_finished():
+            del follow[rid]
+
+
+register("kv_load.output", SCHED_MOD, "Scheduler.update_from_output", ("scheduler_output",),
+         after("kv_load.output", _output_after, skip="not getattr(self, '_pdtrace_rolled', None)"),
+         doc="kvload.output (after a rollback: the tokens a step's output appended, and whether that step "
+             "was in flight at the rollback)")
 
 
 # --- worker side ------------------------------------------------------------------------------

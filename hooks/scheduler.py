@@ -18,6 +18,7 @@ their scheduler so hooks on them (here and in ``hooks/nixl.py``) can do the same
 from __future__ import annotations
 
 import os
+from collections import deque
 from itertools import compress
 from time import monotonic_ns as _mono  # the recorder's clock
 from typing import Any, NamedTuple
@@ -84,15 +85,12 @@ def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_co
     ktc = getattr(vllm_config, "kv_transfer_config", None)
     engine = getattr(ktc, "engine_id", None) if ktc is not None else None
     self._pdtrace_engine = str(engine) if engine is not None else None
-    kvm = getattr(self, "kv_cache_manager", None)
-    if kvm is not None:
-        kvm._pdtrace_sched = self
-    conn = getattr(self, "connector", None)
-    if conn is not None:
-        conn._pdtrace_sched = self
-        cs = getattr(conn, "connector_scheduler", None)
-        if cs is not None:
-            cs._pdtrace_sched = self
+    kvm, conn = getattr(self, "kv_cache_manager", None), getattr(self, "connector", None)
+    for obj in (kvm, conn, getattr(conn, "connector_scheduler", None)):
+        if obj is not None:
+            obj._pdtrace_sched = self
+    # (id, step) of the latest SchedulerOutputs: the step whose output update_from_output gets (hooks/kv_load.py)
+    self._pdtrace_outs = deque(maxlen=8)
     rec.set_role(role=schema.ROLE_ENGINE, inst=inst, why=f"{type(self).__name__} constructed")
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     self._pdtrace_bypass = _bypass_plan(self, kvm, groups)
@@ -162,6 +160,7 @@ def _schedule_after(rec: Any, state: Any, out: Any, self: Any, *a: Any, **kw: An
         _end_bypass(bypassed)
     if out is None:
         return
+    self._pdtrace_outs.append((id(out), step))
     tokens = out.num_scheduled_tokens
     # tokens and spec are queued packed (recorder.unpack_step restores the dicts when the
     # queue is materialized): the request ids as a list and the counts as bytes -- a decode

@@ -431,6 +431,16 @@ _KINDS: tuple[Kind, ...] = (
                            "(kept: e.g. its failed blocks are recomputed by another request)"),
         F("retry", "bool", "queued in failed_recving_kv_req_ids: retried once its load completes"),
     ), hook="kv_load"),
+    Kind("kvload.output", "After a rollback (kvload.request action 'recompute'): what update_from_output appended "
+                          "to the request from one step's output. step: the step whose output it was (null when "
+                          "pdtrace no longer knew it). Followed until the output of a step scheduled after the "
+                          "rollback, or the request's end.", (
+        F("rollback_step", "int", "the step (kvload.handled) of the rollback: the latest step scheduled then"),
+        F("position", "int", "the request's output tokens before this output (where its tokens went)"),
+        F("appended", "int", "output tokens appended from this output (0: vLLM dropped it)"),
+        F("computed", "int", "num_computed_tokens after it"),
+        F("in_flight", "bool", "the step was scheduled before the rollback: it ran on the KV that failed to load"),
+    ), hook="kv_load"),
 )
 
 # Kinds that always concern one request: ``req`` is required (a string) for them, so an event
@@ -439,7 +449,7 @@ _KINDS: tuple[Kind, ...] = (
 PER_REQUEST = frozenset({
     "sched.alloc", "sched.free", "req.add", "req.finish", "acc.read", "acc.truth", "spec.window",
     "batch.add", "batch.remove", "nixl.request_finished", "nixl.remote_alloc", "nixl.read",
-    "nixl.read_done", "nixl.send_done", "kvload.request"})
+    "nixl.read_done", "nixl.send_done", "kvload.request", "kvload.output"})
 _KINDS = tuple(dataclasses.replace(k, fields=(F("req", "str", "the request (required for this kind)"),) + k.fields)
                if k.name in PER_REQUEST else k for k in _KINDS)
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}

@@ -73,6 +73,9 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "a failed block shared by two requests: vLLM let one keep it as computed while the other recomputes it, "
         "and under chunked prefill it was read before the rewrite",
         ("kv_load.invalid_blocks", "scheduler.schedule"), ()),
+    "kv-load/in-flight-token": (
+        "a step in flight at a KV-load rollback ran on the failed KV, and its sampled token was appended to the "
+        "output after the rollback", ("kv_load.invalid_blocks", "kv_load.output"), ("49250",)),
     "kv-load/no-restart": (
         "after a failed KV load the recompute did not restart at the first failed block",
         ("kv_load.invalid_blocks",), ()),
@@ -136,6 +139,8 @@ def mechanism(f: Any) -> tuple[str, dict[str, str]]:
             return "kv-load/handler-raised", {}
         if d.get("shared") and "recomputer" in d:
             return "kv-load/shared-block-read-early", {}
+        if "in_flight_step" in d:
+            return "kv-load/in-flight-token", {}
         if "restart_at" in d:
             return "kv-load/no-restart", {}
         if ("scheduled" in d or "steps_without_it" in d) and d.get("placeholders"):

@@ -35,13 +35,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from .kv_inflight import appended_in_flight
 from .kv_shared import scheduled as shared_scheduled, watch as shared_watch
 from .base import KV_LOAD_FAILURE_RECOVERY, SEVERITY_ERROR, SEVERITY_WARNING, Finding
 from .index import feed_all, kind_code
 
 Event = dict[str, Any]
 
-_KINDS = ("kvload.handled", "kvload.request", "sched.step", "req.finish", "sched.free", "kvload.error")
+_KINDS = ("kvload.handled", "kvload.request", "sched.step", "req.finish", "sched.free", "kvload.error",
+          "kvload.output")
 STRANDED = 2  # steps of its scheduler without the request, after it last ran, before it counts as stranded
 KEPT = 1 << 14  # open rollbacks / failed requests kept per stream (the oldest go first)
 
@@ -65,6 +67,7 @@ class Stream:
         self.configs: Any = None
         self.told: dict[tuple, dict] = {}  # (*scheduler, req) -> what happened to it (``outcomes``)
         self.loads_failed: dict[Any, list] = {}  # instance -> its worker's kvload.error events since its last handling
+        self.rollbacks: dict[tuple, tuple[Event, Event]] = {}  # (*scheduler, req) -> its last rollback
         self.shared: dict[tuple, Any] = {}  # (*scheduler, block) -> kv_shared.Watch: a failed block kept until rewritten
 
     def _where(self, e: Event) -> tuple:
@@ -75,14 +78,15 @@ class Stream:
 
     def feed(self, idx: Any) -> None:
         self.configs = idx.configs
-        if not idx.kind("kvload.handled") and not idx.kind("kvload.error") and not self.waiting and not self.failed \
+        if not idx.kind("kvload.handled") and not idx.kind("kvload.error") and not idx.kind("kvload.output") \
+                and not self.waiting and not self.failed \
                 and not self.after and not self.shared:
             # no failure to follow: only each scheduler's latest step (a failure handled at the
             # start of the next segment reads the tokens its step scheduled)
             for e in idx.kind("sched.step"):
                 self.steps[self._where(e)] = e
             return
-        HANDLED, REQUEST, STEP, FINISH, FREE, ERROR = (kind_code(k) for k in _KINDS)
+        HANDLED, REQUEST, STEP, FINISH, FREE, ERROR, OUTPUT = (kind_code(k) for k in _KINDS)
         for e, k in zip(*idx.ordered_codes(_KINDS)):
             where = self._where(e)
             if k == STEP:
@@ -107,6 +111,10 @@ class Stream:
                 if call is None or call[0].get("step") != e.get("step") or call[0].get("source") != e.get("source"):
                     continue  # (its kvload.handled is not in the trace)
                 self._request(where, e, call)
+            elif k == OUTPUT:  # after a rollback: a step's output appended to the request
+                f = appended_in_flight(e, self.rollbacks.get((*where, e.get("req"))))
+                if f is not None:
+                    self.findings.append(f)
             elif k == FINISH or k == FREE:  # (freed: finished, or preempted and left the batch)
                 key = (*where, e.get("req"))
                 self.after.pop(key, None)
@@ -133,6 +141,8 @@ class Stream:
         if handled.get("source") == "invalid_blocks" and e.get("policy") == "recompute":
             self._check_restart(where, e, handled, earlier)
         earlier.append(e)
+        if e.get("action") == "recompute" and len(self.rollbacks) < KEPT:
+            self.rollbacks[key] = (e, handled)
 
     def _tell_refused(self, where: tuple, h: Event, errs: list[Event]) -> None:
         """vLLM 0.32+ refusing block-level failures of a multi-group model is its design (fail closed,

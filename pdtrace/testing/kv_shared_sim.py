@@ -33,21 +33,23 @@ class SharedLoad:
     failed: list[int]  # the block ids reported
     kept: dict[str, int]  # request -> its computed tokens right after the failure was handled
     wrong: list[tuple[str, int]]  # (request, step): scheduled with a failed block it kept, not yet rewritten
+    shared: bool = True  # r2 got r1's first four blocks from D's prefix cache (the shape needs it)
 
 
-def shared_block_failure(long_prefill: int = 16, block_size: int = 16, steps_after: int = 6) -> SharedLoad:
+def shared_block_failure(long_prefill: int = 16, block_size: int = 16, steps_after: int = 6,
+                         tag: str = "shared") -> SharedLoad:
     """r1 (80 tokens) is prefilled on D, then r2 (the same first 64 tokens, 16 of its own) hits
     r1's first four blocks in D's prefix cache; both decode; then blocks 1-3 of r1 (shared with
     r2) are reported failed. ``long_prefill``: the scheduler's long_prefill_token_threshold
-    (0: vLLM's default, the recompute in one step)."""
+    (0: vLLM's default, the recompute in one step). ``tag``: the request ids' prefix."""
     B = block_size
     cfg = PDConfig(spec_method="", block_size=B, kv_load_failure_policy="recompute", long_prefill=long_prefill,
                    max_num_batched_tokens=64)
     pair = make_pair(cfg)
     d, rec = pair.d, pair.rec
     prefix = [1000 + i for i in range(64)]
-    r1 = _make_request("shared-1-D", prefix + [5000 + i for i in range(16)], 16, None, B)
-    r2 = _make_request("shared-2-D", prefix + [7000 + i for i in range(16)], 16, None, B)
+    r1 = _make_request(f"{tag}-1-D", prefix + [5000 + i for i in range(16)], 16, None, B)
+    r2 = _make_request(f"{tag}-2-D", prefix + [7000 + i for i in range(16)], 16, None, B)
     rec.flush()
     start = len(rec.events or [])
     tok = [300]
@@ -76,6 +78,7 @@ def shared_block_failure(long_prefill: int = 16, block_size: int = 16, steps_aft
             step()
             n += 1
         b1 = list(d.kv_cache_manager.get_block_ids(r1.request_id)[0])
+        shared = list(d.kv_cache_manager.get_block_ids(r2.request_id)[0])[:4] == b1[:4]
         failed = b1[1:4]  # shared with r2 (its prefix-cache hit)
         step(invalid_block_ids=set(failed))
         n += 1
@@ -95,7 +98,7 @@ def shared_block_failure(long_prefill: int = 16, block_size: int = 16, steps_aft
     events = run_events(pair, start)
     steps = [e["step"] for e in events if e["ev"] == "sched.step" and e.get("inst") == "D"]
     base = steps[0] if steps else 0  # the hooks' step numbers: schedule() calls of this scheduler
-    return SharedLoad(events, base + failure_step, failed, kept, [(r, base + k) for r, k in wrong])
+    return SharedLoad(events, base + failure_step, failed, kept, [(r, base + k) for r, k in wrong], shared)
 
 
 def scenario(long_prefill: int) -> Any:

@@ -36,6 +36,12 @@ never looks at a trace or a detector:
   reported failed, policy "recompute", on the release's Scheduler and AsyncScheduler
   (``kv_load_sim``). Oracle: the request's num_tokens and num_computed_tokens, read from vLLM's
   object right after the failure was handled, against the tokens the next step gave it.
+- KV load, in-flight token (issue 50): the same failure under async scheduling in the engine
+  core's order; the token the step in flight at the rollback sampled is appended after it.
+  Oracle: the request's own output_token_ids.
+- KV load, shared block (issue 50): two requests share failed prefix-cache blocks; under chunked
+  prefill the one that keeps them is scheduled before the other rewrites them. Oracle: the
+  scheduler's outputs and the recomputing request's computed tokens, per step.
 """
 
 from __future__ import annotations
@@ -298,12 +304,54 @@ def kv_load_hybrid_family() -> tuple[list[dict], list[dict]]:
     return events, cases
 
 
+def kv_load_in_flight_family() -> tuple[list[dict], list[dict]]:
+    """Issue 50 item 2: a running request's blocks reported failed under async scheduling in the
+    engine core's order (step n+1 scheduled before step n's output is processed), policy
+    "recompute" (``kv_inflight_sim``). Oracle: the release's own request object: whether the token
+    sampled by the step in flight at the rollback is in its output_token_ids."""
+    from pdtrace.testing.kv_inflight_sim import in_flight_rollback
+
+    events: list[dict] = []
+    cases = []
+    for i, failed in enumerate(((2,), (0,))):
+        r = in_flight_rollback(failed=failed, tag=f"inflight{i}")
+        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
+        cases.append({"family": "kv-load-in-flight", "req": r.d_req, "wrong": r.appended,
+                      "facts": {"failed": failed, "rollback_step": r.rollback_step, "in_flight_step": r.in_flight_step,
+                                "in_flight_token": r.in_flight_token, "output": r.output}})
+    return events, cases
+
+
+def kv_load_shared_family() -> tuple[list[dict], list[dict]]:
+    """Issue 50 item 1: two requests share D's prefix-cache blocks, both blocks fail; with chunked
+    prefill (long_prefill_token_threshold 16) the second reads them before the first rewrites them,
+    without it nothing is read early (``kv_shared_sim``). Oracle: vLLM's objects per step (the
+    scheduler's output, the first request's computed tokens, its block list)."""
+    from pdtrace.testing.kv_shared_sim import shared_block_failure
+
+    events: list[dict] = []
+    cases = []
+    for lp in (16, 0):
+        r = shared_block_failure(lp, tag=f"shared{lp}")
+        if not r.shared:
+            raise NotRunnable("the second request did not get the first's blocks from D's prefix cache on this "
+                              "release's scheduler in pdtrace's harness (it prefilled them itself): no shared block")
+        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
+        for rid, kept in r.kept.items():
+            cases.append({"family": "kv-load-shared", "req": rid, "wrong": any(w[0] == rid for w in r.wrong),
+                          "facts": {"long_prefill_token_threshold": lp, "failed": r.failed, "computed_after": kept,
+                                    "read_before_rewrite": [list(w) for w in r.wrong if w[0] == rid]}})
+    return events, cases
+
+
 FAMILIES = {
     "seed000-lookahead": (lookahead_family, LOOKAHEAD_MISALIGNMENT),
     "seed003-dflash": (dflash_family, DRAFTER_WINDOW_OUTSIDE_ALLOCATION),
     "seed004-stale": (stale_family, STALE_ACCEPTED_COUNT_READ),
     "kv-load-rollback": (kv_load_family, KV_LOAD_FAILURE_RECOVERY),
     "kv-load-hybrid": (kv_load_hybrid_family, KV_LOAD_FAILURE_RECOVERY),
+    "kv-load-in-flight": (kv_load_in_flight_family, KV_LOAD_FAILURE_RECOVERY, "kv-load/in-flight-token"),
+    "kv-load-shared": (kv_load_shared_family, KV_LOAD_FAILURE_RECOVERY, "kv-load/shared-block-read-early"),
 }
 
 
@@ -311,10 +359,14 @@ FAMILIES = {
 # the run: traces, `pdtrace check`, the JSON line
 # ---------------------------------------------------------------------------------------
 
-def _flagged(report: dict, kind: str) -> list[str]:
-    """The request ids of the report's errors of ``kind``, as the report names them (``req``)."""
+def _flagged(report: dict, kind: str, mech: str = "") -> list[str]:
+    """The request ids of the report's errors of ``kind`` (and of the mechanism ``mech``, when
+    given: ``causes.mechanism``), as the report names them (``req``)."""
+    from pdtrace.detectors.causes import mechanism
+
     return sorted({str(f.get("req")) for f in report.get("findings", ())
-                   if f.get("kind") == kind and f.get("severity") == "error"})
+                   if f.get("kind") == kind and f.get("severity") == "error"
+                   and (not mech or mechanism(f)[0] == mech)})
 
 
 def doctor_skipped() -> list[str]:
@@ -333,7 +385,7 @@ def run(out_dir: str, families: tuple[str, ...] = tuple(FAMILIES)) -> dict:
     result: dict[str, Any] = {"vllm": version, "scenarios": 0, "flagged": [], "expected": [],
                               "doctor_skipped": [], "families": {}}
     for name in families:
-        build, kind = FAMILIES[name]
+        build, kind, *mech = FAMILIES[name]
         try:
             events, cases = build()
         except NotRunnable as exc:
@@ -346,7 +398,7 @@ def run(out_dir: str, families: tuple[str, ...] = tuple(FAMILIES)) -> dict:
                               capture_output=True, text=True)
         if proc.returncode not in (0, 1, 4):
             raise RuntimeError(f"pdtrace check {path} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
-        flagged = _flagged(json.loads(proc.stdout), kind)
+        flagged = _flagged(json.loads(proc.stdout), kind, *mech)
         expected = sorted(c["req"] for c in cases if c["wrong"])
         with open(os.path.join(out_dir, f"{name}.cases.json"), "w") as fh:
             json.dump({"vllm": version, "family": name, "cases": cases, "flagged": flagged}, fh, indent=1)
