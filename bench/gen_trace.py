@@ -41,7 +41,7 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
     procs: dict[int, dict] = {}
     n = 0
     t = 1_000_000_000
-    bugs = {"lookahead": 0, "metadata": 0, "window": 0, "stale": 0, "kv_load": 0}
+    bugs = {"lookahead": 0, "metadata": 0, "window": 0, "stale": 0, "kv_load": 0, "crossed": 0}
     bug_every = max(1, n_events // 5)  # a handful of each bug class per trace
     next_bug = {k: bug_every * (i + 1) // 2 for i, k in enumerate(bugs)}
     out = open(path + ".tmp", "wb")
@@ -106,7 +106,8 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
             nb = math.ceil((plen + 3) / B)
             blocks = list(range(next_block, next_block + nb))
             next_block += nb
-            emit("req.add", "P", "engine-core", PE, req=r, step=step, prompt_len=plen, prompt_hash=f"{rid:016x}")
+            emit("req.add", "P", "engine-core", PE, req=r, step=step, prompt_len=plen, prompt_hash=f"{rid:016x}",
+                 kv={"do_remote_prefill": False, "do_remote_decode": True})
             emit("sched.alloc", "P", "engine-core", PE, req=r, step=step, ok=True, block_ids=[blocks],
                  new_block_ids=[blocks], num_computed_tokens=0, num_new_tokens=plen, num_lookahead_tokens=3,
                  sched_lookahead_tokens=3, num_external_computed_tokens=0, num_new_computed_tokens=0,
@@ -121,6 +122,19 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
                  remote_num_tokens=plen, num_computed_tokens=plen, prompt_len=plen, delay_free=True)
             local = list(range(next_block, next_block + needed))
             next_block += needed
+            # D's side of it: the request with P's params (a dropped-params one without: kv-never-crossed)
+            bug_x = inject_bugs and n >= next_bug["crossed"]
+            if bug_x:
+                bugs["crossed"] += 1
+                next_bug["crossed"] += bug_every
+            kv = None if bug_x else {"do_remote_prefill": True, "do_remote_decode": False, "remote_request_id": r,
+                                     "remote_num_tokens": plen}
+            emit("req.add", "D", "engine-core", DE, req=r, step=step, prompt_len=plen, prompt_hash=f"{rid:016x}",
+                 **({"kv": kv} if kv else {}))
+            emit("sched.alloc", "D", "engine-core", DE, req=r, step=step, ok=True, block_ids=[local],
+                 new_block_ids=[local], num_computed_tokens=0, num_new_tokens=plen if bug_x else 0,
+                 num_lookahead_tokens=0, sched_lookahead_tokens=3, num_external_computed_tokens=0 if bug_x else plen,
+                 num_new_computed_tokens=0, delay_cache_blocks=not bug_x, prompt_len=plen)
             remote_out = reported[-needed:]
             emit("nixl.remote_alloc", "D", "engine-core", DE, req=r, step=step, local_block_ids=[local],
                  remote_block_ids=[reported], remote_num_tokens=plen, num_external_tokens=plen, remote_req=r)

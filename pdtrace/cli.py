@@ -82,13 +82,13 @@ def record(
 def check(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
     format: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="text | markdown | json"),
-    only: Optional[List[str]] = typer.Option(None, "--only", metavar="KIND", help="Only this detector (repeatable): lookahead-block-misalignment, connector-metadata-cleared-before-drafter, drafter-window-outside-allocation, stale-accepted-count-read, kv-load-failure-recovery."),
+    only: Optional[List[str]] = typer.Option(None, "--only", metavar="KIND", help="Only this detector (repeatable): lookahead-block-misalignment, connector-metadata-cleared-before-drafter, drafter-window-outside-allocation, stale-accepted-count-read, kv-load-failure-recovery, kv-never-crossed."),
     request: Optional[str] = typer.Option(None, "--request", metavar="ID", help="Only findings about this request and the other side of its P/D pair (P's id or D's: either names the pair; the header says which ids were taken). The full id, the id the client has (vLLM's external id, e.g. cmpl-b87f43787b48b7e7) or a unique prefix of one."),
     cause: Optional[int] = typer.Option(None, "--cause", metavar="N", help="Only the findings of root cause N ('cause N' in check's text; the N-th in the report's and markdown's list of causes), each in full."),
     what_if: Optional[str] = typer.Option(None, "--what-if", metavar="RULE", help="Replay the recorded block lists through a corrected rule: fixed-trim."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", help="Write the report here instead of stdout."),
     lenient: bool = LENIENT,
-    jobs: int = typer.Option(0, "--jobs", "-j", metavar="N", help="Processes to split the detectors over, each parsing only the lines of the event kinds its detectors read (at most 5, one per detector: a larger N runs 5; same result as 1; --what-if runs in one process). 0 (default): 2 for a trace of 64 MiB or more (8 MiB as .zst) where this process may use 2 CPUs or more, else 1."),
+    jobs: int = typer.Option(0, "--jobs", "-j", metavar="N", help="Processes to split the detectors over, each parsing only the lines of the event kinds its detectors read (at most 6, one per detector: a larger N runs 6; same result as 1; --what-if runs in one process). 0 (default): 2 for a trace of 64 MiB or more (8 MiB as .zst) where this process may use 2 CPUs or more, else 1."),
 ) -> None:
     """Run the detectors. Exit 0: no findings and every bug class checked, 1: findings, 2: unusable trace or
     bad arguments (an unknown --only kind or --request id too), 3: a pdtrace bug (please report), 4: no findings but some bug class not checked (its events missing or its

@@ -39,6 +39,7 @@ sys.path.insert(0, str(HERE))
 import make_tiny_models  # noqa: E402
 import pd_proxy  # noqa: E402
 
+from live_dropped_params import prompt_tokens_by_source, send_dropped  # noqa: E402
 from live_kv_failure import send_failures  # noqa: E402
 from live_load import completion_body, request_plan, send_load, warm_decoders  # noqa: E402,F401
 from live_report import CPU_ABSENT_REASONS, format_report, summarize  # noqa: E402,F401
@@ -60,13 +61,16 @@ def _pdtrace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_spec: int = 3,
              block_size: int = 32, start_timeout: float = 420.0, record: bool = True,
              log=print, decoders: int = 1, kv_failures: dict[str, str] | None = None,
-             sliding_window: int | None = None, family: str | None = None) -> dict:
+             sliding_window: int | None = None, family: str | None = None, dropped_params: bool = False) -> dict:
     """``kv_failures``: decoder name -> its kv_load_failure_policy; those decoders start with that
     policy and, after the load, get requests whose P is gone (scripts/live_kv_failure.py).
     ``sliding_window``: the target alternates sliding-window (that many tokens) and full attention
     layers (make_tiny_models.build), so vLLM builds two KV cache groups. ``family``: instead of the
     tiny Llama, that architecture-zoo family's tiny config (pdtrace.testing.zoo_models, served with
-    vLLM's dummy weights; ``spec`` must then be one it serves, e.g. ngram)."""
+    vLLM's dummy weights; ``spec`` must then be one it serves, e.g. ngram). ``dropped_params``: after
+    the load, the first decoder gets prompts P prefilled, every other one without P's params
+    (scripts/live_dropped_params.py); each decoder's own prompt-token counters are read before the
+    servers stop (``d_metrics``)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -111,7 +115,15 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
             res["kv_failures"] = send_failures(p_url, {d: (f"http://127.0.0.1:{servers[d][1]}", pol)
                                                        for d, pol in kv_failures.items()}, block_size)
             res["kv_failures_s"] = round(time.monotonic() - t, 1)
+        if dropped_params:
+            first = decoder_names(decoders)[0]
+            res["dropped_params"] = send_dropped(p_url, f"http://127.0.0.1:{servers[first][1]}", block_size)
         time.sleep(1.0)  # let D's finished-transfer notifications reach P
+        try:  # each decoder's own counters, the oracle of pdtrace's deployment summary
+            res["d_metrics"] = {d: prompt_tokens_by_source(f"http://127.0.0.1:{servers[d][1]}")
+                                for d in decoder_names(decoders)}
+        except Exception as exc:  # (an old vLLM without the metric: said, not fatal)
+            res["d_metrics_error"] = f"{type(exc).__name__}: {exc}"[:300]
         res["status"] = "served"
     except (Exception, KeyboardInterrupt) as exc:
         res["error"] = f"{type(exc).__name__}: {exc}"
@@ -172,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="a target whose layers alternate sliding-window (TOKENS) and full attention")
     ap.add_argument("--family", help="serve this architecture-zoo family's tiny config (pdtrace.testing.zoo_models) "
                                      "with dummy weights instead of the tiny Llama; use a --spec it serves")
+    ap.add_argument("--dropped-params", action="store_true",
+                    help="after the load, send the first decoder prompts P prefilled, every other one without P's "
+                         "kv_transfer_params (the router fault of scripts/live_dropped_params.py)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
     a = ap.parse_args(argv)
     why = preflight()
@@ -181,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     res = run_live(a.workdir, spec=a.spec, num_spec=a.num_spec, block_size=a.block_size,
                    start_timeout=a.start_timeout, decoders=a.decoders,
                    kv_failures=dict(x.split("=", 1) for x in a.kv_failures.split(",")) if a.kv_failures else None,
-                   sliding_window=a.sliding_window, family=a.family,
+                   sliding_window=a.sliding_window, family=a.family, dropped_params=a.dropped_params,
                    log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
     print(json.dumps(res, indent=1, default=str) if a.json else format_report(res))
     print(f"live_cpu_pd: workdir {res['workdir']}", file=sys.stderr)

@@ -40,7 +40,7 @@ def _status(events, footer=None):
 def test_full_trace_is_checked_or_not_applicable():
     st = _status(_full().events)
     assert st == {LOOKAHEAD_MISALIGNMENT: CHECKED, META: CHECKED, WINDOW: CHECKED,
-                  STALE_ACCEPTED_COUNT_READ: NOT_APPLICABLE, KV: CHECKED}
+                  STALE_ACCEPTED_COUNT_READ: NOT_APPLICABLE, KV: CHECKED, "kv-never-crossed": CHECKED}
 
 
 def test_hook_error_makes_its_classes_not_checked():
@@ -155,15 +155,16 @@ def test_config_rules_need_every_scheduler():
     b.config("P", num_spec_tokens=0, spec_method="", lookahead=0)
     b.config("D", num_spec_tokens=0, spec_method="", lookahead=0)
     st = _status(b.events)
-    assert {v for k, v in st.items() if k != KV} == {NOT_APPLICABLE}
+    assert {v for k, v in st.items() if k not in (KV, "kv-never-crossed")} == {NOT_APPLICABLE}
     # D loads KV whatever the spec config; this synthetic trace has no hooks.status saying the
     # KV-load hooks were applied
     assert st[KV] == NOT_CHECKED
+    assert st["kv-never-crossed"] == CHECKED  # D loads KV: what it loaded is in its scheduler's own events
     E.kv_load_hooks(b)
     assert _status(b.events)[KV] == CHECKED
     b2 = E.EventBuilder()
     b2.config("P", num_spec_tokens=0, spec_method="", lookahead=0)  # P alone loads nothing
-    assert _status(b2.events)[KV] == NOT_APPLICABLE
+    assert _status(b2.events)[KV] == NOT_APPLICABLE == _status(b2.events)["kv-never-crossed"]
     b.config("PD", num_spec_tokens=3, spec_method="eagle3")  # one scheduler with spec decode
     st = _status(b.events)
     assert st[WINDOW] == NOT_CHECKED and st[LOOKAHEAD_MISALIGNMENT] == NOT_CHECKED

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.live
 
 @pytest.fixture(scope="module")
 def live(live_scripts, tmp_path_factory):
-    return served_live(live_scripts, "live", tmp_path_factory)
+    return served_live(live_scripts, "live", tmp_path_factory, dropped_params=True)
 
 
 def _ev(live, kind, inst=None):
@@ -232,3 +232,33 @@ def test_check_ran_on_the_live_trace(live):
     chk = live["check"]
     assert "by_kind" in chk, chk
     assert chk["rc"] in (0, 1), chk
+
+
+def test_dropped_params_are_flagged_and_the_summary_is_ds_own_counters(live):
+    """Issue 51, live: after the load, every other prompt P prefilled is handed to D without P's
+    kv_transfer_params (scripts/live_dropped_params.py: the router's fault; vLLM runs as released).
+    Oracles: P's own request ids (from the params P returned) and D's own counters
+    (vllm:prompt_tokens_by_source on its /metrics, read before the servers stop), never pdtrace."""
+    import json
+    from pathlib import Path
+
+    reqs = live["dropped_params"]["requests"]
+    assert reqs and all(r["ok"] for r in reqs), reqs
+    dropped = {r["p_req"] for r in reqs if r["dropped"]}
+    assert len(dropped) == 3 and None not in dropped
+    doc = json.loads((Path(live["workdir"]) / "check.json").read_text())
+    crossed = [f for f in doc["findings"] if f["kind"] == "kv-never-crossed"]
+    assert {f["data"]["p_req"] for f in crossed} == dropped  # each dropped one, once, and none other
+    assert len(crossed) == 3 and {f["severity"] for f in crossed} == {"warning"}
+    for f in crossed:
+        assert f["data"]["mechanism"] == "no-params" and f["data"]["loaded"] == 0
+    # the deployment summary against D's own counters over the whole run
+    m = live["d_metrics"]["D"]
+    mine = [n for n in doc["kv_crossing"] if n["d_inst"] == "D"]
+    assert sum(n["loaded"] + n["load_failed"] for n in mine) == m["external_kv_transfer"]
+    assert sum(n["local_hit"] for n in mine) == m["local_cache_hit"]
+    assert sum(n["computed"] for n in mine) == m["local_compute"]
+    assert sum(n["no_params"] for n in mine) == 3
+    # D's counters moved by exactly the dropped prompts' tokens computed on D
+    before, after = live["dropped_params"]["d_metrics_before"], live["dropped_params"]["d_metrics_after"]
+    assert after["local_compute"] - before["local_compute"] == sum(f["data"]["computed_on_d"] for f in crossed)

@@ -83,7 +83,8 @@ def test_v1_records_async_scheduling_truth_reads(traces):
 @pytest.mark.parametrize("trace", [V2, V1], ids=["v2", "v1"])
 def test_check_is_clean_with_three_classes_checked(trace):
     """Clean in the three seed classes it records; the KV-load class (issue 36) is "not checked":
-    these runs were recorded before its hooks existed (exit 4, not 0)."""
+    these runs were recorded before its hooks existed (exit 4, not 0). KV that never crossed
+    (issue 51) is checked from the scheduler events they have: every D request loaded its prompt."""
     r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(trace), "--format", "json"],
                        capture_output=True, text=True)
     assert r.returncode == 4, r.stderr
@@ -94,7 +95,7 @@ def test_check_is_clean_with_three_classes_checked(trace):
                    "connector-metadata-cleared-before-drafter": "checked",
                    "drafter-window-outside-allocation": "checked",
                    "stale-accepted-count-read": "not-applicable",
-                   "kv-load-failure-recovery": "not-checked"}
+                   "kv-load-failure-recovery": "not-checked", "kv-never-crossed": "checked"}
 
 
 HV2 = ROOT / "sample_traces" / "live_gpu_hybrid_ngram_v2.jsonl.zst"

@@ -219,6 +219,7 @@ def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str
         "causes": check_causes.json_causes(causes, _versions(tr)["vllm"]),
         "findings": [{**f.to_dict(), "cause": of[i].n} for i, f in enumerate(findings)],
         "kv_load": check_notes.kv_load_notes(notes or {}),
+        "kv_crossing": check_notes.crossing_notes(notes or {}),
     }
     if what_if is not None:
         doc["what_if"] = {"rule": what_if, "requests": wi or []}
@@ -323,6 +324,10 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
             out += line(f"{k:<{kw}}  {c.line()}", width, "  ", " " * (2 + kw + 2))
         else:  # too narrow for the column: the verdict under the class
             out += ["  " + k] + _wrap(c.line(), width, "      ")
+    cross = check_notes.crossing_lines(notes or {})
+    out += ["", *line(check_notes.CROSSING, width, "", "  ")] if cross else []
+    for x in cross:
+        out += line(x, width, "  ", "    ")
     kv_title = check_notes.title(notes or {})
     if kv_title:
         out += ["", *line(kv_title, width, "", "  ")]

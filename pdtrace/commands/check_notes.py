@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..detectors.base import KV_LOAD_FAILURE_RECOVERY
+from ..detectors.base import KV_LOAD_FAILURE_RECOVERY, KV_NEVER_CROSSED
+from ..detectors.crossed import summary_line
 from ..detectors.kv_load import describe
 
 SHOWN = 20  # requests listed in text and markdown; JSON lists them all
@@ -35,11 +36,28 @@ def title(notes: dict[str, list]) -> str | None:
     return f"KV load failures: {len(kv)} request(s) ({KV_LOAD_FAILURE_RECOVERY}: what happened, facts{more})"
 
 
+def crossing_notes(notes: dict[str, list]) -> list[dict[str, Any]]:
+    return list(notes.get(KV_NEVER_CROSSED) or [])
+
+
+CROSSING = f"Where D's prompt tokens came from ({KV_NEVER_CROSSED}: per instance pair, facts)"
+
+
+def crossing_lines(notes: dict[str, list]) -> list[str]:
+    """One line per instance pair (``detectors.crossed.summary_line``): loaded from P, D's own
+    prefix cache, computed on D."""
+    return [summary_line(n) for n in crossing_notes(notes)]
+
+
 def markdown(notes: dict[str, list]) -> list[str]:
+    out = []
+    cross = crossing_lines(notes)
+    if cross:
+        out += [f"### {CROSSING}", "", *(f"- {x}" for x in cross), ""]
     t = title(notes)
     if t is None:
-        return []
-    out = [f"### {t}", "", "| instance | request | what happened |", "| --- | --- | --- |"]
+        return out
+    out += [f"### {t}", "", "| instance | request | what happened |", "| --- | --- | --- |"]
     for n in kv_load_notes(notes)[:SHOWN]:
         out.append(f"| {n.get('inst') or ''} | `{_req(n).replace('|', chr(92) + '|')}` | {describe(n)} |")
     return out + [""]

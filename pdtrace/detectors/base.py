@@ -15,12 +15,14 @@ METADATA_CLEARED_BEFORE_DRAFTER = "connector-metadata-cleared-before-drafter"
 DRAFTER_WINDOW_OUTSIDE_ALLOCATION = "drafter-window-outside-allocation"
 STALE_ACCEPTED_COUNT_READ = "stale-accepted-count-read"
 KV_LOAD_FAILURE_RECOVERY = "kv-load-failure-recovery"
+KV_NEVER_CROSSED = "kv-never-crossed"
 ALL_KINDS = (
     LOOKAHEAD_MISALIGNMENT,
     METADATA_CLEARED_BEFORE_DRAFTER,
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
     STALE_ACCEPTED_COUNT_READ,
     KV_LOAD_FAILURE_RECOVERY,
+    KV_NEVER_CROSSED,
 )
 
 

@@ -18,8 +18,8 @@ import json
 import os
 from typing import Any, Iterable
 
-from .base import (DRAFTER_WINDOW_OUTSIDE_ALLOCATION, KV_LOAD_FAILURE_RECOVERY, LOOKAHEAD_MISALIGNMENT,
-                   METADATA_CLEARED_BEFORE_DRAFTER, STALE_ACCEPTED_COUNT_READ)
+from .base import (DRAFTER_WINDOW_OUTSIDE_ALLOCATION, KV_LOAD_FAILURE_RECOVERY, KV_NEVER_CROSSED,
+                   LOOKAHEAD_MISALIGNMENT, METADATA_CLEARED_BEFORE_DRAFTER, STALE_ACCEPTED_COUNT_READ)
 
 VLLM = "https://github.com/vllm-project/vllm"
 
@@ -96,6 +96,16 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "a request failed for a KV-load failure never finished (the client waits for it)",
         ("kv_load.failed_recving", "scheduler.finish"), ()),
     "kv-load/other": ("{title}", ("kv_load.invalid_blocks", "kv_load.failed_recving"), ()),
+    "never-crossed/no-params": (
+        "prefill ran twice: requests reached D without the kv_transfer_params P returned, and D prefilled "
+        "them again (whatever sits between P and D dropped them)", ("scheduler.add_request",
+                                                                     "scheduler.allocate_slots"), ()),
+    "never-crossed/nothing-loaded": (
+        "prefill ran twice: D had the transfer params but its connector loaded none of what P computed",
+        ("scheduler.allocate_slots", "nixl.remote_alloc"), ()),
+    "never-crossed/partial-load": (
+        "partial loads: D's connector loaded fewer prompt tokens than P computed, and D computed the rest",
+        ("scheduler.allocate_slots", "nixl.remote_alloc"), ()),
 }
 
 _MOVE_HOOK = {"swap": "swap", "condense": "condense", "add": "add", "remove": "remove"}
@@ -155,6 +165,8 @@ def mechanism(f: Any) -> tuple[str, dict[str, str]]:
             return "kv-load/failed-not-finished", {}
         title = str(_get(f, "title") or "")
         return "kv-load/other:" + _shape(title), {"title": _shape(title)}
+    if kind == KV_NEVER_CROSSED and d.get("mechanism") in ("no-params", "nothing-loaded", "partial-load"):
+        return f"never-crossed/{d['mechanism']}", {}
     return f"{kind}/other", {"title": str(kind)}
 
 

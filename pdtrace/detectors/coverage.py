@@ -33,6 +33,7 @@ from typing import Any, Callable
 from .base import (
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
     KV_LOAD_FAILURE_RECOVERY,
+    KV_NEVER_CROSSED,
     LOOKAHEAD_MISALIGNMENT,
     METADATA_CLEARED_BEFORE_DRAFTER,
     STALE_ACCEPTED_COUNT_READ,
@@ -88,6 +89,8 @@ class ClassSpec:
     runner_hooks: tuple[str, ...] = ()
     na_when: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     side: str = ""  # where the events come from, for "not checked" texts
+    # said beside "checked" when no recorded scheduler saves KV (only D's side is in the trace)
+    one_side: str = ""
     # hooks one of which must have been applied (hooks.status / the footer) for the class to be
     # checked: for a class whose own events appear only when the bug's path runs (a failed load),
     # a trace recorded without them says nothing either way
@@ -174,6 +177,14 @@ CLASSES: dict[str, ClassSpec] = {
         rules=((_not_loading, "no instance loads KV from another (no kv_consumer / kv_both scheduler)"),),
         applied=("kv_load.invalid_blocks",),
         side="scheduler config of an instance that loads KV (kv_consumer / kv_both)",
+    ),
+    KV_NEVER_CROSSED: ClassSpec(
+        feeds=(("sched.config", {"kv_role": "kv_consumer"}), ("sched.config", {"kv_role": "kv_both"})),
+        hooks=(*_SCHED_HOOKS, "scheduler.add_request", "scheduler.allocate_slots", "scheduler.finish"),
+        rules=((_not_loading, "no instance loads KV from another (no kv_consumer / kv_both scheduler)"),),
+        side="scheduler config of an instance that loads KV (kv_consumer / kv_both)",
+        one_side=("only D's side is in the trace: loads that fell short of what P computed are checked; a "
+                  "request whose transfer params were dropped needs P's trace too (pdtrace merge P D)"),
     ),
 }
 
@@ -360,6 +371,8 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts, incomplete: str | 
         return Coverage(kind, NOT_CHECKED, why, n)
     if n and not missing and not unhooked:
         note = "; ".join(f"does not apply on {RUNNER_NAMES.get(r, r)}: {why}" for r, why in sorted(na.items()))
+        if spec.one_side and not any((c.get("kv_role") or "") in SAVING_ROLES for c in facts.configs):
+            note = "; ".join(x for x in (note, spec.one_side) if x)
         return Coverage(kind, CHECKED, note, n)
     # nothing to decide from: does the recorded configuration rule the bug out?
     if facts.runners and all(r in na for r in facts.runners):

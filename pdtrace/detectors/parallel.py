@@ -39,7 +39,7 @@ from ..tracefile.compress import is_zstd
 from ..tracefile.reading import SEGMENT, Rescan, Unfiltered
 from ..tracefile.segments import LineFilter
 from ..tracefile.trace import ProgressFn, read_header
-from . import drafter_window, kv_load, lookahead, metadata, sort_key, stale_read
+from . import crossed, drafter_window, kv_load, lookahead, metadata, sort_key, stale_read
 from .index import Index
 from .stream import STREAMS, Result, _run
 from .stream import run as run_serial
@@ -51,6 +51,7 @@ UNITS = (
     (lookahead.LOOKAHEAD_MISALIGNMENT,),
     (metadata.METADATA_CLEARED_BEFORE_DRAFTER,),
     (kv_load.KV_LOAD_FAILURE_RECOVERY,),
+    (crossed.KV_NEVER_CROSSED,),
 )
 MAX_JOBS = len(UNITS)
 ALWAYS = ("sched.config",)  # every part reads the configs (block sizes, roles)

@@ -29,7 +29,7 @@ from typing import Any, Callable
 from .. import schema
 from ..tracefile.reading import SEGMENT, Rescan, fast_segments, scan_segments
 from ..tracefile.trace import Problem, ProgressFn, _derive, is_complete
-from . import DETECTORS, drafter_window, kv_load, lookahead, metadata, sort_key, stale_read
+from . import DETECTORS, crossed, drafter_window, kv_load, lookahead, metadata, sort_key, stale_read
 from .base import Finding
 from .coverage import CLASSES, RUNNER_KINDS, WHOLE_KINDS, matching
 from .index import Configs, Index
@@ -40,12 +40,15 @@ STREAMS: dict[str, Callable[[dict], Any]] = {
     drafter_window.DRAFTER_WINDOW_OUTSIDE_ALLOCATION: drafter_window.Stream,
     stale_read.STALE_ACCEPTED_COUNT_READ: stale_read.Stream,
     kv_load.KV_LOAD_FAILURE_RECOVERY: kv_load.Stream,
+    crossed.KV_NEVER_CROSSED: crossed.Stream,
 }
 assert tuple(STREAMS) == tuple(DETECTORS)
 
 
 def _feeds() -> list[tuple[str, dict]]:
-    return [(k, f) for spec in CLASSES.values() for k, f in spec.feeds]
+    """Every class's feeds, each (kind, filter) once (two classes may read the same one)."""
+    out = {(k, tuple(sorted(f.items()))): (k, f) for spec in CLASSES.values() for k, f in spec.feeds}
+    return list(out.values())
 
 
 def _na_kinds() -> set[str]:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from pdtrace.detectors.base import (
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
     KV_LOAD_FAILURE_RECOVERY,
+    KV_NEVER_CROSSED,
     LOOKAHEAD_MISALIGNMENT,
     METADATA_CLEARED_BEFORE_DRAFTER,
     STALE_ACCEPTED_COUNT_READ,
@@ -240,7 +241,7 @@ def _race(order: str, fix: bool) -> Callable[[], Scenario]:
             "facts": {"order": order, "rows": out["rows"], "reads": out["reads"], "wrong": out["wrong"]},
         }, _unrecorded(STALE_ACCEPTED_COUNT_READ, hybrid=True) + [LOOKAHEAD_MISALIGNMENT]
             # a worker alone: no scheduler, so nothing says whether a load failed or how it was handled
-            + [KV_LOAD_FAILURE_RECOVERY])
+            + [KV_LOAD_FAILURE_RECOVERY, KV_NEVER_CROSSED])
     return build
 
 
@@ -332,7 +333,8 @@ def _hook_failure(kinds: tuple[str, ...], fault: bool) -> Callable[[], Scenario]
         }, [LOOKAHEAD_MISALIGNMENT, *_unrecorded()]
             # no sched.config recorded: nothing rules the accepted-count class out either; the
             # scheduler's hooks failed, so its handling of a failed load is not recorded
-            + ([STALE_ACCEPTED_COUNT_READ, KV_LOAD_FAILURE_RECOVERY] if "sched.config" in kinds else []))
+            + ([STALE_ACCEPTED_COUNT_READ, KV_LOAD_FAILURE_RECOVERY, KV_NEVER_CROSSED] if "sched.config" in kinds
+               else []))
     return build
 
 

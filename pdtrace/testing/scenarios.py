@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .crossed_sim import scenario as _crossed
 from .kv_shared_sim import scenario as _kv_shared
 from .scenario_builders import (  # noqa: F401 - Scenario and the fixtures' kinds are part of this module's API
     NIXL_HOOK_KINDS, SCHED_KINDS, Scenario, _attn_kinds, _dflash, _hook_failure, _kv_load, _lookahead, _metadata,
@@ -119,6 +120,13 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
     "kv_load_shared_block_fixed": ("the same shared failed blocks without long_prefill_token_threshold (vLLM's "
                                    "default; the clean twin, not a fix): the first request recomputes them in one "
                                    "step, written before that step's attention reads them", _kv_shared(0)),
+    # issue 51: KV that never crossed: the hand-over to D drops P's kv_transfer_params
+    "kv_never_crossed_dropped_params_buggy": ("6 prompts P prefilled for a remote decode on vLLM 0.32.0's own "
+                                              "schedulers; the hand-over to D leaves the params of 2 out (FAULT: the "
+                                              "router's, smg PR #1622's shape): D prefills those again; 1 more "
+                                              "request sent to D alone", _crossed((1, 4))),
+    "kv_never_crossed_dropped_params_fixed": ("the same prompts, every one handed to D with P's params: D loads "
+                                              "them all; the request sent to D alone is no fault", _crossed(())),
     # issue 19: two schedulers per role in one process reusing request ids
     "reused_ids_two_pairs_buggy": ("two P/D pairs in one process (block 16 and 32), both with request id "
                                    "'id-1'; pair 1 under the pre-fix P rule", _reused_ids(True)),
@@ -141,6 +149,7 @@ SAMPLES = (
     "stale_read_rowmoves_buggy", "stale_read_rowmoves_fixed",
     "kv_load_async_rollback_buggy", "kv_load_async_rollback_fixed",
     "kv_load_shared_block_buggy", "kv_load_shared_block_fixed",
+    "kv_never_crossed_dropped_params_buggy", "kv_never_crossed_dropped_params_fixed",
 )
 DEMO_SAMPLE = "lookahead_aligned16_k1_buggy"
 

@@ -245,6 +245,7 @@ class ReducedTrace:
         self.totals = totals
         self.n_events = res.n_events
         self.coverage = coverage
+        self.notes = res.notes  # the detectors' facts over the whole trace (pass 1): e.g. where prompt tokens came from
 
 
 class _Pass(Sink):

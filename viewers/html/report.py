@@ -32,7 +32,8 @@ import orjson
 
 from pdtrace.detectors import by_severity
 
-from . import events_table, fig_accepted, fig_blockmap, fig_kvload, fig_metadata, fig_timeline, fig_windows, summary
+from . import (events_table, fig_accepted, fig_blockmap, fig_crossing, fig_kvload, fig_metadata, fig_timeline,
+               fig_windows, summary)
 from .common import GREEN, ORANGE, RED, FindingView, Model, esc  # noqa: F401 - re-exported for tests / tools
 
 MAX_BYTES = 5_000_000  # the whole page
@@ -175,6 +176,10 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
         sections.append('<section id="kvload"><h2>KV load failures: blocks and recovery per request</h2>'
                         + "".join(body) + "</section>")
 
+    crossing = fig_crossing.section(trace, fig_div)
+    if crossing:
+        sections.append(crossing)
+
     acc, note = fig_accepted.accepted(m, budget=max(500, budget // 4), limit=4)
     sections.append(_figure_section("accepted", "Accepted-token counts", fig_accepted.caption([fig for _ln, fig in acc]), note,
                                     "No accepted-count reads in this trace.", [fig for _ln, fig in acc], time_div))
@@ -208,7 +213,8 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
     title = f"pdtrace report: {os.path.basename(str(getattr(trace, 'path', '') or 'trace'))}"
     nav = "".join(f'<a href="#{a}">{t}</a>' for a, t in (
         ("overview", "Summary"), ("findings", "Findings"), ("timeline", "Timeline"), ("blockmaps", "Block maps"),
-        *((("kvload", "KV load failures"),) if loads else ()), ("accepted", "Accepted counts"), ("metadata", "Connector metadata"), ("events", "Events"),
+        *((("kvload", "KV load failures"),) if loads else ()), *((("crossing", "Prompt tokens"),) if crossing else ()),
+        ("accepted", "Accepted counts"), ("metadata", "Connector metadata"), ("events", "Events"),
         ("summary", "Trace")))
     data = {"figs": figs, "timefigs": timefigs, "reqfigs": reqfigs,
             "findings": [{"x": list(r) if r else None, "span": list(m.finding_span(f) or []) or None,

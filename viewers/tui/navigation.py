@@ -25,6 +25,7 @@ PANE_OF_KIND = {
     "connector-metadata-cleared-before-drafter": "meta",
     "stale-accepted-count-read": "acc",
     "kv-load-failure-recovery": "blocks",  # the request's blocks, where the failed ones sit
+    "kv-never-crossed": "blocks",  # D's blocks for the request: loaded from P or computed on D
 }
 
 

@@ -23,6 +23,7 @@ SHORT = {
     "connector-metadata-cleared-before-drafter": "metadata cleared",
     "stale-accepted-count-read": "stale acc read",
     "kv-load-failure-recovery": "kv load failure",
+    "kv-never-crossed": "kv never crossed",
 }
 _PREFIX = re.compile(r"^(?:request \S+?)?(?:\s*step \d+)?:\s+")
 

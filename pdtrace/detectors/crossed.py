@@ -1,0 +1,222 @@
+"""kv-never-crossed (issue 51): a prompt P prefilled for D whose KV never reached D.
+
+The costliest P/D failures raise nothing and give correct tokens: a router that drops
+``kv_transfer_params`` (smg PR #1622: every decode worker recomputed the whole prefill), a load
+that brought fewer tokens than P computed. Per request D's scheduler served, from vLLM's own
+values as the hooks read them:
+
+- D's request: its ``req.add`` (``kv``: whether it came with remote-prefill params, P's request
+  id, the tokens P computed; ``prompt_hash`` / ``prompt_len``), and its first ``sched.alloc``
+  (``num_new_computed_tokens``: D's own prefix-cache hit; ``num_external_computed_tokens``: the
+  tokens the connector said it would load, ``get_num_new_matched_tokens``). D computes the rest
+  of the prompt itself.
+- P's request: its ``req.add`` with ``do_remote_decode`` (P prefilled it for a remote decode) and
+  the tokens it computed (``req.finish``).
+
+Findings (warnings: wasted work, the tokens are right):
+
+- *prefill ran twice, no transfer params*: D served a request with no remote-prefill params whose
+  prompt (hash and length) P prefilled for a remote decode (matched once each, in order: the
+  params are gone, so the prompt is what ties them; the hash, never the text). P's side is a
+  request with ``do_remote_decode`` on a scheduler that saves KV (kv_producer / kv_both), D's on
+  one that loads it, on another instance: vLLM's own unit tests, recorded as one trace, send
+  do_remote_decode requests to a kv_consumer and the same prompts to other schedulers;
+- *prefill ran twice, nothing loaded* / *partial load*: D's request had the params, but its local
+  hit plus what the connector loads fall a block or more short of what P computed; D computed the
+  difference itself. A request whose load failed is the kv-load-failure-recovery class's (said in
+  the facts, not flagged here).
+
+Beside them, ``notes()``: the deployment's share of prompt tokens loaded from P, hit in D's own
+prefix cache and computed on D, per instance pair (``check`` prints it as one line per pair).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from .base import KV_NEVER_CROSSED, SEVERITY_WARNING, Finding
+from .index import feed_all, kind_code
+
+Event = dict[str, Any]
+
+_KINDS = ("req.add", "sched.alloc", "req.finish", "kvload.request")
+LOADING_ROLES = frozenset({"kv_consumer", "kv_both"})
+SAVING_ROLES = frozenset({"kv_producer", "kv_both"})
+KEPT = 1 << 15  # open requests kept per side (the oldest go first)
+
+
+class Stream:
+    """Per D request (pid, request id) from its arrival to its finish; per P request prefilled
+    for a remote decode, its prompt and tokens until a D request claims it."""
+
+    KINDS = _KINDS
+
+    def __init__(self, header: dict | None = None):
+        self.configs: Any = None
+        self.p_reqs: dict[str, dict] = {}  # P's request id -> {inst, hash, len, tokens, claimed}
+        self.p_by_prompt: dict[tuple, deque] = {}  # (prompt hash, len) -> P request ids not yet claimed
+        self.d_open: dict[tuple, dict] = {}  # (pid, D request) -> what it arrived with, its first allocation
+        self.pairs: dict[tuple, dict] = {}  # (P inst, D inst) -> token counts (notes)
+        self.findings: list[Finding] = []
+
+    def _role(self, e: Event) -> str:
+        c = self.configs.config_of(e) if self.configs is not None else None
+        return str((c or {}).get("kv_role") or "")
+
+    def _block(self, e: Event) -> int:
+        c = self.configs.config_of(e) if self.configs is not None else None
+        sizes = (c or {}).get("block_sizes") or [16]
+        return int(max(sizes))
+
+    def feed(self, idx: Any) -> None:
+        self.configs = idx.configs
+        ADD, ALLOC, FINISH, KVREQ = (kind_code(k) for k in _KINDS)
+        for e, k in zip(*idx.ordered_codes(_KINDS)):
+            if k == ADD:
+                self._add(e)
+            elif k == ALLOC:
+                d = self.d_open.get((e.get("pid"), e.get("req")))
+                if d is not None and d["local"] is None and "num_external_computed_tokens" in e:
+                    d["local"] = int(e.get("num_new_computed_tokens") or 0)
+                    d["ext"] = int(e.get("num_external_computed_tokens") or 0)
+                    d["step"] = e.get("step")
+                    d["ids"].append(e.get("id"))
+            elif k == FINISH:
+                p = self.p_reqs.get(str(e.get("req")))
+                if p is not None and p["inst"] == e.get("inst") and p["tokens"] is None:
+                    p["tokens"] = e.get("num_computed_tokens")
+                d = self.d_open.pop((e.get("pid"), e.get("req")), None)
+                if d is not None:
+                    self._judge(d)
+            elif k == KVREQ:
+                d = self.d_open.get((e.get("pid"), e.get("req")))
+                if d is not None:
+                    d["failed_load"] = True
+
+    def _add(self, e: Event) -> None:
+        kv = e.get("kv") or {}
+        req = str(e.get("req"))
+        prompt = (e.get("prompt_hash"), e.get("prompt_len"))
+        if kv.get("do_remote_decode"):
+            if self._role(e) not in SAVING_ROLES:
+                return  # (a request for a remote decode on an instance that saves no KV: vLLM's own tests)
+            if len(self.p_reqs) >= KEPT:
+                del self.p_reqs[next(iter(self.p_reqs))]
+            self.p_reqs[req] = {"req": req, "inst": e.get("inst"), "tokens": None, "claimed": False,
+                                "id": e.get("id")}
+            if prompt[0] is not None:
+                self.p_by_prompt.setdefault(prompt, deque()).append(req)
+            return
+        if self._role(e) not in LOADING_ROLES:
+            return
+        if len(self.d_open) >= KEPT:
+            self._judge(self.d_open.pop(next(iter(self.d_open))))
+        self.d_open[(e.get("pid"), e.get("req"))] = {
+            "req": req, "inst": e.get("inst"), "prompt": prompt, "len": int(e.get("prompt_len") or 0),
+            "params": bool(kv.get("do_remote_prefill")), "remote_req": kv.get("remote_request_id"),
+            "remote_tokens": kv.get("remote_num_tokens"), "local": None, "ext": None, "step": e.get("step"),
+            "failed_load": False, "block": self._block(e), "ids": [e.get("id")]}
+
+    def _claim(self, d: dict) -> dict | None:
+        """P's request for ``d``: the one its params name, else the oldest unclaimed P request of
+        the same prompt (hash and length)."""
+        if d["remote_req"] is not None:
+            p = self.p_reqs.get(str(d["remote_req"]))
+        else:
+            q = self.p_by_prompt.get(d["prompt"]) or deque()
+            p = None
+            while q and p is None:
+                cand = self.p_reqs.get(q.popleft())
+                p = cand if cand is not None and not cand["claimed"] else None
+        if p is not None and p["inst"] == d["inst"]:
+            p = None  # one instance on both sides (kv_both everywhere, no --instance): the sides are not told apart
+        if p is not None:
+            p["claimed"] = True
+        return p
+
+    def _judge(self, d: dict) -> None:
+        if d["local"] is None:
+            return  # never allocated (aborted while waiting): nothing computed either way
+        p = self._claim(d) if d["prompt"][0] is not None or d["remote_req"] is not None else None
+        n, local, ext = d["len"], d["local"], d["ext"]
+        computed = max(n - local - ext, 0)
+        pair = self.pairs.setdefault((p["inst"] if p else None, d["inst"]), {
+            "p_inst": p["inst"] if p else None, "d_inst": d["inst"], "requests": 0, "prompt_tokens": 0,
+            "loaded": 0, "local_hit": 0, "computed": 0, "load_failed": 0, "no_params": 0, "failed_load": 0,
+            "flagged": 0})
+        pair["requests"] += 1
+        pair["prompt_tokens"] += n
+        pair["load_failed" if d["failed_load"] else "loaded"] += ext
+        pair["local_hit"] += local
+        pair["computed"] += computed
+        pair["no_params"] += not d["params"]
+        pair["failed_load"] += d["failed_load"]
+        if p is None or d["failed_load"]:
+            return
+        p_tokens = d["remote_tokens"] if d["remote_tokens"] is not None else p["tokens"]
+        ids = [i for i in (p.get("id"), *d["ids"]) if i is not None]
+        base = {"p_req": p["req"], "d_req": d["req"], "p_inst": p["inst"], "prompt_len": n, "local_hit": local,
+                "loaded": ext, "computed_on_d": computed, "p_tokens": p_tokens, "params": d["params"]}
+        if not d["params"]:
+            pair["flagged"] += 1
+            self.findings.append(Finding(
+                KV_NEVER_CROSSED, SEVERITY_WARNING, d["req"], d["step"], d["inst"], ids,
+                f"prefill ran twice: {d['req']} reached D without kv_transfer_params, and D computed {computed} of "
+                f"its {n} prompt tokens itself",
+                f"P prefilled this prompt for a remote decode ({p['req']} on {p['inst']}, the same prompt hash and "
+                f"length), but the request D served carried no remote-prefill params, so D's connector loaded "
+                f"nothing (0 external tokens) and D prefilled the prompt again: {computed} token(s) computed on D"
+                + (f", {local} from its own prefix cache" if local else "") + ". The output is still right; the "
+                f"work P did is wasted and P's blocks wait for a read that never comes. Whatever sits between P "
+                f"and D (a router, a proxy) dropped the kv_transfer_params P returned (the shape of smg PR #1622).",
+                {**base, "mechanism": "no-params"}))
+            return
+        if not p_tokens:
+            return
+        missing = min(int(p_tokens), n) - local - ext
+        if missing < d["block"]:
+            return
+        pair["flagged"] += 1
+        what = "nothing loaded" if ext == 0 else "partial load"
+        self.findings.append(Finding(
+            KV_NEVER_CROSSED, SEVERITY_WARNING, d["req"], d["step"], d["inst"], ids,
+            f"{'prefill ran twice' if ext == 0 else 'partial load'}: D loaded {ext} of the {p_tokens} prompt "
+            f"tokens P computed for {d['req']} and computed {computed} itself",
+            f"P computed {p_tokens} prompt token(s) for this request ({p['req']} on {p['inst']}) and D received its "
+            f"transfer params, but D's connector said it would load {ext} token(s) (get_num_new_matched_tokens) "
+            f"beyond D's own prefix-cache hit of {local}: {missing} token(s) P had computed were computed again "
+            f"on D. No load failure is recorded for it (that would be the kv-load-failure-recovery class's).",
+            {**base, "mechanism": what.replace(" ", "-"), "missing": missing}))
+
+    def finish(self) -> list[Finding]:
+        for d in list(self.d_open.values()):
+            self._judge(d)  # (still running when the trace ends: its prefill is done or not begun)
+        self.d_open = {}
+        out, self.findings = self.findings, []
+        return out
+
+    def notes(self) -> list[dict]:
+        """Per instance pair (P's instance, or None where no P request was matched; D's): requests,
+        prompt tokens, loaded from P, hit in D's prefix cache, computed on D, planned to load but
+        the load failed (``load_failed``: tokens; ``failed_load``: requests), how many arrived
+        without params, and how many were flagged."""
+        return list(self.pairs.values())
+
+
+def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
+    return feed_all(Stream(header), events)
+
+
+def summary_line(n: dict) -> str:
+    """One pair's note in words (``check``)."""
+    total = n["prompt_tokens"] or 1
+    pct = lambda x: f"{100 * x / total:.0f}%"  # noqa: E731
+    src = f"{n['p_inst']} -> {n['d_inst']}" if n["p_inst"] else f"{n['d_inst']} alone (no P request of the prompt)"
+    out = (f"{src}: {n['requests']} request(s), {n['prompt_tokens']} prompt tokens: {pct(n['loaded'])} loaded "
+           f"from P, {pct(n['local_hit'])} D's prefix cache, {pct(n['computed'])} computed on D"
+           + (f", {pct(n['load_failed'])} whose load failed (kv-load-failure-recovery)" if n.get("load_failed") else ""))
+    extra = [f"{n['no_params']} without transfer params" if n["no_params"] else "",
+             f"{n['failed_load']} with a failed load" if n["failed_load"] else ""]
+    extra = [x for x in extra if x]
+    return out + (f" ({'; '.join(extra)})" if extra else "")

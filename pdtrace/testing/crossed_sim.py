@@ -1,0 +1,115 @@
+"""KV that never crossed, at engine-core level on vLLM's real schedulers (issue 51).
+
+What is real: P's and D's ``Scheduler`` with the NIXL connector's scheduler side
+(``pd_harness``): P prefills each prompt for a remote decode and returns its kv_transfer_params
+(``request_finished``); D's scheduler asks its connector how many tokens it would load
+(``get_num_new_matched_tokens``), allocates, and schedules the rest of the prompt itself; vLLM's
+own ``PrefillStats`` say per request how many prompt tokens came from D's prefix cache, from the
+transfer, and were computed on D.
+
+What is pdtrace's (a labelled FAULT, the router's, not vLLM's): for the requests ``drop`` names,
+the hand-over to D leaves the kv_transfer_params out (the shape of smg PR #1622: its gRPC path
+never passed NIXL's parameters to D). Simulated: the NIXL read itself (D's load completes in the
+next step, as ``pd_harness`` does) and the sampled tokens.
+
+The oracle is vLLM's own objects, never the detector: each D request's ``PrefillStats``
+(``num_local_cached_tokens``, ``num_external_cached_tokens``, ``num_computed_tokens``) from the
+outputs D's ``update_from_output`` returned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .kv_load_sim import run_events
+from .pd_harness import PDConfig, make_pair, recording
+from .pd_steps import _make_request, _mro, p_prefill
+
+
+@dataclasses.dataclass
+class Crossed:
+    events: list[dict]
+    dropped: list[str]  # D request ids whose params the hand-over left out (the fault)
+    stats: dict[str, dict]  # D request -> vLLM's PrefillStats: prompt, local, external, computed
+    direct: list[str]  # D requests sent to D alone (no P request): not disaggregated, not a fault
+
+
+def _stats_of(eco: dict, into: dict) -> None:
+    for outs in eco.values():
+        for o in outs.outputs:
+            ps = getattr(o, "prefill_stats", None)
+            if ps is not None and o.request_id not in into:
+                into[o.request_id] = {"prompt": ps.num_prompt_tokens, "local": ps.num_local_cached_tokens,
+                                      "external": ps.num_external_cached_tokens, "computed": ps.num_computed_tokens}
+
+
+def dropped_params(n: int = 6, drop: tuple[int, ...] = (1, 4), direct: int = 1, prompt_len: int = 45,
+                   block_size: int = 16, tag: str = "cross") -> Crossed:
+    """``n`` prompts P prefills for a remote decode, handed to D with P's params except those of
+    ``drop`` (indices); then ``direct`` requests sent to D alone (no P, no params). D runs each to
+    the end of its 4 output tokens."""
+    cfg = PDConfig(spec_method="", block_size=block_size)
+    pair = make_pair(cfg)
+    rec, d = pair.rec, pair.d
+    rec.flush()
+    start = len(rec.events or [])
+    stats: dict[str, dict] = {}
+    dropped, direct_ids = [], []
+    with recording(rec):
+        rec.emit("mark", label="scenario", sim=True,
+                 detail=f"dropped_params n={n} drop={drop} direct={direct} prompt_len={prompt_len} (FAULT: the "
+                        f"hand-over to D leaves the kv_transfer_params of the dropped ones out)")
+        for i in range(n + direct):
+            prompt = [2000 + 97 * i + j for j in range(prompt_len + i)]
+            d_req = f"{tag}-{i}-D"
+            if i < n:
+                params = p_prefill(pair.p, f"{tag}-{i}-P", prompt, block_size)
+                kv = None if i in drop else dict(params)
+                if kv is None:
+                    dropped.append(d_req)
+                    rec.emit("fault.inject", req=d_req, rule="router-drops-kv-transfer-params", sim=True, inst="D",
+                             detail=f"the hand-over to D leaves out the kv_transfer_params P returned for {d_req} "
+                                    f"(the router's fault, smg PR #1622's shape; not vLLM's code)")
+            else:
+                kv = None
+                direct_ids.append(d_req)
+            d.add_request(_make_request(d_req, prompt, 4, kv, block_size))
+            for _ in range(12):
+                if d_req not in d.requests:
+                    break
+                out = d.schedule()
+                toks = {}
+                for rid in out.num_scheduled_tokens:
+                    r = d.requests[rid]
+                    toks[rid] = [300] if r.num_computed_tokens >= r.num_prompt_tokens else []
+                loaded = {rid for rid, r in d.requests.items() if r.status.name == "WAITING_FOR_REMOTE_KVS"}
+                _stats_of(d.update_from_output(out, _mro(out, toks, finished_recving=loaded or None)), stats)
+        rec.emit("mark", label="scenario-end", sim=True)
+    rec.flush()
+    return Crossed(run_events(pair, start), dropped, stats, direct_ids)
+
+
+def scenario(drop: tuple[int, ...]) -> Any:
+    """The sample pair's builder (``scenarios.SCENARIOS``): expected findings from vLLM's own
+    PrefillStats (a request P prefilled whose D side computed the prompt itself), never from the
+    detector."""
+    def build() -> Any:
+        from pdtrace.detectors.base import KV_NEVER_CROSSED
+
+        from .scenario_builders import Scenario
+
+        r = dropped_params(drop=drop)
+        twice = [rid for rid, s in r.stats.items() if rid not in r.direct and s["external"] == 0]
+        assert sorted(twice) == sorted(r.dropped), ("oracle: vLLM's PrefillStats", twice, r.dropped)
+        return Scenario("", "", r.events, [KV_NEVER_CROSSED] if twice else [], {
+            "real": ["vLLM 0.32.0 P and D Scheduler with the NIXL connector's scheduler side (request_finished, "
+                     "get_num_new_matched_tokens, update_state_after_alloc), D's prefix cache, PrefillStats"],
+            "simulated": ["the NIXL read (D's load completes the next step)", "the sampled tokens"],
+            "faults": [f"the hand-over to D leaves P's kv_transfer_params out for {', '.join(r.dropped)} (the "
+                       f"router's fault, smg PR #1622's shape; not vLLM's code)"] if r.dropped else [],
+            "fixture": [], "own_bug": "",
+            "clean_twin": "" if r.dropped else "the same requests, every one handed to D with P's params",
+            "facts": {"prefill_stats": r.stats, "dropped": r.dropped, "sent_to_d_alone": r.direct},
+        }, [])
+    return build

@@ -1,0 +1,92 @@
+"""Issue 51: KV that never crossed (kv-never-crossed).
+
+Real parts: vLLM's P and D Scheduler (the installed release) with the NIXL connector's scheduler
+side: P's request_finished gives the params, D's get_num_new_matched_tokens / allocate_slots /
+update_state_after_alloc decide what D loads; vLLM's own PrefillStats (per request: local
+prefix-cache hit, external tokens, computed on D) are the oracle. The fault is the router's, not
+vLLM's (pdtrace.testing.crossed_sim: the hand-over to D leaves P's params out for some requests).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pdtrace.detectors import KV_NEVER_CROSSED, crossed
+from pdtrace.detectors.causes import group
+from pdtrace.detectors.coverage import CHECKED, coverage
+from pdtrace.detectors.index import feed_all
+
+pytest.importorskip("vllm")
+
+
+def _run(drop=(1, 4)):
+    from pdtrace.testing.crossed_sim import dropped_params
+
+    r = dropped_params(drop=drop)
+    st = crossed.Stream()
+    found = feed_all(st, r.events)
+    return r, found, st.notes()
+
+
+def test_every_dropped_request_is_flagged_and_none_other():
+    r, found, notes = _run()
+    # the oracle: vLLM's PrefillStats: D loaded nothing for exactly the dropped ones among P's
+    twice = sorted(rid for rid, s in r.stats.items() if rid not in r.direct and s["external"] == 0)
+    assert twice == sorted(r.dropped) == ["cross-1-D", "cross-4-D"]
+    assert sorted(f.req for f in found) == twice
+    for f in found:
+        assert f.kind == KV_NEVER_CROSSED and f.severity == "warning"
+        assert f.data["computed_on_d"] == r.stats[f.req]["computed"] == r.stats[f.req]["prompt"]
+        assert f.data["p_req"] == f.req.replace("-D", "-P") and "kv_transfer_params" in f.title
+    (c,) = group(found)
+    assert c.mechanism == "never-crossed/no-params"
+
+
+def test_the_deployment_summary_matches_vllms_own_counters():
+    r, _found, notes = _run()
+    pair = next(n for n in notes if n["p_inst"] == "P")
+    alone = next(n for n in notes if n["p_inst"] is None)
+    paired = {rid: s for rid, s in r.stats.items() if rid not in r.direct}
+    assert pair["loaded"] == sum(s["external"] for s in paired.values())
+    assert pair["local_hit"] == sum(s["local"] for s in paired.values())
+    assert pair["computed"] == sum(s["computed"] for s in paired.values())
+    assert pair["prompt_tokens"] == sum(s["prompt"] for s in paired.values())
+    assert pair["no_params"] == 2 and pair["flagged"] == 2
+    # a request sent to D alone is counted, not flagged: no P request prefilled its prompt
+    assert (alone["requests"], alone["computed"]) == (1, r.stats[r.direct[0]]["computed"])
+    assert "loaded from P" in crossed.summary_line(pair) and "D alone" in crossed.summary_line(alone)
+
+
+def test_every_request_handed_over_is_clean():
+    r, found, notes = _run(drop=())
+    assert all(s["external"] > 0 for rid, s in r.stats.items() if rid not in r.direct)
+    assert found == []
+    assert next(n for n in notes if n["p_inst"] == "P")["computed"] == 0
+
+
+def test_d_alone_cannot_tell_dropped_params_and_says_so():
+    """D's trace without P's: a request with no params may have been sent to D alone; no finding,
+    and the coverage line says what P's trace would add."""
+    r, _found, _notes = _run()
+    d_only = [e for e in r.events if e.get("inst") in ("D", None) and e.get("pid") is not None]
+    d_only = [e for e in d_only if e["ev"] != "sched.config" or e.get("kv_role") == "kv_consumer"]
+    assert crossed.detect(d_only) == []
+    c = coverage(d_only)[KV_NEVER_CROSSED]
+    assert c.status == CHECKED and "P's trace" in c.reason
+
+
+def test_a_load_shorter_than_what_p_computed():
+    """SYNTHETIC shape (no release here produces it: NIXL's D loads the whole prompt past its own
+    hit): the real run's events with one D admission edited to load two blocks fewer than P
+    computed. The rule, not vLLM, is under test: flagged as a partial load with the tokens D
+    computed again; one token short (NIXL's backoff) is not."""
+    r, _found, _notes = _run(drop=())
+    adm = [e for e in r.events if e["ev"] == "sched.alloc" and e.get("inst") == "D"
+           and "num_external_computed_tokens" in e and e.get("req") == "cross-2-D"][0]
+    ext = adm["num_external_computed_tokens"]
+    adm["num_external_computed_tokens"] = ext - 1
+    assert crossed.detect(r.events) == []
+    adm["num_external_computed_tokens"] = ext - 32
+    (f,) = crossed.detect(r.events)
+    assert (f.req, f.data["mechanism"], f.data["missing"]) == ("cross-2-D", "partial-load", 32)
+    assert f.title.startswith("partial load")

@@ -1,0 +1,57 @@
+"""Where D's prompt tokens came from (issue 51, kv-never-crossed): one horizontal stacked bar per
+instance pair: loaded from P, hit in D's own prefix cache, computed on D, planned but lost to a
+failed load. The numbers are ``detectors.crossed.Stream.notes`` (what ``pdtrace check`` prints
+as "Where D's prompt tokens came from"), over the events the report holds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdtrace.detectors.base import KV_NEVER_CROSSED
+from pdtrace.detectors.crossed import Stream, summary_line
+from pdtrace.detectors.index import feed_all
+
+from .common import GREEN, GREY, ORANGE, RED, esc, layout
+
+PARTS = (("loaded", "loaded from P", GREEN), ("local_hit", "D's prefix cache", GREY),
+         ("computed", "computed on D", ORANGE), ("load_failed", "load failed", RED))
+
+
+def notes(events: Any) -> list[dict]:
+    st = Stream()
+    feed_all(st, events)
+    return st.notes()
+
+
+def figure(pairs: list[dict]) -> dict | None:
+    if not pairs:
+        return None
+    names = [f"{n['p_inst']} → {n['d_inst']}" if n["p_inst"] else f"{n['d_inst']} alone" for n in pairs]
+    data = []
+    for key, word, colour in PARTS:
+        xs = [n.get(key, 0) for n in pairs]
+        if not any(xs):
+            continue
+        data.append({"type": "bar", "orientation": "h", "name": word, "y": names, "x": xs,
+                     "marker": {"color": colour},
+                     "hovertemplate": "%{y}: %{x} prompt tokens " + word + "<extra></extra>"})
+    lay = layout("Prompt tokens per instance pair", barmode="stack", height=120 + 40 * len(pairs),
+                 xaxis={"title": {"text": "prompt tokens"}})
+    return {"data": data, "layout": lay}
+
+
+def section(trace: Any, fig_div: Any) -> str | None:
+    """The report's section, or None when no instance loaded KV (nothing to say). A reduced trace
+    (``reduce.read``) carries the streamed check's notes over all its events; else they are
+    counted here over the events."""
+    held = getattr(trace, "notes", None)
+    pairs = list(held.get(KV_NEVER_CROSSED) or []) if isinstance(held, dict) else notes(trace.events)
+    fig = figure(pairs)
+    if fig is None:
+        return None
+    lines = "".join(f"<li>{esc(summary_line(n))}</li>" for n in pairs)
+    return ('<section id="crossing"><h2>Where D\'s prompt tokens came from</h2><p class="note">Per request D '
+            "served, from its scheduler's own numbers at admission: its prefix-cache hit, the tokens its "
+            "connector loaded from P, the rest computed on D (kv-never-crossed; a request P prefilled whose D "
+            f"side computed it again is a finding).</p><ul>{lines}</ul>" + fig_div("fig-crossing", fig)
+            + "</section>")
