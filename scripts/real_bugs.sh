@@ -8,7 +8,9 @@
 #    that venv instead (scripts/test.sh: .venv for 0.32.0, .venv-vllm033 for 0.33.0).
 # 2. Runs pdtrace.testing.real_release in that venv: the P/D lookahead sweep (seed 000/001), the
 #    DFlash window (seed 003), the accepted-count read (seed 004), the KV-load rollback (vLLM #49250,
-#    #45138, open upstream) and a hybrid model's failed load (#50687 / #56855) on the release's own code,
+#    #45138, open upstream), a hybrid model's failed load (#50687 / #56855), the token of the step in
+#    flight at a rollback and a shared failed block (issue 50), and prompts whose params a router
+#    dropped on the way to D (issue 51's labelled fault) on the release's own code,
 #    one trace per family under real_bugs/VERSION/, checked with `pdtrace check -f json`.
 # 3. Prints, as its last line, one JSON object: {"vllm", "scenarios", "flagged", "expected",
 #    "doctor_skipped", "families"}. Exit 0 when flagged == expected, 1 when not, 2 on a usage or

@@ -52,6 +52,10 @@ OPEN |= {"kv-load-in-flight"}
 # its prefix-cache hit on 0.30.0+ only (before, it prefilled the blocks itself: no shared block, the
 # family is not run and says why). From 0.30.0 the release carries it (issue 50 item 1).
 SHARED_FROM = (0, 30, 0)
+# Not a bug of vLLM: the router's labelled fault (P's params dropped on the way to D, issue 51), run
+# on each release's own schedulers so that the detector is seen to read every release's events; the
+# requests it hits are wrong on every release (vLLM's own PrefillStats / num_cached_tokens say so).
+ROUTER_FAULT = {"kv-never-crossed"}
 # From each release's scheduler.py: 0.19.1-0.28.0 unpack `(req_block_ids,) = get_block_ids(req_id)`
 # (ValueError on a multi-group model, vLLM #50687: the engine core ends); 0.30.0 recomputes
 # multi-group requests whole (#50388); 0.32.0+ refuse block-level failures of multi-group models by
@@ -85,6 +89,7 @@ def _v(version: str) -> tuple[int, ...]:
 def _carries(version: str) -> set[str]:
     hybrid = {"kv-load-hybrid"} if _hybrid_raises(version) else set()
     hybrid |= {"kv-load-shared"} if _v(version) >= SHARED_FROM else set()
+    hybrid |= ROUTER_FAULT
     if tuple(int(x) for x in version.split(".")[:3]) >= FIXED_FROM:
         return set(OPEN) | hybrid
     if version not in CARRIES:

@@ -60,6 +60,7 @@ from typing import Any
 from pdtrace.detectors.base import (
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
     KV_LOAD_FAILURE_RECOVERY,
+    KV_NEVER_CROSSED,
     LOOKAHEAD_MISALIGNMENT,
     STALE_ACCEPTED_COUNT_READ,
 )
@@ -74,8 +75,7 @@ LOOKAHEAD_RUNS = (
 DFLASH_PROMPTS = (12, 13, 14, 16, 28, 29, 32, 44)
 
 
-class NotRunnable(Exception):
-    """A family whose code this release does not have in a form that runs on CPU; the reason."""
+from .real_release_kv import NotRunnable  # noqa: E402,F401 - (defined there: no import circle)
 
 
 def vllm_version() -> str:
@@ -253,95 +253,9 @@ def stale_family(k: int = 3) -> tuple[list[dict], list[dict]]:
 
 
 # (async scheduling, indices of D's blocks reported failed) for a running request, policy "recompute"
-KV_LOAD_RUNS = ((False, (0,)), (False, (2,)), (False, None), (True, (0,)), (True, (2,)), (True, None))
-
-
-def kv_load_family() -> tuple[list[dict], list[dict]]:
-    """vLLM #49250 (part 2) / #45138, open upstream: a running request's blocks reported failed
-    (a synchronous load, as vLLM's own tests report it), policy "recompute", on the release's own
-    Scheduler and AsyncScheduler. Oracle: vLLM's objects, read right after the failure was handled
-    (the request's num_tokens and num_computed_tokens) against the tokens the release's scheduler
-    gave it on the next step: wrong when more than it had left."""
-    from pdtrace.testing import pd_harness as pd
-    from pdtrace.testing.kv_load_sim import failed_load
-
-    events: list[dict] = []
-    cases = []
-    for async_scheduling, failed in KV_LOAD_RUNS:
-        cfg = pd.PDConfig(spec_method="", async_scheduling=async_scheduling)
-        r = failed_load(cfg, policy="recompute", how="blocks", when="running", failed=failed, max_tokens=8, steps=10)
-        left = (r.num_tokens_after or 0) - (r.computed_after or 0)
-        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
-        cases.append({"family": "kv-load-rollback", "req": r.d_req, "wrong": r.scheduled_after[0] > left,
-                      "facts": {"async_scheduling": async_scheduling, "failed": failed, "d_local": r.d_local,
-                                "computed_after": r.computed_after, "num_tokens_after": r.num_tokens_after,
-                                "scheduled_after": r.scheduled_after, "finished": r.finished}})
-    return events, cases
-
-
-def kv_load_hybrid_family() -> tuple[list[dict], list[dict]]:
-    """A model with two KV cache groups (full attention + sliding window) whose load fails,
-    reported as blocks, under each policy, on the release's own Scheduler. 0.19-0.28 unpack one
-    block list per request and raise ValueError (vLLM #50687); 0.30 recomputes the whole request
-    (#50388); 0.32+ refuse block-level failures of multi-group models with RuntimeError (#56855).
-    Oracle: whether the release's scheduler raised (nothing in the engine core's step catches it:
-    the instance exits for one failed load), other than the refusal vLLM's own tests expect."""
-    from pdtrace.testing import pd_harness as pd
-    from pdtrace.testing.kv_load_sim import failed_load
-
-    events: list[dict] = []
-    cases = []
-    for policy in ("fail", "recompute"):
-        cfg = pd.PDConfig(spec_method="", attn=("full", "sliding"))
-        r = failed_load(cfg, policy=policy, how="blocks", steps=6)
-        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
-        # vLLM 0.32+'s refusal is its design (its own test_block_level_load_failure_fails_closed_with_
-        # multiple_groups expects the RuntimeError): not wrong; the 0.2x ValueError is the bug (#50687)
-        designed = r.raised is not None and r.raised.startswith("RuntimeError") and "multiple KV cache groups" in r.raised
-        cases.append({"family": "kv-load-hybrid", "req": r.d_req, "wrong": r.raised is not None and not designed,
-                      "facts": {"policy": policy, "raised": r.raised, "computed_after": r.computed_after,
-                                "finished": r.finished}})
-    return events, cases
-
-
-def kv_load_in_flight_family() -> tuple[list[dict], list[dict]]:
-    """Issue 50 item 2: a running request's blocks reported failed under async scheduling in the
-    engine core's order (step n+1 scheduled before step n's output is processed), policy
-    "recompute" (``kv_inflight_sim``). Oracle: the release's own request object: whether the token
-    sampled by the step in flight at the rollback is in its output_token_ids."""
-    from pdtrace.testing.kv_inflight_sim import in_flight_rollback
-
-    events: list[dict] = []
-    cases = []
-    for i, failed in enumerate(((2,), (0,))):
-        r = in_flight_rollback(failed=failed, tag=f"inflight{i}")
-        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
-        cases.append({"family": "kv-load-in-flight", "req": r.d_req, "wrong": r.appended,
-                      "facts": {"failed": failed, "rollback_step": r.rollback_step, "in_flight_step": r.in_flight_step,
-                                "in_flight_token": r.in_flight_token, "output": r.output}})
-    return events, cases
-
-
-def kv_load_shared_family() -> tuple[list[dict], list[dict]]:
-    """Issue 50 item 1: two requests share D's prefix-cache blocks, both blocks fail; with chunked
-    prefill (long_prefill_token_threshold 16) the second reads them before the first rewrites them,
-    without it nothing is read early (``kv_shared_sim``). Oracle: vLLM's objects per step (the
-    scheduler's output, the first request's computed tokens, its block list)."""
-    from pdtrace.testing.kv_shared_sim import shared_block_failure
-
-    events: list[dict] = []
-    cases = []
-    for lp in (16, 0):
-        r = shared_block_failure(lp, tag=f"shared{lp}")
-        if not r.shared:
-            raise NotRunnable("the second request did not get the first's blocks from D's prefix cache on this "
-                              "release's scheduler in pdtrace's harness (it prefilled them itself): no shared block")
-        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
-        for rid, kept in r.kept.items():
-            cases.append({"family": "kv-load-shared", "req": rid, "wrong": any(w[0] == rid for w in r.wrong),
-                          "facts": {"long_prefill_token_threshold": lp, "failed": r.failed, "computed_after": kept,
-                                    "read_before_rewrite": [list(w) for w in r.wrong if w[0] == rid]}})
-    return events, cases
+from .real_release_kv import (  # noqa: E402 - the KV families, in their own module (size)
+    kv_load_family, kv_load_hybrid_family, kv_load_in_flight_family, kv_load_shared_family, kv_never_crossed_family,
+)
 
 
 FAMILIES = {
@@ -352,6 +266,7 @@ FAMILIES = {
     "kv-load-hybrid": (kv_load_hybrid_family, KV_LOAD_FAILURE_RECOVERY),
     "kv-load-in-flight": (kv_load_in_flight_family, KV_LOAD_FAILURE_RECOVERY, "kv-load/in-flight-token"),
     "kv-load-shared": (kv_load_shared_family, KV_LOAD_FAILURE_RECOVERY, "kv-load/shared-block-read-early"),
+    "kv-never-crossed": (kv_never_crossed_family, KV_NEVER_CROSSED),
 }
 
 
@@ -359,13 +274,17 @@ FAMILIES = {
 # the run: traces, `pdtrace check`, the JSON line
 # ---------------------------------------------------------------------------------------
 
+WARNING_KINDS = (KV_NEVER_CROSSED,)  # classes whose findings are warnings (wasted work): counted as flagged
+
+
 def _flagged(report: dict, kind: str, mech: str = "") -> list[str]:
-    """The request ids of the report's errors of ``kind`` (and of the mechanism ``mech``, when
-    given: ``causes.mechanism``), as the report names them (``req``)."""
+    """The request ids of the report's errors of ``kind`` (warnings too for ``WARNING_KINDS``; and
+    of the mechanism ``mech``, when given: ``causes.mechanism``), as the report names them (``req``)."""
     from pdtrace.detectors.causes import mechanism
 
+    sev = {"error", "warning"} if kind in WARNING_KINDS else {"error"}
     return sorted({str(f.get("req")) for f in report.get("findings", ())
-                   if f.get("kind") == kind and f.get("severity") == "error"
+                   if f.get("kind") == kind and f.get("severity") in sev
                    and (not mech or mechanism(f)[0] == mech)})
 
 
