@@ -220,3 +220,11 @@ def summary_line(n: dict) -> str:
              f"{n['failed_load']} with a failed load" if n["failed_load"] else ""]
     extra = [x for x in extra if x]
     return out + (f" ({'; '.join(extra)})" if extra else "")
+
+
+def short_line(n: dict) -> str:
+    """One pair's note in a few words (the viewer's findings list): computed on D first."""
+    total = n["prompt_tokens"] or 1
+    src = f"{n['p_inst']}->{n['d_inst']}" if n["p_inst"] else f"{n['d_inst']} alone"
+    return (f"{src}: {100 * n['computed'] / total:.0f}% computed on D, {100 * n['loaded'] / total:.0f}% loaded, "
+            f"{100 * n['local_hit'] / total:.0f}% D cache ({n['requests']} req)")

@@ -123,6 +123,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         self._force_detect = False
         self.findings: list[Any] = []
         self.coverage: dict[str, Any] | None = None
+        self.notes: dict[str, list] | None = None  # the detectors' facts (kv-never-crossed: per instance pair)
         self.finding: Any = None  # the finding last jumped to
         self.findings_done = False
         self.findings_note = ""
@@ -256,7 +257,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
     @on(FindingsReady)
     def _on_findings(self, msg: FindingsReady) -> None:
         self.findings = by_severity(msg.findings)  # errors first, as check lists them
-        self.coverage = msg.coverage
+        self.coverage, self.notes = msg.coverage, msg.notes
         self.findings_done = True
         self.findings_note = msg.error
         self._bad_reqs = {f.req for f in self.findings if f.req}
@@ -293,7 +294,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
     def _show_findings(self) -> None:
         note = self.findings_note or ("no findings" if not self.findings else "")
         self.query_one(FindingsList).show(self.findings, note, by=self.group_by, flt=self._filter,
-                                          coverage=self.coverage)
+                                          coverage=self.coverage, notes=self.notes)
 
     def _add_requests(self, force: bool = False) -> None:
         names = self.index.req_names

@@ -84,12 +84,13 @@ class DetectMixin:
                                      incomplete=incomplete_reason(idx.footer, idx.problems))
                 except Exception:  # coverage is a summary; the findings stand without it
                     cov = None
+            notes = _crossing(events)
             del events
         except Exception as exc:  # a detector bug must not take the viewer down
             post(FindingsReady([], f"detectors failed: {type(exc).__name__}: {exc}"))
             return
         if not worker.is_cancelled:
-            post(FindingsReady(findings, coverage=cov))
+            post(FindingsReady(findings, coverage=cov, notes=notes))
 
     def _await_job(self, worker: Any) -> None:
         post = self.post_message  # type: ignore[attr-defined]
@@ -124,3 +125,18 @@ def _after_gaps(idx: Any, findings: list) -> list:
     first = bisect_left(idx.starts, gap["at"])  # the first event indexed after the gap
     where = f"the {gap['lost']} bytes lost at line {gap['line']} (damaged zstd frames)"
     return mark_after_gap(findings, lambda eid: idx.ordinal(eid) >= first, where)
+
+
+def _crossing(events: list) -> dict[str, list] | None:
+    """Where D's prompt tokens came from, per instance pair (``detectors.crossed``): shown under the
+    kv-never-crossed class in the findings list. A summary: the findings stand without it."""
+    try:
+        from pdtrace.detectors.base import KV_NEVER_CROSSED
+        from pdtrace.detectors.crossed import Stream
+        from pdtrace.detectors.index import feed_all
+
+        st = Stream()
+        feed_all(st, events)
+        return {KV_NEVER_CROSSED: st.notes()}
+    except Exception:  # noqa: BLE001
+        return None

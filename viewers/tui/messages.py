@@ -31,6 +31,7 @@ class FindingsReady(Message):
     findings: list[Any]
     error: str = ""
     coverage: dict[str, Any] | None = None  # bug class -> detectors.coverage.Coverage
+    notes: dict[str, list] | None = None  # bug class -> its facts (kv-never-crossed: per instance pair)
 
 
 @dataclasses.dataclass

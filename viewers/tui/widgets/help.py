@@ -40,7 +40,8 @@ finding as soon as the detectors report.
 
 **Findings** (left): one line each, grouped by bug class. Every class has a header with
 its coverage: `✓ checked: clean`, `– does not apply: why`, or `? not checked: why` (the
-trace cannot decide it; never read that as clean).
+trace cannot decide it; never read that as clean). Under kv-never-crossed, per instance
+pair, where D's prompt tokens came from: computed on D, loaded from P, D's own prefix cache.
 
 **Step scrubber**: `┃` (red) steps with findings, `✗` (yellow) steps where the scheduler
 handled KV that failed to load (a finding's `┃` wins a shared cell), `╵` steps where the

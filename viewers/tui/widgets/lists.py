@@ -16,7 +16,10 @@ from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from pdtrace.detectors.crossed import short_line
+
 MAX_REQUESTS_SHOWN = 5000
+CROSSED = "kv-never-crossed"  # its facts (where D's prompt tokens came from) go under its header
 SHORT = {
     "lookahead-block-misalignment": "lookahead",
     "drafter-window-outside-allocation": "drafter window",
@@ -105,8 +108,8 @@ class FindingsList(OptionList):
         return "\n".join(lines)
 
     def show(self, findings: list[Any], note: str = "", *, by: str = "class", flt: str = "",
-             coverage: dict[str, Any] | None = None) -> None:
-        self._args = ((findings, note), dict(by=by, flt=flt, coverage=coverage))
+             coverage: dict[str, Any] | None = None, notes: dict[str, list] | None = None) -> None:
+        self._args = ((findings, note), dict(by=by, flt=flt, coverage=coverage, notes=notes))
         keep = self.highlighted_option.id if self.highlighted_option is not None else None
         self.clear_options()
         opts: list[Option] = []
@@ -135,6 +138,9 @@ class FindingsList(OptionList):
                 if c is not None and (not items or c.status != "checked"):
                     text, style = _cov_text(c)
                     opts.append(Option(Text(self._wrap("  " + text, 4), style=style), id=f"c:{kind}", disabled=True))
+                for i, n in enumerate((notes or {}).get(kind) or [] if kind == CROSSED else []):
+                    opts.append(Option(Text(self._wrap("  " + short_line(n), 4), style="dim"), id=f"n:{kind}:{i}",
+                                       disabled=True))
                 opts.extend(Option(finding_line(f, by), id=f"f{k}") for k, f in items)
         self.add_options(opts)
         if keep is not None:
