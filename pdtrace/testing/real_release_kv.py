@@ -90,8 +90,8 @@ def kv_load_shared_family() -> tuple[list[dict], list[dict]]:
     for lp in (16, 0):
         r = shared_block_failure(lp, tag=f"shared{lp}")
         if not r.shared:
-            raise NotRunnable("the second request did not get the first's blocks from D's prefix cache on this "
-                              "release's scheduler in pdtrace's harness (it prefilled them itself): no shared block")
+            raise NotRunnable("no shared block: the second request did not get the first's blocks from D's prefix cache "
+                              "on this release's scheduler in pdtrace's harness (it prefilled them itself)")
         events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
         for rid, kept in r.kept.items():
             cases.append({"family": "kv-load-shared", "req": rid, "wrong": any(w[0] == rid for w in r.wrong),
