@@ -30,9 +30,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-from typing import Any, Iterator
+from typing import Any
 
-from .kv_load_sim import _queue_invalid, _worker, run_events
+from .kv_load_sim import _queue_invalid, _worker, patched_rollback, run_events
 from .pd_harness import PDConfig, make_pair, recording
 from .pd_steps import _make_request, _mro, _step, p_prefill
 
@@ -52,30 +52,17 @@ def _sched_step(sched: Any) -> int:
     return int(getattr(sched, "_pdtrace_step", 0))
 
 
-@contextlib.contextmanager
-def discard_in_flight(scheduler: Any, rec: Any) -> Iterator[None]:
+def discard_in_flight(scheduler: Any, rec: Any) -> Any:
     """LABELLED fixture: the rollback also marks the affected requests' in-flight output stale
     and to be dropped (vLLM 0.32+'s ``drop_stale_output``; not done for a KV-load rollback by
     any release)."""
-    orig = scheduler._update_requests_with_invalid_blocks
+    def drop(r: Any) -> None:
+        r.drop_stale_output = True
+        r.num_stale_output_tokens = r.num_in_flight_tokens
 
-    def fixed(requests: Any, *args: Any, **kw: Any) -> Any:
-        requests = list(requests)
-        affected, tokens, evict = orig(requests, *args, **kw)
-        for r in requests:
-            if r.request_id in affected:
-                r.drop_stale_output = True
-                r.num_stale_output_tokens = r.num_in_flight_tokens
-        return affected, tokens, evict
-
-    rec.emit("mark", label="fixture", sim=True, inst="D",
-             detail="LABELLED FIX (not in any vLLM release): a KV-load rollback drops the request's in-flight "
-                    "output (drop_stale_output / num_stale_output_tokens, as vLLM 0.32+ does on preemption)")
-    scheduler._update_requests_with_invalid_blocks = fixed
-    try:
-        yield
-    finally:
-        del scheduler._update_requests_with_invalid_blocks
+    return patched_rollback(scheduler, rec, "LABELLED FIX (not in any vLLM release): a KV-load rollback drops the "
+                                            "request's in-flight output (drop_stale_output / num_stale_output_tokens, "
+                                            "as vLLM 0.32+ does on preemption)", drop)
 
 
 def in_flight_rollback(*, fix: bool = False, prompt_len: int = 64, failed: tuple[int, ...] = (2,),

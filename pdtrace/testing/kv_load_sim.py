@@ -80,10 +80,9 @@ def _queue_invalid(worker: Any, blocks: set[int]) -> None:
 
 
 @contextlib.contextmanager
-def rolled_back_placeholders(scheduler: Any, rec: Any) -> Iterator[None]:
-    """LABELLED fixture: this scheduler's ``_update_requests_with_invalid_blocks`` also resets
-    the affected requests' ``num_output_placeholders`` (vLLM PR #45430's rule, for #45138 /
-    #49250), so a recompute is scheduled only what the request has left."""
+def patched_rollback(scheduler: Any, rec: Any, detail: str, after: Any) -> Iterator[None]:
+    """A LABELLED fixture: this scheduler's ``_update_requests_with_invalid_blocks`` runs as the
+    release has it, then ``after(request)`` for each request it affected; a ``mark`` says so."""
     orig = scheduler._update_requests_with_invalid_blocks
 
     def fixed(requests: Any, *args: Any, **kw: Any) -> Any:
@@ -91,17 +90,27 @@ def rolled_back_placeholders(scheduler: Any, rec: Any) -> Iterator[None]:
         affected, tokens, evict = orig(requests, *args, **kw)
         for r in requests:
             if r.request_id in affected:
-                r.num_output_placeholders = 0
+                after(r)
         return affected, tokens, evict
 
-    rec.emit("mark", label="fixture", sim=True, inst="D",
-             detail="LABELLED FIX (not in vLLM 0.32.0): _update_requests_with_invalid_blocks resets the affected "
-                    "requests' num_output_placeholders (vLLM PR #45430 / #49252)")
+    rec.emit("mark", label="fixture", sim=True, inst="D", detail=detail)
     scheduler._update_requests_with_invalid_blocks = fixed
     try:
         yield
     finally:
         del scheduler._update_requests_with_invalid_blocks  # back to the class method
+
+
+def rolled_back_placeholders(scheduler: Any, rec: Any) -> Any:
+    """LABELLED fixture: this scheduler's ``_update_requests_with_invalid_blocks`` also resets
+    the affected requests' ``num_output_placeholders`` (vLLM PR #45430's rule, for #45138 /
+    #49250), so a recompute is scheduled only what the request has left."""
+    def reset(r: Any) -> None:
+        r.num_output_placeholders = 0
+
+    return patched_rollback(scheduler, rec, "LABELLED FIX (not in vLLM 0.32.0): _update_requests_with_invalid_blocks "
+                                            "resets the affected requests' num_output_placeholders (vLLM PR #45430 / "
+                                            "#49252)", reset)
 
 
 def _has_failed_recving() -> bool:
