@@ -13,7 +13,7 @@ import pytest
 
 from pdtrace.detectors import KV_NEVER_CROSSED, crossed
 from pdtrace.detectors.causes import group
-from pdtrace.detectors.coverage import CHECKED, coverage
+from pdtrace.detectors.coverage import NOT_CHECKED, coverage
 from pdtrace.detectors.index import feed_all
 
 pytest.importorskip("vllm")
@@ -66,13 +66,18 @@ def test_every_request_handed_over_is_clean():
 
 def test_d_alone_cannot_tell_dropped_params_and_says_so():
     """D's trace without P's: a request with no params may have been sent to D alone; no finding,
-    and the coverage line says what P's trace would add."""
+    and the class is not checked (never clean), saying what P's trace would add; the requests with
+    params are counted under "(P not in the trace)", never "D alone"."""
     r, _found, _notes = _run()
     d_only = [e for e in r.events if e.get("inst") in ("D", None) and e.get("pid") is not None]
     d_only = [e for e in d_only if e["ev"] != "sched.config" or e.get("kv_role") == "kv_consumer"]
     assert crossed.detect(d_only) == []
+    st = crossed.Stream()
+    feed_all(st, d_only)
+    names = sorted(crossed.pair_name(n) for n in st.notes())
+    assert names == ["(P not in the trace) -> D", "D alone (no P request of the prompt)"]
     c = coverage(d_only)[KV_NEVER_CROSSED]
-    assert c.status == CHECKED and "P's trace" in c.reason
+    assert c.status == NOT_CHECKED and "P's trace" in c.reason
 
 
 def test_a_load_shorter_than_what_p_computed():

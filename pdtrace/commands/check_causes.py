@@ -48,7 +48,7 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
         out += line(f"cause {c.n}: {c.severity.upper()} {c.kind}: {c.title}", width, "  ", "    ")
         out += line(c.counts_text(), width, "    ", "      ")
         if c.where:
-            out += line("in vLLM: " + ", ".join(f"{w['file']}:{w['line']} {w['function'].rsplit('.', 1)[-1]}"
+            out += line(f"{c.where_words}: " + ", ".join(f"{w['file']}:{w['line']} {w['function'].rsplit('.', 1)[-1]}"
                                                 for w in c.where), width, "    ", "      ")
         if c.upstream:
             out += line("upstream: " + ", ".join([c.upstream[0], *("#" + u.rsplit("/", 1)[-1] for u in c.upstream[1:])]),
@@ -86,7 +86,8 @@ def markdown(causes: list[Cause], findings: list[Any], command: str, header: dic
         out += [f"### Cause {c.n}: {c.title}", "",
                 f"`{c.kind}` ({c.severity}): {c.counts_text()}.", ""]
         if c.where:
-            out += ["Where in vLLM " + (vllm or "") + ": " + ", ".join(
+            out += [("Where in vLLM " if c.where_words == "in vLLM" else "Where vLLM saw it, ") + (vllm or "") + ": "
+                    + ", ".join(
                 f"[`{w['file']}:{w['line']}`]({source_link(w, vllm)}) (`{w['function']}`)" for w in c.where) + ".", ""]
         if c.upstream:
             out += [f"Upstream: {', '.join(f'[{r}]({u})' for r, u in zip(issue_refs(c).split(', '), c.upstream))}.",

@@ -108,6 +108,9 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         ("scheduler.allocate_slots", "nixl.remote_alloc"), ()),
 }
 
+# mechanisms whose fault is outside vLLM (its code runs as designed on what it was given)
+OUTSIDE_VLLM = frozenset({"never-crossed/no-params"})
+
 _MOVE_HOOK = {"swap": "swap", "condense": "condense", "add": "add", "remove": "remove"}
 
 
@@ -193,6 +196,12 @@ class Cause:
     where: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # [{hook, function, file, line}]
     upstream: list[str] = dataclasses.field(default_factory=list)  # links
     first: dict[str, Any] = dataclasses.field(default_factory=dict)  # {index, req, step}
+
+    @property
+    def where_words(self) -> str:
+        """How the vLLM locations are introduced: where vLLM has the bug, or (a fault outside vLLM,
+        e.g. a router that dropped the params) only where vLLM saw it."""
+        return "seen in vLLM at" if self.mechanism in OUTSIDE_VLLM else "in vLLM"
 
     def counts_text(self) -> str:
         parts = [f"{self.errors} error(s)" if self.errors else "",

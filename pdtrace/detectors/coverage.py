@@ -89,7 +89,7 @@ class ClassSpec:
     runner_hooks: tuple[str, ...] = ()
     na_when: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     side: str = ""  # where the events come from, for "not checked" texts
-    # said beside "checked" when no recorded scheduler saves KV (only D's side is in the trace)
+    # why the class is not checked when no recorded scheduler saves KV (only D's side is in the trace)
     one_side: str = ""
     # hooks one of which must have been applied (hooks.status / the footer) for the class to be
     # checked: for a class whose own events appear only when the bug's path runs (a failed load),
@@ -183,8 +183,9 @@ CLASSES: dict[str, ClassSpec] = {
         hooks=(*_SCHED_HOOKS, "scheduler.add_request", "scheduler.allocate_slots", "scheduler.finish"),
         rules=((_not_loading, "no instance loads KV from another (no kv_consumer / kv_both scheduler)"),),
         side="scheduler config of an instance that loads KV (kv_consumer / kv_both)",
-        one_side=("only D's side is in the trace: loads that fell short of what P computed are checked; a "
-                  "request whose transfer params were dropped needs P's trace too (pdtrace merge P D)"),
+        one_side=("only D's side is in the trace: a request whose transfer params were dropped cannot be told "
+                  "from one sent to D alone without P's trace (record both, pdtrace merge P.jsonl D.jsonl); "
+                  "loads that fell short of what P computed are still reported"),
     ),
 }
 
@@ -372,7 +373,7 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts, incomplete: str | 
     if n and not missing and not unhooked:
         note = "; ".join(f"does not apply on {RUNNER_NAMES.get(r, r)}: {why}" for r, why in sorted(na.items()))
         if spec.one_side and not any((c.get("kv_role") or "") in SAVING_ROLES for c in facts.configs):
-            note = "; ".join(x for x in (note, spec.one_side) if x)
+            return Coverage(kind, NOT_CHECKED, spec.one_side, n)  # its main rule needs the other side
         return Coverage(kind, CHECKED, note, n)
     # nothing to decide from: does the recorded configuration rule the bug out?
     if facts.runners and all(r in na for r in facts.runners):

@@ -91,8 +91,10 @@ class Stream:
                     self._judge(d)
             elif k == KVREQ:
                 d = self.d_open.get((e.get("pid"), e.get("req")))
-                if d is not None:
+                if d is not None:  # where the rollback left its computed tokens: what stays loaded
                     d["failed_load"] = True
+                    kept = 0 if e.get("action") == "fail" else int(e.get("computed") or 0)
+                    d["kept"] = kept if d.get("kept") is None else min(d["kept"], kept)
 
     def _add(self, e: Event) -> None:
         kv = e.get("kv") or {}
@@ -141,17 +143,21 @@ class Stream:
         p = self._claim(d) if d["prompt"][0] is not None or d["remote_req"] is not None else None
         n, local, ext = d["len"], d["local"], d["ext"]
         computed = max(n - local - ext, 0)
-        pair = self.pairs.setdefault((p["inst"] if p else None, d["inst"]), {
-            "p_inst": p["inst"] if p else None, "d_inst": d["inst"], "requests": 0, "prompt_tokens": 0,
-            "loaded": 0, "local_hit": 0, "computed": 0, "load_failed": 0, "no_params": 0, "failed_load": 0,
-            "flagged": 0})
+        # P's instance; "?" for a request with params whose P request is not in the trace (D's alone)
+        p_inst = p["inst"] if p else ("?" if d["params"] else None)
+        pair = self.pairs.setdefault((p_inst, d["inst"]), {
+            "p_inst": p_inst, "d_inst": d["inst"], "requests": 0, "prompt_tokens": 0, "loaded": 0, "local_hit": 0,
+            "computed": 0, "load_failed_tokens": 0, "no_params": 0, "failed_load_requests": 0, "flagged": 0})
         pair["requests"] += 1
         pair["prompt_tokens"] += n
-        pair["load_failed" if d["failed_load"] else "loaded"] += ext
+        # a failed load keeps what the rollback left below its computed tokens; the rest is recomputed on D
+        kept = ext if not d["failed_load"] else max(0, min(ext, int(d.get("kept") or 0) - local))
+        pair["loaded"] += kept
+        pair["load_failed_tokens"] += ext - kept
         pair["local_hit"] += local
         pair["computed"] += computed
         pair["no_params"] += not d["params"]
-        pair["failed_load"] += d["failed_load"]
+        pair["failed_load_requests"] += d["failed_load"]
         if p is None or d["failed_load"]:
             return
         p_tokens = d["remote_tokens"] if d["remote_tokens"] is not None else p["tokens"]
@@ -197,10 +203,13 @@ class Stream:
         return out
 
     def notes(self) -> list[dict]:
-        """Per instance pair (P's instance, or None where no P request was matched; D's): requests,
-        prompt tokens, loaded from P, hit in D's prefix cache, computed on D, planned to load but
-        the load failed (``load_failed``: tokens; ``failed_load``: requests), how many arrived
-        without params, and how many were flagged."""
+        """Per instance pair (P's instance: None for requests with no params and no P request of
+        their prompt, "?" for requests with params whose P request is not in the trace; D's):
+        requests, prompt tokens, loaded from P (for a failed load, what its rollback kept),
+        hit in D's prefix cache, computed on D at admission, ``load_failed_tokens`` (planned to
+        load, lost to a failed load and recomputed on D; ``failed_load_requests``), how many
+        arrived without params, and how many were flagged. ``loaded + load_failed_tokens`` is
+        what D's connector planned at admission (vLLM's ``external_kv_transfer`` counter)."""
         return list(self.pairs.values())
 
 
@@ -212,19 +221,29 @@ def summary_line(n: dict) -> str:
     """One pair's note in words (``check``)."""
     total = n["prompt_tokens"] or 1
     pct = lambda x: f"{100 * x / total:.0f}%"  # noqa: E731
-    src = f"{n['p_inst']} -> {n['d_inst']}" if n["p_inst"] else f"{n['d_inst']} alone (no P request of the prompt)"
-    out = (f"{src}: {n['requests']} request(s), {n['prompt_tokens']} prompt tokens: {pct(n['loaded'])} loaded "
-           f"from P, {pct(n['local_hit'])} D's prefix cache, {pct(n['computed'])} computed on D"
-           + (f", {pct(n['load_failed'])} whose load failed (kv-load-failure-recovery)" if n.get("load_failed") else ""))
+    out = (f"{pair_name(n)}: {n['requests']} request(s), {n['prompt_tokens']} prompt tokens: {pct(n['loaded'])} "
+           f"loaded from P, {pct(n['local_hit'])} D's prefix cache, {pct(n['computed'])} computed on D"
+           + (f", {pct(n['load_failed_tokens'])} recomputed after a failed load (kv-load-failure-recovery)"
+              if n.get("load_failed_tokens") else ""))
     extra = [f"{n['no_params']} without transfer params" if n["no_params"] else "",
-             f"{n['failed_load']} with a failed load" if n["failed_load"] else ""]
+             f"{n['failed_load_requests']} with a failed load" if n["failed_load_requests"] else ""]
     extra = [x for x in extra if x]
     return out + (f" ({'; '.join(extra)})" if extra else "")
 
 
+def pair_name(n: dict) -> str:
+    """``P -> D``; ``D alone (no P request of the prompt)``; ``(P not in the trace) -> D``."""
+    if n["p_inst"] is None:
+        return f"{n['d_inst']} alone (no P request of the prompt)"
+    return f"{'(P not in the trace)' if n['p_inst'] == '?' else n['p_inst']} -> {n['d_inst']}"
+
+
 def short_line(n: dict) -> str:
-    """One pair's note in a few words (the viewer's findings list): computed on D first."""
+    """One pair's note in a few words (the viewer's findings list): the requests without params
+    and the share computed on D first."""
     total = n["prompt_tokens"] or 1
-    src = f"{n['p_inst']}->{n['d_inst']}" if n["p_inst"] else f"{n['d_inst']} alone"
-    return (f"{src}: {100 * n['computed'] / total:.0f}% computed on D, {100 * n['loaded'] / total:.0f}% loaded, "
-            f"{100 * n['local_hit'] / total:.0f}% D cache ({n['requests']} req)")
+    src = (f"{n['d_inst']} alone" if n["p_inst"] is None else
+           f"{'P?' if n['p_inst'] == '?' else n['p_inst']}->{n['d_inst']}")
+    noparams = f", {n['no_params']} without params" if n["no_params"] else ""
+    return (f"{src}: {n['requests']} req{noparams}; {100 * n['computed'] / total:.0f}% computed on D, "
+            f"{100 * n['loaded'] / total:.0f}% loaded, {100 * n['local_hit'] / total:.0f}% D cache")

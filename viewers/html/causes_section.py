@@ -25,7 +25,7 @@ def causes_html(findings: list[Any], events: list[dict], header: dict,
         parts = [f'<li><span class="{cls}"><b>{esc(c.severity.upper())}</b> {esc(c.kind)}</span>: '
                  f"<b>{esc(c.title)}</b><br>{esc(c.counts_text())}"]
         if c.where:
-            parts.append("<br>in vLLM " + esc(vllm) + ": " + ", ".join(
+            parts.append(f"<br>{esc(c.where_words)} " + esc(vllm) + ": " + ", ".join(
                 f'<a href="{esc(source_link(w, vllm))}"><code>{esc(w["file"])}:{w["line"]}</code></a> '
                 f'({esc(w["function"])})' for w in c.where))
         if c.upstream:

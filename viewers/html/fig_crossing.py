@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from pdtrace.detectors.base import KV_NEVER_CROSSED
-from pdtrace.detectors.crossed import Stream, summary_line
+from pdtrace.detectors.crossed import Stream, short_line, summary_line
 from pdtrace.detectors.index import feed_all
 
 from .common import GREEN, GREY, ORANGE, RED, esc, layout
 
 PARTS = (("loaded", "loaded from P", GREEN), ("local_hit", "D's prefix cache", GREY),
-         ("computed", "computed on D", ORANGE), ("load_failed", "load failed", RED))
+         ("computed", "computed on D", ORANGE), ("load_failed_tokens", "recomputed after a failed load", RED))
 
 
 def notes(events: Any) -> list[dict]:
@@ -26,7 +26,7 @@ def notes(events: Any) -> list[dict]:
 def figure(pairs: list[dict]) -> dict | None:
     if not pairs:
         return None
-    names = [f"{n['p_inst']} → {n['d_inst']}" if n["p_inst"] else f"{n['d_inst']} alone" for n in pairs]
+    names = [short_line(n).split(";")[0] for n in pairs]  # "P->D: 6 req, 2 without params"
     data = []
     for key, word, colour in PARTS:
         xs = [n.get(key, 0) for n in pairs]
@@ -51,7 +51,8 @@ def section(trace: Any, fig_div: Any) -> str | None:
         return None
     lines = "".join(f"<li>{esc(summary_line(n))}</li>" for n in pairs)
     return ('<section id="crossing"><h2>Where D\'s prompt tokens came from</h2><p class="note">Per request D '
-            "served, from its scheduler's own numbers at admission: its prefix-cache hit, the tokens its "
-            "connector loaded from P, the rest computed on D (kv-never-crossed; a request P prefilled whose D "
-            f"side computed it again is a finding).</p><ul>{lines}</ul>" + fig_div("fig-crossing", fig)
+            "served, from its scheduler's own numbers: its prefix-cache hit and the tokens its connector "
+            "planned to load from P at admission (less what a failed load's rollback took back, recomputed on "
+            "D), the rest computed on D (kv-never-crossed; a request P prefilled whose D side computed it "
+            f"again is a finding).</p><ul>{lines}</ul>" + fig_div("fig-crossing", fig)
             + "</section>")

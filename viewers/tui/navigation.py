@@ -25,7 +25,7 @@ PANE_OF_KIND = {
     "connector-metadata-cleared-before-drafter": "meta",
     "stale-accepted-count-read": "acc",
     "kv-load-failure-recovery": "blocks",  # the request's blocks, where the failed ones sit
-    "kv-never-crossed": "blocks",  # D's blocks for the request: loaded from P or computed on D
+    "kv-never-crossed": "raw",  # its req.add (no params) and first allocation (nothing loaded): no block map to show
 }
 
 

@@ -101,7 +101,7 @@ class FindingsList(OptionList):
 
     def _wrap(self, text: str, indent: int) -> str:
         """Coverage reasons are wrapped here (the list itself cuts lines with an ellipsis)."""
-        width = max(20, (self.scrollable_content_region.width or 34) - 1)
+        width = max(20, (self.scrollable_content_region.width or 34) - 3)  # (the scrollbar takes 2)
         lines = textwrap.wrap(text, width, subsequent_indent=" " * indent, break_on_hyphens=False)
         if len(lines) > 3:  # the whole reason is in `pdtrace check` and on the verdict line
             lines = lines[:2] + [lines[2][:width - 1] + "…"]
