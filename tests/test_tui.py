@@ -291,6 +291,14 @@ async def test_keyboard_navigation_steps_tabs_help_filter(tmp_path):
         await pilot.press("5")
         await pilot.pause()
         assert "request b" in _pane(app, "raw")
+        # escape leaves the filter box and clears it (a key typed there by mistake: a new user's `f`)
+        await pilot.press("slash", "f")
+        await pilot.pause()
+        assert app._filter == "f"
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app._filter == "" and app.focused is fl and app.query_one("#filter").value == ""
+        assert len([i for i in range(rl.option_count)]) > 1  # every request listed again
 
 
 @pytest.mark.asyncio

@@ -57,6 +57,11 @@ class SearchMixin:
             self.action_search()
 
     def action_close_search(self) -> None:
+        flt = self.query_one("#filter", Input)  # type: ignore[attr-defined]
+        if flt.has_focus:  # escape leaves the filter box, clearing it (a key typed there by mistake)
+            flt.value = ""
+            self.query_one("#findings").focus()  # type: ignore[attr-defined]
+            return
         box = self.query_one("#rawsearch", Input)  # type: ignore[attr-defined]
         if box.display:
             box.display = False

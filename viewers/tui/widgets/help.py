@@ -22,7 +22,7 @@ Replays a trace and shows where P/D + speculative decoding went wrong.
 | `f` / `F` | next / previous finding, by its number (1, 2, 3 as `check` numbers them; jumps to its request, step and pane) |
 | `n` / `N` | next / previous step at which the selected request has events |
 | `enter` | on a finding: jump to it; on a request: select it |
-| `/` | filter findings and requests (kind, request, instance, title) |
+| `/` | filter findings and requests (kind, request, instance, title); `escape` there clears it and leaves |
 | `e` | search the raw events (text, kind, request, `#id`): in the search line Enter or `↓` next match, `↑` previous, `esc` closes it (then `E`: previous match); the match is shown first in the Raw tab |
 | `g` | group findings by bug class / by request |
 | `s` | show / hide the left column (hidden by default under 100 columns) |
