@@ -1,7 +1,8 @@
 """The KV cache groups as vLLM built them, for ``sched.config`` (hooks/scheduler.py): what the
 detectors need to read the NIXL connector's per-group block lists the way that release builds
 them (vllm.v1.kv_cache_interface: ``SlidingWindowSpec.sliding_window``,
-``ChunkedLocalAttentionSpec.attention_chunk_size``, ``KVCacheConfig.transfer_group_ids``; the
+``ChunkedLocalAttentionSpec.attention_chunk_size``, ``KVCacheConfig.transfer_group_ids``,
+``KVCacheGroupSpec.is_eagle_group`` / ``KVCacheSpec.is_draft`` (the drafter's groups); the
 connector scheduler's ``blocks_per_sw`` and ``_is_hma_required``). Every field is read where the
 release has it and left out where it does not; nothing here re-derives a rule.
 """
@@ -24,6 +25,13 @@ def group_layout(groups: list, kv_cache_config: Any, conn: Any) -> dict:
         wins.append(int(w) if isinstance(w, int) else 0)
     if any(wins):
         out["windows"] = wins
+    # the groups vLLM marks as holding the drafter's (EAGLE / MTP) layers: KVCacheGroupSpec.is_eagle_group
+    # (0.2x+), or a spec whose layers a draft model owns (KVCacheSpec.is_draft, 0.33): with
+    # transfer_group_ids, what says whether a transfer fills the drafter's KV on D (vLLM #54926)
+    draft = [i for i, g in enumerate(groups)
+             if getattr(g, "is_eagle_group", False) is True or getattr(g.kv_cache_spec, "is_draft", False) is True]
+    if draft:
+        out["draft_groups"] = draft
     tg = getattr(type(kv_cache_config), "transfer_group_ids", None)
     if tg is not None:
         try:

@@ -165,6 +165,9 @@ _KINDS: tuple[Kind, ...] = (
         F("transfer_group_ids", "list[int]", "the KV cache groups that take part in KV transfer, in the order "
           "the connector's per-group block lists follow (KVCacheConfig.transfer_group_ids; absent: every group)",
           required=False),
+        F("draft_groups", "list[int]", "the KV cache groups vLLM marks as holding the drafter's (EAGLE / MTP) "
+          "layers (KVCacheGroupSpec.is_eagle_group; KVCacheSpec.is_draft on 0.33); absent: none, or a release "
+          "without the mark", required=False),
         F("exchange_blocks", "list[int]", "per transfer group, the in-window tail the NIXL connector keeps "
           "when it exchanges block lists (its own blocks_per_sw: 0 = the whole list), read from the connector",
           required=False),

@@ -95,3 +95,30 @@ def test_a_load_shorter_than_what_p_computed():
     (f,) = crossed.detect(r.events)
     assert (f.req, f.data["mechanism"], f.data["missing"]) == ("cross-2-D", "partial-load", 32)
     assert f.title.startswith("partial load")
+
+
+def test_the_drafters_groups_and_the_transfer_groups_are_recorded():
+    """Issue 51 item 1 (recording only; the #54926 rule is not written yet): sched.config names the
+    KV cache groups vLLM marks as the drafter's (KVCacheGroupSpec.is_eagle_group) and, where not
+    every group transfers, KVCacheConfig.transfer_group_ids. A faithful minimal caller: the hook's
+    group_layout on vLLM's own dataclasses, as Scheduler.__init__'s hook calls it."""
+    import dataclasses
+
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    from hooks.kv_layout import group_layout
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype=__import__("torch").float32)
+    target = KVCacheGroupSpec(["model.layers.0.self_attn"], spec)
+    fields = {f.name for f in dataclasses.fields(KVCacheGroupSpec)}
+    if "is_eagle_group" not in fields:
+        pytest.fail("this vLLM has no KVCacheGroupSpec.is_eagle_group: say how it marks the drafter's groups")
+    draft = KVCacheGroupSpec(["model.layers.1.self_attn"], spec, is_eagle_group=True)
+    kw = {"enable_kv_transfer": False} if "enable_kv_transfer" in fields else {}
+    groups = [target, dataclasses.replace(draft, **kw)]
+    cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups)
+    out = group_layout(groups, cfg, None)
+    assert out["draft_groups"] == [1]
+    if kw:  # (0.33: a group can be left out of the transfer; vLLM's own property says which)
+        assert out["transfer_group_ids"] == [0] == list(cfg.transfer_group_ids)
+    assert "draft_groups" not in group_layout([target], KVCacheConfig(8, [], [target]), None)
