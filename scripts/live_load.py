@@ -40,10 +40,12 @@ def request_plan(block_size: int) -> list[dict]:
     # runs: InputBatch.condense() then moves c-last down into c-short's row (batch.condense), and
     # later accepted-count reads of c-last come from its new row. c-last follows c-short closely
     # and c-short decodes 16 tokens, so c-last is in D's batch before c-short finishes (with 4
-    # tokens and a 0.3 s gap, c-last once arrived after c-short had left and took its row).
+    # tokens and a 0.3 s gap, c-last once arrived after c-short had left and took its row). c-long
+    # and c-mid decode long enough to be running when c-short reaches D (with 96 / 80 tokens both
+    # once finished before it arrived, 2026-11-27: no condense at all).
     conc = [
-        {"name": "c-long", "len": 3 * bs, "max_tokens": 96, "seed": 5, "gap": 0.3},
-        {"name": "c-mid", "len": 3 * bs + 7, "max_tokens": 80, "seed": 6, "gap": 0.3},
+        {"name": "c-long", "len": 3 * bs, "max_tokens": 256, "seed": 5, "gap": 0.3},
+        {"name": "c-mid", "len": 3 * bs + 7, "max_tokens": 224, "seed": 6, "gap": 0.3},
         {"name": "c-short", "len": bs + 1, "max_tokens": 16, "seed": 8, "gap": 0.05},
         {"name": "c-last", "len": 5 * bs, "max_tokens": 64, "seed": 7, "gap": 0.0},
     ]
