@@ -137,7 +137,7 @@ def _output_after(rec: Any, _result: Any, self: Any, scheduler_output: Any, *a: 
     request's end); ``_pdtrace_outs`` (hooks/scheduler.py) maps the SchedulerOutput to its step."""
     follow = self._pdtrace_rolled
     sid = id(scheduler_output)
-    out_step = next((s for i, s in reversed(self._pdtrace_outs) if i == sid), None)
+    out_step = next((s for i, s in reversed(getattr(self, "_pdtrace_outs", ())) if i == sid), None)
     scheduled = scheduler_output.num_scheduled_tokens
     for rid, f in list(follow.items()):
         rstep, req, n_before, seen = f

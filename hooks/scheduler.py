@@ -89,8 +89,6 @@ def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_co
     for obj in (kvm, conn, getattr(conn, "connector_scheduler", None)):
         if obj is not None:
             obj._pdtrace_sched = self
-    # (id, step) of the latest SchedulerOutputs: the step whose output update_from_output gets (hooks/kv_load.py)
-    self._pdtrace_outs = deque(maxlen=8)
     rec.set_role(role=schema.ROLE_ENGINE, inst=inst, why=f"{type(self).__name__} constructed")
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
     self._pdtrace_bypass = _bypass_plan(self, kvm, groups)
@@ -160,7 +158,10 @@ def _schedule_after(rec: Any, state: Any, out: Any, self: Any, *a: Any, **kw: An
         _end_bypass(bypassed)
     if out is None:
         return
-    self._pdtrace_outs.append((id(out), step))
+    try:  # (id, step) of the latest outputs: the step whose output update_from_output gets (hooks/kv_load.py)
+        self._pdtrace_outs.append((id(out), step))
+    except AttributeError:  # the first step (or a scheduler built before the hooks were installed)
+        self._pdtrace_outs = deque([(id(out), step)], maxlen=8)
     tokens = out.num_scheduled_tokens
     # tokens and spec are queued packed (recorder.unpack_step restores the dicts when the
     # queue is materialized): the request ids as a list and the counts as bytes -- a decode
