@@ -54,8 +54,8 @@ class Stream:
 
     def __init__(self, header: dict | None = None):
         self.configs: Any = None
-        self.p_reqs: dict[str, dict] = {}  # P's request id -> {inst, hash, len, tokens, claimed}
-        self.p_by_prompt: dict[tuple, deque] = {}  # (prompt hash, len) -> P request ids not yet claimed
+        self.p_reqs: dict[str, dict] = {}  # P's request id -> {req, inst, prompt, tokens, id}: not yet claimed
+        self.p_by_prompt: dict[tuple, deque] = {}  # (prompt hash, len) -> the ids of those of p_reqs
         self.d_open: dict[tuple, dict] = {}  # (pid, D request) -> what it arrived with, its first allocation
         self.pairs: dict[tuple, dict] = {}  # (P inst, D inst) -> token counts (notes)
         self.findings: list[Finding] = []
@@ -104,8 +104,8 @@ class Stream:
             if self._role(e) not in SAVING_ROLES:
                 return  # (a request for a remote decode on an instance that saves no KV: vLLM's own tests)
             if len(self.p_reqs) >= KEPT:
-                del self.p_reqs[next(iter(self.p_reqs))]
-            self.p_reqs[req] = {"req": req, "inst": e.get("inst"), "tokens": None, "claimed": False,
+                self._drop(next(iter(self.p_reqs)))
+            self.p_reqs[req] = {"req": req, "inst": e.get("inst"), "prompt": prompt, "tokens": None,
                                 "id": e.get("id")}
             if prompt[0] is not None:
                 self.p_by_prompt.setdefault(prompt, deque()).append(req)
@@ -120,27 +120,33 @@ class Stream:
             "remote_tokens": kv.get("remote_num_tokens"), "local": None, "ext": None, "step": e.get("step"),
             "failed_load": False, "block": self._block(e), "ids": [e.get("id")]}
 
-    def _claim(self, d: dict) -> dict | None:
-        """P's request for ``d``: the one its params name, else the oldest unclaimed P request of
-        the same prompt (hash and length)."""
-        if d["remote_req"] is not None:
-            p = self.p_reqs.get(str(d["remote_req"]))
-        else:
-            q = self.p_by_prompt.get(d["prompt"]) or deque()
-            p = None
-            while q and p is None:
-                cand = self.p_reqs.get(q.popleft())
-                p = cand if cand is not None and not cand["claimed"] else None
-        if p is not None and p["inst"] == d["inst"]:
-            p = None  # one instance on both sides (kv_both everywhere, no --instance): the sides are not told apart
-        if p is not None:
-            p["claimed"] = True
+    def _drop(self, req: str) -> dict | None:
+        """Forget P's request ``req`` (claimed, or the oldest when KEPT are held): both indexes."""
+        p = self.p_reqs.pop(req, None)
+        q = self.p_by_prompt.get(p["prompt"]) if p is not None else None
+        if q is not None:
+            q.remove(req)
+            if not q:
+                del self.p_by_prompt[p["prompt"]]
         return p
+
+    def _claim(self, d: dict) -> dict | None:
+        """P's request for ``d`` (taken out of the unclaimed ones): the one its params name, else
+        the oldest unclaimed P request of the same prompt (hash and length) on another instance."""
+        if d["remote_req"] is not None:
+            req = str(d["remote_req"])
+        else:
+            q = self.p_by_prompt.get(d["prompt"]) or ()
+            req = q[0] if q else None
+        p = self.p_reqs.get(req) if req is not None else None
+        if p is None or p["inst"] == d["inst"]:
+            return None  # (same instance: kv_both everywhere, no --instance: the sides are not told apart)
+        return self._drop(req)
 
     def _judge(self, d: dict) -> None:
         if d["local"] is None:
             return  # never allocated (aborted while waiting): nothing computed either way
-        p = self._claim(d) if d["prompt"][0] is not None or d["remote_req"] is not None else None
+        p = self._claim(d)
         n, local, ext = d["len"], d["local"], d["ext"]
         computed = max(n - local - ext, 0)
         # P's instance; "?" for a request with params whose P request is not in the trace (D's alone)
@@ -165,9 +171,7 @@ class Stream:
         base = {"p_req": p["req"], "d_req": d["req"], "p_inst": p["inst"], "prompt_len": n, "local_hit": local,
                 "loaded": ext, "computed_on_d": computed, "p_tokens": p_tokens, "params": d["params"]}
         if not d["params"]:
-            pair["flagged"] += 1
-            self.findings.append(Finding(
-                KV_NEVER_CROSSED, SEVERITY_WARNING, d["req"], d["step"], d["inst"], ids,
+            self._flag(pair, d, ids,
                 f"prefill ran twice: {d['req']} reached D without kv_transfer_params, and D computed {computed} of "
                 f"its {n} prompt tokens itself",
                 f"P prefilled this prompt for a remote decode ({p['req']} on {p['inst']}, the same prompt hash and "
@@ -176,24 +180,27 @@ class Stream:
                 + (f", {local} from its own prefix cache" if local else "") + ". The output is still right; the "
                 f"work P did is wasted and P's blocks wait for a read that never comes. Whatever sits between P "
                 f"and D (a router, a proxy) dropped the kv_transfer_params P returned (the shape of smg PR #1622).",
-                {**base, "mechanism": "no-params"}))
+                {**base, "mechanism": "no-params"})
             return
         if not p_tokens:
             return
         missing = min(int(p_tokens), n) - local - ext
         if missing < d["block"]:
             return
-        pair["flagged"] += 1
         what = "nothing loaded" if ext == 0 else "partial load"
-        self.findings.append(Finding(
-            KV_NEVER_CROSSED, SEVERITY_WARNING, d["req"], d["step"], d["inst"], ids,
+        self._flag(pair, d, ids,
             f"{'prefill ran twice' if ext == 0 else 'partial load'}: D loaded {ext} of the {p_tokens} prompt "
             f"tokens P computed for {d['req']} and computed {computed} itself",
             f"P computed {p_tokens} prompt token(s) for this request ({p['req']} on {p['inst']}) and D received its "
             f"transfer params, but D's connector said it would load {ext} token(s) (get_num_new_matched_tokens) "
             f"beyond D's own prefix-cache hit of {local}: {missing} token(s) P had computed were computed again "
             f"on D. No load failure is recorded for it (that would be the kv-load-failure-recovery class's).",
-            {**base, "mechanism": what.replace(" ", "-"), "missing": missing}))
+            {**base, "mechanism": what.replace(" ", "-"), "missing": missing})
+
+    def _flag(self, pair: dict, d: dict, ids: list, title: str, why: str, data: dict) -> None:
+        pair["flagged"] += 1
+        self.findings.append(Finding(KV_NEVER_CROSSED, SEVERITY_WARNING, d["req"], d["step"], d["inst"], ids, title,
+                                     why, data))
 
     def finish(self) -> list[Finding]:
         for d in list(self.d_open.values()):
@@ -215,6 +222,13 @@ class Stream:
 
 def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     return feed_all(Stream(header), events)
+
+
+def pair_notes(events: list[Event]) -> list[dict]:
+    """``Stream.notes`` over ``events`` (the report and the viewer, which hold the events)."""
+    st = Stream()
+    feed_all(st, events)
+    return st.notes()
 
 
 def summary_line(n: dict) -> str:

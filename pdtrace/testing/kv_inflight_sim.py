@@ -32,6 +32,8 @@ import contextlib
 import dataclasses
 from typing import Any
 
+from pdtrace.hooks.scheduler import sched_step  # the step the schedule hook numbered
+
 from .kv_load_sim import _queue_invalid, _worker, patched_rollback, run_events
 from .pd_harness import PDConfig, make_pair, recording
 from .pd_steps import _make_request, _mro, _step, p_prefill
@@ -46,10 +48,6 @@ class InFlight:
     in_flight_token: int  # the token id that step sampled
     appended: bool  # oracle: vLLM's request holds that token in its output
     output: list[int]  # the request's output_token_ids at the end
-
-
-def _sched_step(sched: Any) -> int:
-    return int(getattr(sched, "_pdtrace_step", 0))
 
 
 def discard_in_flight(scheduler: Any, rec: Any) -> Any:
@@ -97,7 +95,7 @@ def in_flight_rollback(*, fix: bool = False, prompt_len: int = 64, failed: tuple
         for i in range(steps + 3):
             if d.has_requests():
                 out = d.schedule()
-                queue.appendleft((out, _sched_step(d)))
+                queue.appendleft((out, sched_step(d)))
                 if len(queue) < 2:
                     continue
             if not queue:
@@ -112,7 +110,7 @@ def in_flight_rollback(*, fix: bool = False, prompt_len: int = 64, failed: tuple
                 blocks = list(d.kv_cache_manager.get_block_ids(d_req)[0])
                 _queue_invalid(worker, {blocks[j] for j in failed})
                 kvo["invalid_block_ids"] = worker.get_block_ids_with_load_errors()
-                rollback_step, in_flight_step = _sched_step(d), queue[-1][1] if queue else -1
+                rollback_step, in_flight_step = sched_step(d), queue[-1][1] if queue else -1
             d.update_from_output(old, _mro(old, toks, **kvo))
         rec.emit("mark", label="scenario-end", sim=True)
     rec.flush()

@@ -27,7 +27,7 @@ def kv_load_family() -> tuple[list[dict], list[dict]]:
         cfg = pd.PDConfig(spec_method="", async_scheduling=async_scheduling)
         r = failed_load(cfg, policy="recompute", how="blocks", when="running", failed=failed, max_tokens=8, steps=10)
         left = (r.num_tokens_after or 0) - (r.computed_after or 0)
-        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
+        events += r.events  # (write_scenario_trace drops their ids)
         cases.append({"family": "kv-load-rollback", "req": r.d_req, "wrong": r.scheduled_after[0] > left,
                       "facts": {"async_scheduling": async_scheduling, "failed": failed, "d_local": r.d_local,
                                 "computed_after": r.computed_after, "num_tokens_after": r.num_tokens_after,
@@ -50,7 +50,7 @@ def kv_load_hybrid_family() -> tuple[list[dict], list[dict]]:
     for policy in ("fail", "recompute"):
         cfg = pd.PDConfig(spec_method="", attn=("full", "sliding"))
         r = failed_load(cfg, policy=policy, how="blocks", steps=6)
-        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
+        events += r.events  # (write_scenario_trace drops their ids)
         # vLLM 0.32+'s refusal is its design (its own test_block_level_load_failure_fails_closed_with_
         # multiple_groups expects the RuntimeError): not wrong; the 0.2x ValueError is the bug (#50687)
         designed = r.raised is not None and r.raised.startswith("RuntimeError") and "multiple KV cache groups" in r.raised
@@ -71,7 +71,7 @@ def kv_load_in_flight_family() -> tuple[list[dict], list[dict]]:
     cases = []
     for i, failed in enumerate(((2,), (0,))):
         r = in_flight_rollback(failed=failed, tag=f"inflight{i}")
-        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
+        events += r.events  # (write_scenario_trace drops their ids)
         cases.append({"family": "kv-load-in-flight", "req": r.d_req, "wrong": r.appended,
                       "facts": {"failed": failed, "rollback_step": r.rollback_step, "in_flight_step": r.in_flight_step,
                                 "in_flight_token": r.in_flight_token, "output": r.output}})
@@ -92,7 +92,7 @@ def kv_load_shared_family() -> tuple[list[dict], list[dict]]:
         if not r.shared:
             raise NotRunnable("no shared block: the second request did not get the first's blocks from D's prefix cache "
                               "on this release's scheduler in pdtrace's harness (it prefilled them itself)")
-        events += [{k: v for k, v in e.items() if k != "id"} for e in r.events]
+        events += r.events  # (write_scenario_trace drops their ids)
         for rid, kept in r.kept.items():
             cases.append({"family": "kv-load-shared", "req": rid, "wrong": any(w[0] == rid for w in r.wrong),
                           "facts": {"long_prefill_token_threshold": lp, "failed": r.failed, "computed_after": kept,
@@ -109,7 +109,7 @@ def kv_never_crossed_family() -> tuple[list[dict], list[dict]]:
     from pdtrace.testing.crossed_sim import dropped_params, prefilled_again
 
     r = dropped_params(drop=(1, 4))
-    events = [{k: v for k, v in e.items() if k != "id"} for e in r.events]
+    events = r.events
     again = set(prefilled_again(r))
     cases = [{"family": "kv-never-crossed", "req": rid, "wrong": rid in again,
               "facts": {"dropped": rid in r.dropped, "sent_to_d_alone": rid in r.direct, "vllm": s}}

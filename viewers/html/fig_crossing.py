@@ -8,19 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from pdtrace.detectors.base import KV_NEVER_CROSSED
-from pdtrace.detectors.crossed import Stream, short_line, summary_line
-from pdtrace.detectors.index import feed_all
+from pdtrace.detectors.crossed import pair_notes, short_line, summary_line
 
 from .common import GREEN, GREY, ORANGE, RED, esc, layout
 
 PARTS = (("loaded", "loaded from P", GREEN), ("local_hit", "D's prefix cache", GREY),
          ("computed", "computed on D", ORANGE), ("load_failed_tokens", "recomputed after a failed load", RED))
-
-
-def notes(events: Any) -> list[dict]:
-    st = Stream()
-    feed_all(st, events)
-    return st.notes()
 
 
 def figure(pairs: list[dict]) -> dict | None:
@@ -45,7 +38,7 @@ def section(trace: Any, fig_div: Any) -> str | None:
     (``reduce.read``) carries the streamed check's notes over all its events; else they are
     counted here over the events."""
     held = getattr(trace, "notes", None)
-    pairs = list(held.get(KV_NEVER_CROSSED) or []) if isinstance(held, dict) else notes(trace.events)
+    pairs = list(held.get(KV_NEVER_CROSSED) or []) if isinstance(held, dict) else pair_notes(trace.events)
     fig = figure(pairs)
     if fig is None:
         return None

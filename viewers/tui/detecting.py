@@ -132,11 +132,8 @@ def _crossing(events: list) -> dict[str, list] | None:
     kv-never-crossed class in the findings list. A summary: the findings stand without it."""
     try:
         from pdtrace.detectors.base import KV_NEVER_CROSSED
-        from pdtrace.detectors.crossed import Stream
-        from pdtrace.detectors.index import feed_all
+        from pdtrace.detectors.crossed import pair_notes
 
-        st = Stream()
-        feed_all(st, events)
-        return {KV_NEVER_CROSSED: st.notes()}
+        return {KV_NEVER_CROSSED: pair_notes(events)}
     except Exception:  # noqa: BLE001
         return None

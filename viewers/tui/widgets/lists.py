@@ -138,7 +138,8 @@ class FindingsList(OptionList):
                 if c is not None and (not items or c.status != "checked"):
                     text, style = _cov_text(c)
                     opts.append(Option(Text(self._wrap("  " + text, 4), style=style), id=f"c:{kind}", disabled=True))
-                for i, n in enumerate((notes or {}).get(kind) or [] if kind == CROSSED else []):
+                facts = ((notes or {}).get(kind) or []) if kind == CROSSED else []
+                for i, n in enumerate(facts):
                     opts.append(Option(Text(self._wrap("  " + short_line(n), 4), style="dim"), id=f"n:{kind}:{i}",
                                        disabled=True))
                 opts.extend(Option(finding_line(f, by), id=f"f{k}") for k, f in items)
