@@ -3,7 +3,7 @@
 # (this project's lent GPU machines: CUDA torch 2.11 + Triton preinstalled, no vLLM, no NIXL,
 # nothing fetchable, at most 64 MiB carried per call).
 #
-#   bash scripts/gpu_bundle.sh          # -> .gpu/ (~50 MB), ignored by git (.git/info/exclude)
+#   bash scripts/gpu_bundle.sh          # -> .gpu/ (~50 MB) and .gpuc/, ignored by git (.git/info/exclude)
 #
 # What goes in, and what is left out to fit:
 #   .gpu/vllm.tar.xz   the CUDA `vllm==0.32.0` wheel's Python code only. Left out: every compiled
@@ -19,10 +19,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VLLM=${VLLM:-0.32.0}
-OUT=.gpu
+# BUNDLE names the folder pair (default .gpu / .gpuc); another release beside 0.32.0's:
+#   VLLM=0.24.0 BUNDLE=.gpu024 bash scripts/gpu_bundle.sh   # -> .gpu024/, .gpu024c/
+OUT=${BUNDLE:-.gpu}
+COUT=${BUNDLE:+${BUNDLE}c}; COUT=${COUT:-.gpuc}
 TMP=$(mktemp -d /tmp/pdtrace-gpu-bundle-XXXX)
 trap 'rm -rf "$TMP"' EXIT
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+grep -qx "/$OUT/" .git/info/exclude 2>/dev/null || echo "/$OUT/" >> .git/info/exclude
 rm -rf "$OUT" && mkdir -p "$OUT/whl"
 PIP=${PIP:-pip}
 PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
@@ -34,8 +37,12 @@ PLAT=(--only-binary=:all: --python-version 3.12 --implementation cp
 mkdir "$TMP/v" && (cd "$TMP/v" && unzip -q "$TMP"/vllm-*.whl)
 # .gpuc/cstable.xz: vLLM's kernel library alone, for a second call (it does not fit beside .gpu/):
 # every run needs it (model inspection imports torch.ops._C ops, for the tiny Llama as for the hybrid model).
-grep -qx '/.gpuc/' .git/info/exclude 2>/dev/null || echo '/.gpuc/' >> .git/info/exclude
-rm -rf .gpuc && mkdir -p .gpuc && xz -T2 -9 -c "$TMP/v/vllm/_C_stable_libtorch.abi3.so" > .gpuc/cstable.xz
+grep -qx "/$COUT/" .git/info/exclude 2>/dev/null || echo "/$COUT/" >> .git/info/exclude
+# Its device code for GPUs other than Hopper is zeroed first (scripts/prune_fatbin.py; SM=90): 0.24.0's
+# library compresses to 81 MB whole, more than a call takes, and to 29 MB pruned.
+rm -rf "$COUT" && mkdir -p "$COUT"
+python3 scripts/prune_fatbin.py --sm "${SM:-90}" "$TMP/v/vllm/_C_stable_libtorch.abi3.so" "$TMP/cstable.so"
+xz -T2 -9 -c "$TMP/cstable.so" > "$COUT/cstable.xz"
 find "$TMP/v" \( -name '*.so' -o -name vllm-rs -o -name '*.cu' -o -name '*.cuh' -o -name '*.hpp' \) -delete
 rm -rf "$TMP/v/vllm/third_party/deep_gemm/include" "$TMP/v/vllm/third_party/fmha_sm100/cutlass"
 (cd "$TMP/v" && tar cf - vllm vllm-*.dist-info) | xz -T2 -6 > "$OUT/vllm.tar.xz"
@@ -54,4 +61,4 @@ mkdir "$TMP/n" && (cd "$TMP/n" && unzip -q "$TMP"/nixl_cu13-*.whl && rm -rf nixl
   python-json-logger==4.2.0 pyzmq==27.3.0 referencing==0.37.0 rpds-py==2026.9.1 setproctitle==1.3.8 \
   sniffio==1.3.1 starlette==1.10.0 supervisor==4.3.0 truststore==0.10.5 typing-inspection==0.4.5 \
   uvicorn==0.54.0 watchfiles==1.3.0 xgrammar==0.2.8 zstandard==0.25.0 platformdirs==4.14.8 shellingham==1.5.4
-du -sh "$OUT"/* .gpuc/* | sed 's/^/gpu_bundle: /'
+du -sh "$OUT"/* "$COUT"/* | sed 's/^/gpu_bundle: /'

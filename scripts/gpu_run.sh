@@ -3,7 +3,7 @@
 # PDTRACE_LIVE_DEVICE=cuda) on a GPU host with no package index, twice: model runner V2 (vLLM's
 # default on GPUs) and V1 (VLLM_USE_V2_MODEL_RUNNER=0). Needs .gpu/ from scripts/gpu_bundle.sh.
 #
-#   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [v2-ring] [v1-ring] [hybrid-v2] [hybrid-v1] [race] [overhead]
+#   OUT=/some/dir bash scripts/gpu_run.sh [v2] [v1] [v2-ring] [v1-ring] [hybrid-v2] [hybrid-v1] [race] [overhead] [boundary]
 #   (default: v2 v1)
 # overhead: bench/live_overhead_gpu.py (issue 38), OVH_BUDGET (420) seconds, OVH_ARGS passed on,
 # OVH_RUNNER v2 (default) or v1; writes overhead.json.
@@ -16,6 +16,9 @@
 # requests 16 at a time; two servers at once on the GPU: vLLM 0.32.0 as released ("bug") and the
 # same with the labelled patch scripts/patches/vllm_pr51599_approach.py ("fix"), each recorded.
 # Writes race-bug.jsonl.zst, race-fix.jsonl.zst, race-*.out (result + check) and race-logs.tgz.
+# boundary: issue 52 item 1 (seed 000 live): the block-boundary load on vLLM 0.24.0 (.gpu024/ and .gpu024c/ from
+# `VLLM=0.24.0 BUNDLE=.gpu024 bash scripts/gpu_bundle.sh`, into $SITE024) and 0.32.0 at once; writes
+# boundary-<024|032>.jsonl.zst and .tgz (result.json, check.json, oracle.json, logs).
 # Every mode needs vLLM's kernel library (model inspection imports torch.ops._C ops, for the tiny
 # Llama too: a call of 2026-11-27 without it failed every server with "no attribute
 # 'cutlass_scaled_mm_supports_block_fp8'"): carry .gpu in a first call (UNPACK_ONLY=1, or any mode:
@@ -37,22 +40,46 @@ MODES=("$@"); [ ${#MODES[@]} -gt 0 ] || MODES=(v2 v1)
 PER_RUN=${PER_RUN:-250}
 say() { echo "== gpu_run +$((SECONDS))s: $*"; }
 
-if [ ! -e "$SITE/vllm/__init__.py" ]; then
-  say "unpacking .gpu into $SITE"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl || exit 3
-  tar xJf .gpu/vllm.tar.xz -C "$SITE" && tar xJf .gpu/nixl.tar.xz -C "$SITE" || exit 3
-  # the `nixl` wheel's nixl_ep dispatcher, whose nixl_ep_cu13 is not carried: vLLM's _has_module("nixl_ep")
-  # finds it, fails to import it and logs a traceback into every `pdtrace doctor` (seen 2026-11-27)
-  rm -rf "$SITE/nixl_ep"
-fi
-# vLLM's kernel library, xz-compressed in .gpuc/ (a second call's carry: it does not fit beside .gpu/)
-if [ -e .gpuc/cstable.xz ] && [ ! -e "$SITE/vllm/_C_stable_libtorch.abi3.so" ]; then
-  say "unpacking .gpuc/cstable.xz"; rm -f "$SITE/vllm/_C_stable_libtorch.py"
-  xz -dc .gpuc/cstable.xz > "$SITE/vllm/_C_stable_libtorch.abi3.so" || exit 3
-fi
-[ "${UNPACK_ONLY:-0}" = 1 ] && { say "unpacked only"; exit 0; }
+# unpack_site SITE BUNDLE: the wheels and NIXL of .gpu/, vLLM's Python code of BUNDLE/ (.gpu/, or another
+# release's, e.g. .gpu024/ from VLLM=0.24.0 BUNDLE=.gpu024 gpu_bundle.sh) and, when carried, its kernel
+# library from BUNDLEc/ (a later call's carry: it does not fit beside .gpu/)
+unpack_site() {
+  local site=$1 b=$2
+  if [ ! -e "$site/vllm/__init__.py" ] && [ -e "$b/vllm.tar.xz" ]; then
+    say "unpacking .gpu and $b into $site"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu/whl/*.whl || return 3
+    tar xJf "$b/vllm.tar.xz" -C "$site" && tar xJf .gpu/nixl.tar.xz -C "$site" || return 3
+    # the `nixl` wheel's nixl_ep dispatcher, whose nixl_ep_cu13 is not carried: vLLM's _has_module("nixl_ep")
+    # finds it, fails to import it and logs a traceback into every `pdtrace doctor` (seen 2026-11-27)
+    rm -rf "$site/nixl_ep"
+  fi
+  if [ -e "${b}c/cstable.xz" ] && [ -e "$site/vllm/__init__.py" ] && [ ! -e "$site/vllm/_C_stable_libtorch.abi3.so" ]; then
+    say "unpacking ${b}c/cstable.xz into $site"; rm -f "$site/vllm/_C_stable_libtorch.py"
+    xz -dc "${b}c/cstable.xz" > "$site/vllm/_C_stable_libtorch.abi3.so" || return 3
+  fi
+  return 0
+}
+# 0.24.0 beside 0.32.0 (mode boundary): its own site, from .gpu024/ and .gpu024c/ when carried
+SITE024=${SITE024:-/tmp/pdtrace-site-024}
+unpack_site "$SITE" .gpu || exit 3
+unpack_site "$SITE024" .gpu024 || exit 3
+[ "${UNPACK_ONLY:-0}" = 1 ] && { say "unpacked only"; ls "$SITE/vllm/_C_stable_libtorch"* "$SITE024/vllm/_C_stable_libtorch"* 2>/dev/null; exit 0; }
 # pdtrace itself, every time (a warm machine keeps $SITE from an earlier call)
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$SITE" . || exit 3
+for site in "$SITE" "$SITE024"; do
+  [ -e "$site/vllm/__init__.py" ] || continue
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target "$site" . || exit 3
+  # vllm/vllm_flash_attn/__init__.py raises ImportError when neither flash-attn extension loads, and
+  # vllm/v1/attention/backends/fa_utils.py imports it unguarded on CUDA (model inspection imports it
+  # through layers/attention): turn that one raise into a no-op. Nothing calls flash-attn with
+  # --attention-backend TRITON_ATTN; a call would fail on the missing extension, loudly.
+  python3 - "$site/vllm/vllm_flash_attn/__init__.py" <<'PYEOF'
+import sys
+p = sys.argv[1]; s = open(p).read()
+old = "if not (FA2_AVAILABLE or FA3_AVAILABLE):\n    raise ImportError("
+if old in s:
+    open(p, "w").write(s.replace(old, "if False:  # pdtrace gpu_run.sh: flash-attn not carried\n    raise ImportError("))
+PYEOF
+done
 if [ ! -e "$SITE/vllm/_C_stable_libtorch.py" ]; then
   # vllm/platforms/cuda.py imports vllm._C_stable_libtorch unguarded; the library is not carried
   # (gpu_bundle.sh), so an empty module stands in: torch.ops._C stays empty, and the servers run
@@ -60,17 +87,6 @@ if [ ! -e "$SITE/vllm/_C_stable_libtorch.py" ]; then
   [ -e "$SITE/vllm/_C_stable_libtorch.abi3.so" ] || \
     echo '# pdtrace scripts/gpu_run.sh: vLLM kernel library not carried to this host' > "$SITE/vllm/_C_stable_libtorch.py"
 fi
-# vllm/vllm_flash_attn/__init__.py raises ImportError when neither flash-attn extension loads, and
-# vllm/v1/attention/backends/fa_utils.py imports it unguarded on CUDA (model inspection imports it
-# through layers/attention): turn that one raise into a no-op. Nothing calls flash-attn with
-# --attention-backend TRITON_ATTN; a call would fail on the missing extension, loudly.
-python3 - "$SITE/vllm/vllm_flash_attn/__init__.py" <<'PYEOF'
-import sys
-p = sys.argv[1]; s = open(p).read()
-old = "if not (FA2_AVAILABLE or FA3_AVAILABLE):\n    raise ImportError("
-if old in s:
-    open(p, "w").write(s.replace(old, "if False:  # pdtrace gpu_run.sh: flash-attn not carried\n    raise ImportError("))
-PYEOF
 export PYTHONPATH=$SITE
 # flashinfer is not carried: the V2 sampler asks for its top-k/top-p kernels unless told not to
 export VLLM_USE_FLASHINFER_SAMPLER=0
@@ -133,6 +149,38 @@ for mode in "${MODES[@]}"; do
     done
     (cd /tmp && tar czf "$OUT/race-logs.tgz" --exclude=models --exclude='*.jsonl' --exclude='*.pdshard' \
        pdtrace-live-race-bug pdtrace-live-race-fix) || true
+    continue
+  fi
+  if [ "$mode" = boundary ]; then
+    # issue 52 item 1: seed 000 live. The same block-boundary load (BOUNDARY_N distinct prompts, every
+    # residue of block size 16, each disaggregated and locally on P) on vLLM 0.24.0 (the last release
+    # with the bug) and 0.32.0, two P/D + EAGLE pairs at once on the GPU, every server recorded;
+    # scripts/boundary_oracle.py holds `pdtrace check` to the tokens and vLLM's own block lists.
+    unset VLLM_USE_V2_MODEL_RUNNER PDTRACE_LIVE_RECORD_ARGS
+    export PDTRACE_LIVE_DEVICE=cuda PDTRACE_LIVE_EXTRA_ARGS=$EXTRA PDTRACE_LIVE_KV_BUFFER=cuda PDTRACE_LIVE_GPU_UTIL=0.2 \
+      PDTRACE_LIVE_SPEC_EXTRA='{"attention_backend":"TRITON_ATTN"}'
+    pids=()
+    for rel in ${BOUNDARY_RELEASES:-024 032}; do
+      site=$SITE; [ "$rel" = 024 ] && site=$SITE024
+      [ -e "$site/vllm/_C_stable_libtorch.abi3.so" ] || { say "boundary $rel: no kernel library in $site"; continue; }
+      rm -rf "/tmp/pdtrace-bnd-$rel"
+      PYTHONPATH=$site timeout -k 10 "$PER_RUN" python3 scripts/live_cpu_pd.py --workdir "/tmp/pdtrace-bnd-$rel" \
+        --block-size 16 --spec eagle --num-spec 3 --start-timeout 150 --load "boundary:${BOUNDARY_N:-128}" \
+        > "/tmp/pdtrace-bnd-$rel.out" 2>&1 &
+      pids+=($!)
+    done
+    # never a bare `wait` (it would wait for this script's own tee: see race)
+    [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
+    say "boundary done"
+    for rel in ${BOUNDARY_RELEASES:-024 032}; do
+      site=$SITE; [ "$rel" = 024 ] && site=$SITE024
+      wd=/tmp/pdtrace-bnd-$rel
+      tail -c 1500 "$wd.out"
+      [ -s "$wd/merged.jsonl" ] && PYTHONPATH=$site python3 -m pdtrace merge "$wd/merged.jsonl" -o "$OUT/boundary-$rel.jsonl.zst"
+      PYTHONPATH=$site python3 scripts/boundary_oracle.py "$wd" --label "vLLM $rel" --json "$wd/oracle.json"
+      (cd /tmp && tar czf "$OUT/boundary-$rel.tgz" --exclude=models --exclude='*.jsonl' --exclude='*.pdshard' \
+         "pdtrace-bnd-$rel" "pdtrace-bnd-$rel.out") || true
+    done
     continue
   fi
   wd=/tmp/pdtrace-live-$mode

@@ -61,7 +61,8 @@ def _pdtrace(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_spec: int = 3,
              block_size: int = 32, start_timeout: float = 420.0, record: bool = True,
              log=print, decoders: int = 1, kv_failures: dict[str, str] | None = None,
-             sliding_window: int | None = None, family: str | None = None, dropped_params: bool = False) -> dict:
+             sliding_window: int | None = None, family: str | None = None, dropped_params: bool = False,
+             load: str = "default") -> dict:
     """``kv_failures``: decoder name -> its kv_load_failure_policy; those decoders start with that
     policy and, after the load, get requests whose P is gone (scripts/live_kv_failure.py).
     ``sliding_window``: the target alternates sliding-window (that many tokens) and full attention
@@ -70,7 +71,9 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
     vLLM's dummy weights; ``spec`` must then be one it serves, e.g. ngram). ``dropped_params``: after
     the load, the first decoder gets prompts P prefilled, every other one without P's params
     (scripts/live_dropped_params.py); each decoder's own prompt-token counters are read before the
-    servers stop (``d_metrics``)."""
+    servers stop (``d_metrics``). ``load``: "default" (live_load.request_plan) or "boundary:N", N
+    distinct prompts over every residue of the block size, each disaggregated and locally on P
+    (scripts/live_boundary_load.py; scripts/boundary_oracle.py reads the result)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -108,7 +111,14 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
         # 1P1D request to the same 5 s handshake timeout that 1P2D had shown
         res["warmup"] = warm_decoders(p_url, d_url.split(","), block_size)
         t = time.monotonic()
-        res["requests"] = send_load(f"http://127.0.0.1:{pport}", p_url, request_plan(block_size))
+        if load.startswith("boundary"):
+            from live_boundary_load import boundary_plan, send_boundary
+
+            n = int(load.partition(":")[2] or 128)
+            res["load"] = load
+            res["requests"] = send_boundary(f"http://127.0.0.1:{pport}", p_url, boundary_plan(block_size, n))
+        else:
+            res["requests"] = send_load(f"http://127.0.0.1:{pport}", p_url, request_plan(block_size))
         res["load_s"] = round(time.monotonic() - t, 1)
         if kv_failures:
             t = time.monotonic()
@@ -187,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dropped-params", action="store_true",
                     help="after the load, send the first decoder prompts P prefilled, every other one without P's "
                          "kv_transfer_params (the router fault of scripts/live_dropped_params.py)")
+    ap.add_argument("--load", default="default", metavar="default|boundary:N",
+                    help="boundary:N: N distinct prompts over every residue of the block size, each sent "
+                         "disaggregated and locally on P (the tokens are the oracle: scripts/boundary_oracle.py)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
     a = ap.parse_args(argv)
     why = preflight()
@@ -197,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                    start_timeout=a.start_timeout, decoders=a.decoders,
                    kv_failures=dict(x.split("=", 1) for x in a.kv_failures.split(",")) if a.kv_failures else None,
                    sliding_window=a.sliding_window, family=a.family, dropped_params=a.dropped_params,
-                   log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
+                   load=a.load, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
     print(json.dumps(res, indent=1, default=str) if a.json else format_report(res))
     print(f"live_cpu_pd: workdir {res['workdir']}", file=sys.stderr)
     return 0 if res["status"] == "served" and res.get("summary") else 1

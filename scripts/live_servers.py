@@ -100,7 +100,10 @@ def preflight() -> str | None:
         # platform is asked for.
         probe = "from vllm.platforms import current_platform as p; print(p.device_type, type(p).__name__)"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
-    if r.returncode != 0 or DEVICE not in r.stdout.split()[:1]:
+    # the probe's own line is the last: vLLM may log before it on stdout (0.24.0 warns that its
+    # optional vllm._qutlass_C is absent: a GPU call of 2026-11-27 read that warning as the platform)
+    last = (r.stdout.strip().splitlines() or [""])[-1]
+    if r.returncode != 0 or DEVICE not in last.split()[:1]:
         return f"vLLM's {DEVICE} platform is unavailable: {_probe_failure(r)}"
     return None
 
@@ -221,7 +224,8 @@ def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block
            "--kv-transfer-config", json.dumps(kv)]
     if DEVICE == "cuda":  # fp16 attention backends; two servers share one GPU
         cmd[cmd.index("--dtype") + 1] = "float16"
-        cmd += ["--gpu-memory-utilization", "0.35"]
+        # PDTRACE_LIVE_GPU_UTIL: less when more servers share the GPU (gpu_run.sh boundary: four)
+        cmd += ["--gpu-memory-utilization", os.environ.get("PDTRACE_LIVE_GPU_UTIL", "0.35")]
     if spec_cfg:
         cmd += ["--speculative-config", json.dumps(spec_cfg)]
     if models_without_weights(model):  # a config-only model (the zoo's): vLLM's own random weights

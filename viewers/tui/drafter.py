@@ -62,6 +62,8 @@ class Window:
 
     @property
     def outside(self) -> list[int]:
+        if self.alloc_id is None:  # no allocation recorded (a model runner's warm-up request): not judged
+            return []
         return [p for p in range(self.start, self.end) if p >= self.capacity]
 
 

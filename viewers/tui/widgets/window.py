@@ -40,6 +40,10 @@ def draw_window(t: Text, w: drafter.Window, width: int) -> None:
              style="bold red" if bad else "bold")
     t.append(f"  group {w.group}  block size {w.block_size}\n", style="dim")
     owned = ", ".join(map(str, w.owned[:8])) + (", ..." if len(w.owned) > 8 else "")
+    if w.alloc_id is None:
+        para(t, "allocation: none recorded for this request on this instance (a model runner's warm-up "
+                "request has none): the window is not judged", width, "dim", indent=4, first="  ")
+        return  # no strip, no block table: nothing to hold the positions to
     para(t, f"allocation (sched.alloc #{w.alloc_id}): {len(w.owned)} block(s) [{owned}] = positions "
             f"0..{w.capacity - 1}; lookahead asked: {w.lookahead}", width, "dim", indent=4, first="  ")
     if bad:
@@ -96,6 +100,8 @@ class WindowPane(Pane):
         if n_out:
             t.append(f" {n_out} OUTSIDE THE ALLOCATION ", style=BAD)
             t.append("\n")
+        elif all(w.alloc_id is None for w in ws):
+            t.append("no allocation recorded: not judged\n", style="dim")
         else:
             t.append("all inside the allocation\n", style=OK)
         for w in shown:
