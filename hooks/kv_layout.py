@@ -32,6 +32,8 @@ def group_layout(groups: list, kv_cache_config: Any, conn: Any) -> dict:
              if getattr(g, "is_eagle_group", False) is True or getattr(g.kv_cache_spec, "is_draft", False) is True]
     if draft:
         out["draft_groups"] = draft
+        # the layers a finding names (a few per group: an MTP drafter's group can hold dozens)
+        out["draft_layers"] = [[str(n) for n in list(groups[i].layer_names)[:4]] for i in draft]
     tg = getattr(type(kv_cache_config), "transfer_group_ids", None)
     if tg is not None:
         try:

@@ -168,6 +168,8 @@ _KINDS: tuple[Kind, ...] = (
         F("draft_groups", "list[int]", "the KV cache groups vLLM marks as holding the drafter's (EAGLE / MTP) "
           "layers (KVCacheGroupSpec.is_eagle_group; KVCacheSpec.is_draft on 0.33); absent: none, or a release "
           "without the mark", required=False),
+        F("draft_layers", "list[list[str]]", "per draft group (in draft_groups' order), its first layer names "
+          "(at most 4)", required=False),
         F("exchange_blocks", "list[int]", "per transfer group, the in-window tail the NIXL connector keeps "
           "when it exchanges block lists (its own blocks_per_sw: 0 = the whole list), read from the connector",
           required=False),

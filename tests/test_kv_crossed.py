@@ -98,7 +98,7 @@ def test_a_load_shorter_than_what_p_computed():
 
 
 def test_the_drafters_groups_and_the_transfer_groups_are_recorded():
-    """Issue 51 item 1 (recording only; the #54926 rule is not written yet): sched.config names the
+    """Issue 51 item 1 (recording; the rule is test_a_drafter_group_left_out_of_the_transfer_*): sched.config names the
     KV cache groups vLLM marks as the drafter's (KVCacheGroupSpec.is_eagle_group) and, where not
     every group transfers, KVCacheConfig.transfer_group_ids. A faithful minimal caller: the hook's
     group_layout on vLLM's own dataclasses, as Scheduler.__init__'s hook calls it."""
@@ -118,7 +118,50 @@ def test_the_drafters_groups_and_the_transfer_groups_are_recorded():
     groups = [target, dataclasses.replace(draft, **kw)]
     cfg = KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups)
     out = group_layout(groups, cfg, None)
-    assert out["draft_groups"] == [1]
+    assert out["draft_groups"] == [1] and out["draft_layers"] == [["model.layers.1.self_attn"]]
     if kw:  # (0.33: a group can be left out of the transfer; vLLM's own property says which)
         assert out["transfer_group_ids"] == [0] == list(cfg.transfer_group_ids)
     assert "draft_groups" not in group_layout([target], KVCacheConfig(8, [], [target]), None)
+
+
+def _drafter(mode):
+    from pdtrace.testing.crossed_sim import drafter_group
+
+    r = drafter_group(mode)
+    return r, crossed.detect(r.events)
+
+
+def test_a_drafter_group_left_out_of_the_transfer_is_an_error_per_request():
+    """vLLM #54926's shape (a LABELLED FAULT: the drafter's group built with enable_kv_transfer=False, which
+    0.32 / 0.33 do only for HiSparse groups). The oracle is vLLM's objects: the scheduler counted the loaded
+    tokens computed (num_computed_tokens) while the blocks the connector hands its worker to load into
+    (kv_connector_metadata.reqs_to_recv) hold none of the drafter group's blocks."""
+    r, found = _drafter("kept")
+    unwritten = sorted(req for req, o in r.oracle.items()
+                       if o["computed"] == o["prompt"] and not set(o["draft_blocks"]) & {b for g in o["recv_blocks"] for b in g})
+    assert unwritten == sorted(r.oracle) and len(unwritten) == 3
+    assert sorted(f.req for f in found) == unwritten
+    for f in found:
+        o = r.oracle[f.req]
+        assert (f.kind, f.severity, f.data["mechanism"]) == (KV_NEVER_CROSSED, "error", "drafter-group")
+        assert f.data["groups"] == [1] and f.data["layers"] == [[1, ["draft_model.layers.0.self_attn.attn"]]]
+        assert f.data["unwritten"] == [0, o["computed"]] and f.data["p_req"] == f.req.replace("-D", "-P")
+        assert "#54926" in f.explanation and "transfer_group_ids" in f.explanation
+    (c,) = group(found)  # one headline for every request
+    assert c.mechanism == "never-crossed/drafter-group" and c.severity == "error" and len(c.findings) == 3
+    assert c.upstream == ["https://github.com/vllm-project/vllm/issues/54926"]
+    (pair,) = [n for n in crossed.pair_notes(r.events) if n["p_inst"] == "P"]
+    assert pair["drafter_unwritten"] == pair["loaded"] == sum(o["computed"] for o in r.oracle.values())
+    assert "never reached the drafter's KV cache group" in crossed.summary_line(pair)
+
+
+def test_a_drafter_group_that_transfers_is_clean():
+    """The correct run with a separate drafter group (vLLM's default enable_kv_transfer): the connector loads
+    into the drafter's group too (the oracle), and nothing is flagged."""
+    r, found = _drafter("transfer")
+    assert all(o["recv_blocks"][1] == o["draft_blocks"] for o in r.oracle.values()) and len(r.oracle) == 3
+    assert found == []
+    cfg = [e for e in r.events if e["ev"] == "sched.config"]
+    assert {e["inst"] for e in cfg} == {"P", "D"} and all(e["draft_groups"] == [1] for e in cfg)
+    assert all("transfer_group_ids" not in e for e in cfg)  # every group transfers
+    assert all("drafter_unwritten" not in n for n in crossed.pair_notes(r.events))

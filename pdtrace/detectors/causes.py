@@ -106,6 +106,10 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "never-crossed/partial-load": (
         "partial loads: D's connector loaded fewer prompt tokens than P computed, and D computed the rest",
         ("scheduler.allocate_slots", "nixl.remote_alloc"), ()),
+    "never-crossed/drafter-group": (
+        "the drafter's KV cache group is not among the transfer groups: D loads the prompt into the target's "
+        "groups only, counts it computed, and its drafter reads blocks nobody wrote",
+        ("scheduler.init", "scheduler.allocate_slots", "nixl.remote_alloc"), ("54926",)),
 }
 
 # mechanisms whose fault is outside vLLM (its code runs as designed on what it was given)
@@ -168,7 +172,8 @@ def mechanism(f: Any) -> tuple[str, dict[str, str]]:
             return "kv-load/failed-not-finished", {}
         title = str(_get(f, "title") or "")
         return "kv-load/other:" + _shape(title), {"title": _shape(title)}
-    if kind == KV_NEVER_CROSSED and d.get("mechanism") in ("no-params", "nothing-loaded", "partial-load"):
+    if kind == KV_NEVER_CROSSED and d.get("mechanism") in ("no-params", "nothing-loaded", "partial-load",
+                                                           "drafter-group"):
         return f"never-crossed/{d['mechanism']}", {}
     return f"{kind}/other", {"title": str(kind)}
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .base import KV_NEVER_CROSSED, SEVERITY_WARNING, Finding
+from .base import KV_NEVER_CROSSED, SEVERITY_ERROR, SEVERITY_WARNING, Finding
 from .index import feed_all, kind_code
 
 Event = dict[str, Any]
@@ -63,6 +63,18 @@ class Stream:
     def _role(self, e: Event) -> str:
         c = self.configs.config_of(e) if self.configs is not None else None
         return str((c or {}).get("kv_role") or "")
+
+    def _draft_left(self, e: Event) -> list[tuple[int, list]]:
+        """The drafter's KV cache groups (vLLM's own mark, ``draft_groups``) that are not among the transfer groups
+        (``transfer_group_ids``, recorded where not every group transfers) on ``e``'s scheduler, with their layer
+        names. HiSparse's hot / resident groups, which D derives from a transferred group, are not the drafter's."""
+        c = self.configs.config_of(e) if self.configs is not None else None
+        tg, draft = (c or {}).get("transfer_group_ids"), (c or {}).get("draft_groups")
+        if tg is None or not draft:
+            return []
+        kinds, layers = c.get("group_kinds") or [], c.get("draft_layers") or []
+        return [(int(g), list(layers[i]) if i < len(layers) else []) for i, g in enumerate(draft)
+                if g not in tg and not str(kinds[g] if g < len(kinds) else "").startswith("HiSparse")]
 
     def _block(self, e: Event) -> int:
         c = self.configs.config_of(e) if self.configs is not None else None
@@ -118,7 +130,7 @@ class Stream:
             "req": req, "inst": e.get("inst"), "prompt": prompt, "len": int(e.get("prompt_len") or 0),
             "params": bool(kv.get("do_remote_prefill")), "remote_req": kv.get("remote_request_id"),
             "remote_tokens": kv.get("remote_num_tokens"), "local": None, "ext": None, "step": e.get("step"),
-            "failed_load": False, "block": self._block(e), "ids": [e.get("id")]}
+            "failed_load": False, "block": self._block(e), "ids": [e.get("id")], "draft_left": self._draft_left(e)}
 
     def _drop(self, req: str) -> dict | None:
         """Forget P's request ``req`` (claimed, or the oldest when KEPT are held): both indexes."""
@@ -164,6 +176,8 @@ class Stream:
         pair["computed"] += computed
         pair["no_params"] += not d["params"]
         pair["failed_load_requests"] += d["failed_load"]
+        if d["draft_left"] and d["params"] and ext > 0 and not d["failed_load"]:
+            self._drafter_left(pair, d, p, ids=[i for i in ((p or {}).get("id"), *d["ids"]) if i is not None])
         if p is None or d["failed_load"]:
             return
         p_tokens = d["remote_tokens"] if d["remote_tokens"] is not None else p["tokens"]
@@ -197,9 +211,32 @@ class Stream:
             f"on D. No load failure is recorded for it (that would be the kv-load-failure-recovery class's).",
             {**base, "mechanism": what.replace(" ", "-"), "missing": missing})
 
-    def _flag(self, pair: dict, d: dict, ids: list, title: str, why: str, data: dict) -> None:
+    def _drafter_left(self, pair: dict, d: dict, p: dict | None, ids: list) -> None:
+        """vLLM #54926's shape: D loads the prompt into the transfer groups only, its scheduler counts the loaded
+        tokens computed for every group, so the drafter's group holds blocks no transfer and no forward on D wrote."""
+        local, ext = d["local"], d["ext"]
+        pair["drafter_unwritten"] = pair.get("drafter_unwritten", 0) + ext
+        groups = ", ".join(f"{g} ({', '.join(ls) or 'layers not recorded'})" for g, ls in d["draft_left"])
+        self._flag(pair, d, ids,
+            f"drafter KV never crossed: D loaded {ext} prompt token(s) of {d['req']} into the target's groups only; "
+            f"the drafter's group {', '.join(str(g) for g, _ in d['draft_left'])} holds them unwritten",
+            f"D's scheduler has the drafter's KV cache group(s) {groups} outside its transfer groups "
+            f"(KVCacheConfig.transfer_group_ids), so the connector loads P's KV into the other groups only. The "
+            f"scheduler still counts the {ext} loaded token(s) computed for every group (positions {local}-"
+            f"{local + ext - 1}; get_num_new_matched_tokens, allocate_slots), and D computes only the rest of the "
+            f"prompt: the drafter attends to blocks of its own group that no transfer and no forward on D ever "
+            f"wrote. The target's tokens stay right (it verifies every draft); what the drafter proposes is built "
+            f"on garbage, so acceptance falls (vLLM #54926: draft-model groups left out of NIXL's transfer groups).",
+            {"p_req": (p or {}).get("req"), "d_req": d["req"], "p_inst": (p or {}).get("inst"),
+             "prompt_len": d["len"], "local_hit": local, "loaded": ext, "mechanism": "drafter-group",
+             "groups": [g for g, _ in d["draft_left"]], "layers": [[g, ls] for g, ls in d["draft_left"]],
+             "unwritten": [local, local + ext]},
+            severity=SEVERITY_ERROR)
+
+    def _flag(self, pair: dict, d: dict, ids: list, title: str, why: str, data: dict,
+              severity: str = SEVERITY_WARNING) -> None:
         pair["flagged"] += 1
-        self.findings.append(Finding(KV_NEVER_CROSSED, SEVERITY_WARNING, d["req"], d["step"], d["inst"], ids, title,
+        self.findings.append(Finding(KV_NEVER_CROSSED, severity, d["req"], d["step"], d["inst"], ids, title,
                                      why, data))
 
     def finish(self) -> list[Finding]:
@@ -213,7 +250,8 @@ class Stream:
         """Per instance pair (P's instance: None for requests with no params and no P request of
         their prompt, "?" for requests with params whose P request is not in the trace; D's):
         requests, prompt tokens, loaded from P (for a failed load, what its rollback kept),
-        hit in D's prefix cache, computed on D at admission, ``load_failed_tokens`` (planned to
+        hit in D's prefix cache, computed on D at admission, ``drafter_unwritten`` (loaded tokens that no transfer
+        put into the drafter's own KV cache group: absent when none), ``load_failed_tokens`` (planned to
         load, lost to a failed load and recomputed on D; ``failed_load_requests``), how many
         arrived without params, and how many were flagged. ``loaded + load_failed_tokens`` is
         what D's connector planned at admission (vLLM's ``external_kv_transfer`` counter)."""
@@ -242,7 +280,9 @@ def summary_line(n: dict) -> str:
     extra = [f"{n['no_params']} without transfer params" if n["no_params"] else "",
              f"{n['failed_load_requests']} with a failed load" if n["failed_load_requests"] else ""]
     extra = [x for x in extra if x]
-    return out + (f" ({'; '.join(extra)})" if extra else "")
+    drafter = (f"; of the tokens loaded, {n['drafter_unwritten']} never reached the drafter's KV cache group "
+               f"(not a transfer group)" if n.get("drafter_unwritten") else "")
+    return out + (f" ({'; '.join(extra)})" if extra else "") + drafter
 
 
 def pair_name(n: dict) -> str:
@@ -259,5 +299,6 @@ def short_line(n: dict) -> str:
     src = (f"{n['d_inst']} alone" if n["p_inst"] is None else
            f"{'P?' if n['p_inst'] == '?' else n['p_inst']}->{n['d_inst']}")
     noparams = f", {n['no_params']} without params" if n["no_params"] else ""
+    drafter = "; drafter group not loaded" if n.get("drafter_unwritten") else ""
     return (f"{src}: {n['requests']} req{noparams}; {100 * n['computed'] / total:.0f}% computed on D, "
-            f"{100 * n['loaded'] / total:.0f}% loaded, {100 * n['local_hit'] / total:.0f}% D cache")
+            f"{100 * n['loaded'] / total:.0f}% loaded, {100 * n['local_hit'] / total:.0f}% D cache{drafter}")

@@ -128,3 +128,93 @@ def scenario(drop: tuple[int, ...]) -> Any:
             "facts": {"prefill_stats": r.stats, "dropped": r.dropped, "sent_to_d_alone": r.direct},
         }, [])
     return build
+
+
+@dataclasses.dataclass
+class DrafterGroup:
+    events: list[dict]
+    oracle: dict[str, dict]  # D request -> vLLM's own objects (below)
+
+
+def drafter_group(draft_group: str = "kept", n: int = 3, prompt_len: int = 45, block_size: int = 16,
+                  tag: str = "draft") -> DrafterGroup:
+    """vLLM #54926's shape on the real schedulers: the drafter has a KV cache group of its own
+    (``KVCacheGroupSpec.is_eagle_group``, as vLLM marks an MTP / draft model's group) and, with
+    ``draft_group="kept"``, that group is left out of the transfer (``enable_kv_transfer=False``: a
+    LABELLED FAULT; vLLM 0.32 / 0.33 turn the flag off only for HiSparse groups, main after #51718 /
+    #53779 for draft-model groups). ``"transfer"``: vLLM's default, every group transfers (the
+    correct run). ``n`` prompts P prefills for a remote decode, each handed to D with P's params.
+
+    The oracle per D request, from vLLM's objects (never the detector): ``computed``, the request's
+    ``num_computed_tokens`` once the load is done (the scheduler's count, for every group);
+    ``draft_blocks``, D's blocks of the drafter's group for it (``kv_cache_manager.get_block_ids``);
+    ``recv_blocks``, the blocks the connector hands its worker to load into
+    (``kv_connector_metadata.reqs_to_recv[req].local_block_ids``, per transfer group)."""
+    cfg = PDConfig(spec_method="eagle", block_size=block_size, draft_group=draft_group)
+    pair = make_pair(cfg)
+    rec, d = pair.rec, pair.d
+    rec.flush()
+    start = len(rec.events or [])
+    oracle: dict[str, dict] = {}
+    gid = len(cfg.attn)  # the drafter's group follows the target's
+    with recording(rec):
+        rec.emit("mark", label="scenario", sim=True, detail=f"drafter_group draft_group={draft_group} n={n}")
+        if draft_group == "kept":
+            for inst in ("P", "D"):
+                rec.emit("fault.inject", rule="draft-group-not-transferred", sim=True, inst=inst,
+                         detail=f"KVCacheGroupSpec(enable_kv_transfer=False) for the drafter's group {gid} "
+                                f"(vLLM #54926's shape; not what 0.32 / 0.33 build)")
+        for i in range(n):
+            prompt = [3000 + 89 * i + j for j in range(prompt_len + 7 * i)]
+            d_req = f"{tag}-{i}-D"
+            params = p_prefill(pair.p, f"{tag}-{i}-P", prompt, block_size)
+            d.add_request(_make_request(d_req, prompt, 4, dict(params), block_size))
+            o = oracle[d_req] = {"prompt": len(prompt), "recv_blocks": None}
+            for _ in range(12):
+                if d_req not in d.requests:
+                    break
+                out = d.schedule()
+                meta = getattr(out.kv_connector_metadata, "reqs_to_recv", {}) or {}
+                if d_req in meta:
+                    o["recv_blocks"] = [list(g) for g in meta[d_req].local_block_ids]
+                    o["draft_blocks"] = list(d.kv_cache_manager.get_block_ids(d_req)[gid])
+                toks = {}
+                for rid in out.num_scheduled_tokens:
+                    r = d.requests[rid]
+                    toks[rid] = [300] if r.num_computed_tokens >= r.num_prompt_tokens else []
+                loaded = {rid for rid, r in d.requests.items() if r.status.name == "WAITING_FOR_REMOTE_KVS"}
+                if d_req in loaded:
+                    o["computed"] = None
+                d.update_from_output(out, _mro(out, toks, finished_recving=loaded or None))
+                if d_req in d.requests and o.get("computed") is None and d_req not in loaded:
+                    o["computed"] = d.requests[d_req].num_computed_tokens
+        rec.emit("mark", label="scenario-end", sim=True)
+    rec.flush()
+    return DrafterGroup(run_events(pair, start), oracle)
+
+
+def drafter_scenario(draft_group: str) -> Any:
+    """The drafter-group sample pair's builder: expected findings from vLLM's objects (the drafter's blocks
+    outside what the connector loads, the tokens counted computed), never from the detector."""
+    def build() -> Any:
+        from pdtrace.detectors.base import KV_NEVER_CROSSED
+
+        from .scenario_builders import Scenario
+
+        r = drafter_group(draft_group)
+        unwritten = sorted(req for req, o in r.oracle.items() if o["computed"] and not set(o["draft_blocks"])
+                           & {b for g in o["recv_blocks"] for b in g})
+        assert (draft_group == "kept") == bool(unwritten), ("oracle: reqs_to_recv vs the drafter's blocks", r.oracle)
+        return Scenario("", "", r.events, [KV_NEVER_CROSSED] if unwritten else [], {
+            "real": ["vLLM's P and D Scheduler with the NIXL connector's scheduler side (request_finished, "
+                     "get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta) over a KV cache "
+                     "config with a drafter group of its own (KVCacheGroupSpec.is_eagle_group)"],
+            "simulated": ["the NIXL read (D's load completes the next step)", "the sampled tokens"],
+            "faults": ["the drafter's KV cache group built with enable_kv_transfer=False on P and D (vLLM #54926's "
+                       "shape; 0.32 / 0.33 do so only for HiSparse groups)"] if unwritten else [],
+            "fixture": [], "own_bug": "",
+            "clean_twin": "" if unwritten else "the same requests with vLLM's default: every group transfers",
+            "facts": {"oracle": r.oracle, "unwritten": unwritten},
+            # EAGLE with no worker simulated: the two worker-side drafter classes have no events to read
+        }, ["connector-metadata-cleared-before-drafter", "drafter-window-outside-allocation"])
+    return build

@@ -85,6 +85,10 @@ class PDConfig:
     engine_tag: str = ""  # makes the engine ids differ between otherwise equal instances (xPyD)
     kv_load_failure_policy: str = "fail"  # KVTransferConfig's: "fail" (vLLM's default) or "recompute"
     long_prefill: int = 0  # SchedulerConfig.long_prefill_token_threshold (0: vLLM's default)
+    # a KV cache group of its own for the drafter's layer (KVCacheGroupSpec.is_eagle_group, as vLLM marks an MTP /
+    # draft model's group): "transfer" (vLLM's default enable_kv_transfer) or "kept" (enable_kv_transfer=False: a
+    # LABELLED FAULT, vLLM #54926's shape; 0.32 / 0.33 turn the flag off only for HiSparse groups)
+    draft_group: str = ""
 
     def label(self) -> str:
         spec = f"{self.spec_method}k{self.num_spec_tokens}" if self.spec_method else "nospec"
@@ -92,7 +96,8 @@ class PDConfig:
         return (f"{spec}-bs{self.block_size}" + attn + ("-hybrid" if self.hybrid else "")
                 + ("-async" if self.async_scheduling else "")
                 + ("" if self.kv_load_failure_policy == "fail" else f"-{self.kv_load_failure_policy}")
-                + (f"-chunk{self.long_prefill}" if self.long_prefill else ""))
+                + (f"-chunk{self.long_prefill}" if self.long_prefill else "")
+                + (f"-draft{self.draft_group}" if self.draft_group else ""))
 
 
 ROLE_KV = {"P": "kv_producer", "D": "kv_consumer", "PD": "kv_both"}
@@ -164,6 +169,11 @@ def build_kv_cache_config(cfg: PDConfig) -> Any:
                                        MambaSpec(block_size=cfg.mamba_block_size or cfg.block_size,
                                                  shapes=((4, 8),), dtypes=(torch.float32,),
                                                  mamba_cache_mode="align")))
+    if cfg.draft_group:
+        if cfg.draft_group not in ("transfer", "kept"):
+            raise ValueError(f"draft_group {cfg.draft_group!r}: '', 'transfer' or 'kept'")
+        groups.append(KVCacheGroupSpec(["draft_model.layers.0.self_attn.attn"], FullAttentionSpec(**common),
+                                       is_eagle_group=True, enable_kv_transfer=cfg.draft_group == "transfer"))
     return KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 

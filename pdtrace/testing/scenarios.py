@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .crossed_sim import drafter_scenario as _drafter_group
 from .crossed_sim import scenario as _crossed
 from .kv_shared_sim import scenario as _kv_shared
 from .scenario_builders import (  # noqa: F401 - Scenario and the fixtures' kinds are part of this module's API
@@ -127,6 +128,13 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
                                               "request sent to D alone", _crossed((1, 4))),
     "kv_never_crossed_dropped_params_fixed": ("the same prompts, every one handed to D with P's params: D loads "
                                               "them all; the request sent to D alone is no fault", _crossed(())),
+    # issue 51: the drafter's own KV cache group left out of the transfer (vLLM #54926's shape)
+    "kv_never_crossed_drafter_group_buggy": ("EAGLE with the drafter's layer in a KV cache group of its own, left "
+                                             "out of the transfer groups on P and D (FAULT: enable_kv_transfer=False,"
+                                             " vLLM #54926's shape): D loads 3 prompts into the target's group "
+                                             "only and counts them computed", _drafter_group("kept")),
+    "kv_never_crossed_drafter_group_fixed": ("the same with vLLM's default, every group transfers: the connector "
+                                             "loads the drafter's group too", _drafter_group("transfer")),
     # issue 19: two schedulers per role in one process reusing request ids
     "reused_ids_two_pairs_buggy": ("two P/D pairs in one process (block 16 and 32), both with request id "
                                    "'id-1'; pair 1 under the pre-fix P rule", _reused_ids(True)),
@@ -150,6 +158,7 @@ SAMPLES = (
     "kv_load_async_rollback_buggy", "kv_load_async_rollback_fixed",
     "kv_load_shared_block_buggy", "kv_load_shared_block_fixed",
     "kv_never_crossed_dropped_params_buggy", "kv_never_crossed_dropped_params_fixed",
+    "kv_never_crossed_drafter_group_buggy", "kv_never_crossed_drafter_group_fixed",
 )
 DEMO_SAMPLE = "lookahead_aligned16_k1_buggy"
 
