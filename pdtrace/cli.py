@@ -20,6 +20,35 @@ import typer
 from .tracefile.compress import stream_damage
 from .errors import EXIT_OK, EXIT_UNUSABLE, PdtraceError, TraceError, internal_error, os_error_line
 
+
+def _no_hyphen_breaks() -> None:
+    """Help text wraps at spaces only: click's wrapper breaks at hyphens, which cut the bug-class names
+    (kv-never-crossed, connector-metadata-cleared-before-drafter) and option names in two at 80 columns.
+    Typer's copy of click (``typer._click``, typer 0.2x) and click import their TextWrapper from their
+    ``_textwrap`` at each wrap; where that module is missing, help wraps as they do."""
+    import importlib
+
+    for name in ("typer._click._textwrap", "click._textwrap"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        base = getattr(mod, "TextWrapper", None)
+        if base is None or getattr(base, "_pdtrace", False):
+            continue
+
+        class NoHyphenWrapper(base):  # type: ignore[misc, valid-type]
+            _pdtrace = True
+
+            def __init__(self, *args: object, **kwargs: object) -> None:
+                kwargs.setdefault("break_on_hyphens", False)
+                super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+        mod.TextWrapper = NoHyphenWrapper
+
+
+_no_hyphen_breaks()
+
 app = typer.Typer(
     name="pdtrace",
     help="Trace and debug vLLM prefill/decode disaggregation (NIXL) with speculative decoding.\n\n"

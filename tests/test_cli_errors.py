@@ -65,6 +65,17 @@ def test_bare_command_prints_help_and_exits_2():
     assert "Commands" in r.stderr and "check" in r.stderr
 
 
+def test_help_never_cuts_a_bug_class_name_at_its_hyphens():
+    """At 80 columns click's wrapper broke `kv-never-crossed` into `kv-` / `never-crossed` (a new user could
+    not copy a name from `check --help` into --only); help wraps at spaces only now."""
+    from pdtrace.detectors.base import ALL_KINDS
+
+    r = _pdtrace("check", "--help", env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0 and max(len(ln) for ln in r.stdout.splitlines()) <= 80
+    words = {w.strip(",.") for w in r.stdout.split()}
+    assert set(ALL_KINDS) <= words, sorted(set(ALL_KINDS) - words)
+
+
 def test_damaged_trace_names_the_line_and_hints_lenient(tmp_path):
     lines = Path(SAMPLE).read_bytes().splitlines(keepends=True)
     bad = tmp_path / "bad.jsonl"
