@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Hold `pdtrace check` to oracles that are not pdtrace's, for a block-boundary live P/D run
-(``live_cpu_pd.py --load boundary:N``; issue 52 item 1, seed 000 on vLLM 0.24.0).
+"""Hold `pdtrace check` to oracles that are not pdtrace's own, for a block-boundary live P/D run
+(``live_cpu_pd.py --load boundary:N``: the seed-000 run on vLLM 0.24.0 of docs/live-gpu.md).
 
     python scripts/boundary_oracle.py WORKDIR [--trace T] [--check C] [--json OUT]
     python scripts/boundary_oracle.py --tokens sample_traces/live_gpu_seed000_tokens.json --run v024 \
@@ -17,7 +17,10 @@ Per request of the load (WORKDIR/result.json), two oracles:
 and pdtrace's verdict: an error finding of `pdtrace check` (WORKDIR/check.json, or a fresh run of it over the
 trace) naming the request (its P or D id). Prints the table of docs/live-gpu.md: requests, mapping wrong, tokens diverged,
 flagged, flagged with a right mapping (false), wrong mapping not flagged (missed), diverged not flagged.
-Exit 0 when no false and no missed flag, 1 otherwise, 2 on missing input.
+Terms: a *near tie* is a first difference where two candidates were within live_boundary_load.TIE nats;
+*false*: flagged while vLLM's block lists say the mapping was right; *missed*: a wrong mapping not flagged.
+Exit 0 when no false and no missed flag, 1 otherwise, 2 on missing or mismatched input (a token file's run
+whose requests are not in the trace, say), in one line.
 """
 
 from __future__ import annotations
@@ -124,7 +127,7 @@ def judge(requests: list[dict], ev: list[dict], check: dict) -> dict:
 
 
 def markdown(t: dict, label: str) -> str:
-    cols = ("requests", "mapping_wrong", "diverged", "flagged", "false", "missed", "diverged_not_flagged")
+    cols = ("requests", "mapping_wrong", "diverged", "flagged", "false", "missed", "diverged_not_flagged")  # noqa
     return ("| run | " + " | ".join(cols) + " |\n| --- |" + " --- |" * len(cols) + "\n"
             f"| {label} | " + " | ".join(str(t[c]) for c in cols) + " |")
 
@@ -139,34 +142,52 @@ def main(argv: list[str] | None = None) -> int:
                                      "(sample_traces/live_gpu_seed000_tokens.json) and --run, its run")
     ap.add_argument("--run", help="the run in --tokens (v024, v032)")
     ap.add_argument("--json", help="write the table and per-request rows here")
-    ap.add_argument("--label", default="run")
+    ap.add_argument("--label", help="the table's run column (default: --run, or the workdir's name)")
     a = ap.parse_args(argv)
     if not a.workdir and not (a.tokens and a.run and a.trace):
         ap.error("give a WORKDIR, or --tokens, --run and --trace")
     wd = Path(a.workdir or ".")
+    trace = a.trace or str(wd / "merged.jsonl")
+
+    def fail(why: str) -> int:
+        print(f"boundary_oracle: {why}", file=sys.stderr)
+        return 2
+
     try:
         if a.tokens:
-            requests = json.loads(Path(a.tokens).read_text())["runs"][a.run]["requests"]
+            runs = json.loads(Path(a.tokens).read_text()).get("runs") or {}
+            if a.run not in runs:
+                return fail(f"{a.tokens} has no run {a.run!r} (its runs: {', '.join(sorted(runs)) or 'none'})")
+            requests = runs[a.run]["requests"]
         else:
             requests = json.loads((wd / "result.json").read_text()).get("requests", [])
-        trace = a.trace or str(wd / "merged.jsonl")
         check = (json.loads(Path(a.check or wd / "check.json").read_text()) if a.check or a.workdir
                  else fresh_check(trace))
         ev = events(trace)
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"boundary_oracle: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+    except OSError as exc:
+        return fail(f"cannot read {exc.filename}: {exc.strerror}")
+    except ValueError as exc:  # a file that is not JSON, a trace pdtrace cannot read
+        return fail(str(exc).replace("\n", " "))
+    except Exception as exc:  # noqa: BLE001 - pdtrace's own errors (PdtraceError) name the file and line
+        return fail(str(exc))
     out = judge(requests, ev, check)
+    t = out["table"]
+    if t["served"] and t["mapping_unknown"] == t["served"]:
+        return fail(f"none of the {t['served']} requests' P ids is in {trace}: the requests ({a.tokens or wd}) are "
+                    f"not this trace's run")
+    label = a.label or a.run or wd.name
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     print(json.dumps(out["table"]))
-    print(markdown(out["table"], a.label))
+    print(markdown(out["table"], label))
     for x in out["rows"]:
         if x.get("served") and (x["mapping_wrong"] or x["diverged"] or x["flagged"]):
             print(f"  {x['name']}: mapping {'wrong ' + str(x['oracle_shifts']) if x['mapping_wrong'] else 'right'}, "
                   f"tokens {'diverge at ' + str(x['first_diff']) + (' (near tie)' if x['near_tie'] else '') if x['diverged'] else 'equal'}, "
                   f"{'flagged ' + ','.join(x['kinds']) + ' shift ' + str(x['flag_shifts']) if x['flagged'] else 'not flagged'}")
-    t = out["table"]
+    if t["mapping_unknown"]:
+        print(f"boundary_oracle: {t['mapping_unknown']} request(s) without a mapping in the trace: not judged",
+              file=sys.stderr)
     return 0 if t["false"] == 0 and t["missed"] == 0 else 1
 
 

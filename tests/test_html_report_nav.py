@@ -388,3 +388,10 @@ def test_a_finding_anchor_in_the_url_selects_the_row_numbered_so(stale_page):
     assert d.body.get("data-selected-finding") == "1"
     row = d.by_id["finding-2"]
     assert "sel" in row["class"].split() and row["data-finding"] == "1"
+
+
+def test_only_trace_event_references_are_linked():
+    """A finding's 'local #0' (a block position) and 'vLLM #44151' are not events."""
+    text = summary._linkify("local #0 (block 2) <- P block 3; trace event 107; event #9; vLLM #44151", lambda i: True)
+    assert re.findall(r'data-ev="(\d+)"', text) == ["107", "9"]
+    assert "local #0" in text and "#44151" in text

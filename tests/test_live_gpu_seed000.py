@@ -76,6 +76,11 @@ def test_boundary_oracle_cli_exit_codes(tmp_path):
     assert ok.returncode == 0 and "| 128 | 24 | 19 | 24 | 0 | 0 | 0 |" in ok.stdout, ok.stderr
     missing = run(str(tmp_path))
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "result.json" in missing.stderr
+    # the tokens of the other run held to this trace: refused, not a table of zeros (a new user's pass)
+    other = run("--tokens", str(TOKENS), "--run", "v032", "--trace", str(TRACE["v024"]))
+    assert other.returncode == 2 and other.stdout == "" and "not this trace's run" in other.stderr
+    unknown = run("--tokens", str(TOKENS), "--run", "v999", "--trace", str(TRACE["v024"]))
+    assert unknown.returncode == 2 and "its runs: v024, v032" in unknown.stderr and "Error" not in unknown.stderr
 
 
 def test_the_report_draws_no_drafter_window_outside_its_allocation():
@@ -88,7 +93,8 @@ def test_the_report_draws_no_drafter_window_outside_its_allocation():
     ev = boundary_oracle.events(str(TRACE["v024"]))
     assert sum(e["ev"] == "spec.window" and e.get("req", "").startswith("_warmup") for e in ev) == 16
     fig, note = windows(Model(ev, []), 40)
-    assert fig is None and note == "4239 drafter write window(s) in the trace; none writes past the request's blocks"
+    assert fig is None and note == ("4239 drafter write window(s) in the trace (16 with no allocation recorded, not "
+                                    "judged: a model runner's warm-up has none); none writes past the request's blocks")
 
 
 def test_the_viewer_does_not_call_a_warm_up_window_outside(tmp_path):
@@ -114,3 +120,31 @@ def test_the_viewer_does_not_call_a_warm_up_window_outside(tmp_path):
                and not e["req"].startswith("_warmup"))
     ws = drafter.windows(TraceIndex(str(trace)).build(), [req], [])
     assert ws and all(w.alloc_id is not None and not w.outside for w in ws)
+
+
+def test_the_first_screen_names_the_block():
+    """One bug, one screen: at 80x24 `check`'s first screen names the cause, the first request and step, and the
+    block D read instead of the right one (the first finding's own words)."""
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "check", str(TRACE["v024"])], capture_output=True, text=True,
+                       env={**__import__("os").environ, "COLUMNS": "80"}, timeout=300)
+    assert r.returncode == 1
+    screen = " ".join(ln.strip() for ln in r.stdout.splitlines()[:24])
+    assert "1 root cause" in screen and "#44151" not in screen and "issues/44151" in screen
+    assert "step 44: D block 2 read P block 3 instead of 2 (group 0, shift +1)" in screen
+
+
+def test_the_report_names_both_ids_of_each_block_map_and_links_no_block_position(tmp_path):
+    """A finding names P's request, a block map is D's: each block map's heading names both, so a finding's id is
+    found on the page; 'local #0' in a finding's text is a block position, not trace event 0."""
+    import re
+
+    out = tmp_path / "r.html"
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "report", str(TRACE["v024"]), "-o", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    heads = re.findall(r'<h3 id="req-[^"]*">D (\S+) ← P (\S+)</h3>', page)
+    assert len(heads) == 12  # the page draws 12 of the 24
+    flagged = {f["req"] for f in boundary_oracle.fresh_check(str(TRACE["v024"]))["findings"]}
+    assert {p for _d, p in heads} <= flagged
+    assert 'local #<a class="evlink"' not in page and "local #0" in page

@@ -58,8 +58,12 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
                                   f"step {first['step']}" if first.get("step") is not None else "") if x)
         more = (f"; all {len(c.findings)}: {trace} --cause {c.n}"
                 if len(c.findings) > 1 and asked is None else "")
-        out += line(f"first: finding [{first['index'] + 1}]" + (f", {ex}" if ex else "") + more, width, "    ",
-                    "      ")
+        # what the first finding says (the block, the row, the copy), so the first screen names it too
+        what = str(first.get("title") or "")
+        if first.get("req") and what.startswith(f"request {first['req']}: "):
+            what = what[len(f"request {first['req']}: "):]
+        out += line(f"first: finding [{first['index'] + 1}]" + (f", {ex}" if ex else "") + (f": {what}" if what else "")
+                    + more, width, "    ", "      ")
     return out
 
 

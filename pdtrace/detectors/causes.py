@@ -200,7 +200,7 @@ class Cause:
     instances: list[str] = dataclasses.field(default_factory=list)
     where: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # [{hook, function, file, line}]
     upstream: list[str] = dataclasses.field(default_factory=list)  # links
-    first: dict[str, Any] = dataclasses.field(default_factory=dict)  # {index, req, step}
+    first: dict[str, Any] = dataclasses.field(default_factory=dict)  # {index, req, step, title}
 
     @property
     def where_words(self) -> str:
@@ -269,7 +269,8 @@ def group(findings: list[Any], where: dict[str, dict[str, Any]] | None = None) -
         best = min(c.findings, key=lambda i: (_RANK.get(_get(findings[i], "severity"), 2),
                                               _get(findings[i], "step") if isinstance(_get(findings[i], "step"), int)
                                               else 1 << 60))
-        c.first = {"index": best, "req": _get(findings[best], "req"), "step": _get(findings[best], "step")}
+        c.first = {"index": best, "req": _get(findings[best], "req"), "step": _get(findings[best], "step"),
+                   "title": str(_get(findings[best], "title") or "")}
     return out
 
 

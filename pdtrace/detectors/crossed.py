@@ -219,13 +219,13 @@ class Stream:
         groups = ", ".join(f"{g} ({', '.join(ls) or 'layers not recorded'})" for g, ls in d["draft_left"])
         self._flag(pair, d, ids,
             f"drafter KV never crossed: D loaded {ext} prompt token(s) of {d['req']} into the target's groups only; "
-            f"the drafter's group {', '.join(str(g) for g, _ in d['draft_left'])} holds them unwritten",
+            f"the drafter's group {', '.join(str(g) for g, _ in d['draft_left'])} got none of them",
             f"D's scheduler has the drafter's KV cache group(s) {groups} outside its transfer groups "
             f"(KVCacheConfig.transfer_group_ids), so the connector loads P's KV into the other groups only. The "
             f"scheduler still counts the {ext} loaded token(s) computed for every group (positions {local}-"
-            f"{local + ext - 1}; get_num_new_matched_tokens, allocate_slots), and D computes only the rest of the "
-            f"prompt: the drafter attends to blocks of its own group that no transfer and no forward on D ever "
-            f"wrote. The target's tokens stay right (it verifies every draft); what the drafter proposes is built "
+            f"{local + ext - 1}; get_num_new_matched_tokens, allocate_slots), and D computes only the prompt "
+            f"tokens it did not load ({max(d['len'] - local - ext, 0)}): the drafter attends to blocks of its own "
+            f"group that no transfer and no forward on D ever wrote. The target's tokens stay right (it verifies every draft); what the drafter proposes is built "
             f"on garbage, so acceptance falls (vLLM #54926: draft-model groups left out of NIXL's transfer groups).",
             {"p_req": (p or {}).get("req"), "d_req": d["req"], "p_inst": (p or {}).get("inst"),
              "prompt_len": d["len"], "local_hit": local, "loaded": ext, "mechanism": "drafter-group",
@@ -280,8 +280,8 @@ def summary_line(n: dict) -> str:
     extra = [f"{n['no_params']} without transfer params" if n["no_params"] else "",
              f"{n['failed_load_requests']} with a failed load" if n["failed_load_requests"] else ""]
     extra = [x for x in extra if x]
-    drafter = (f"; of the tokens loaded, {n['drafter_unwritten']} never reached the drafter's KV cache group "
-               f"(not a transfer group)" if n.get("drafter_unwritten") else "")
+    drafter = (f"; the drafter's own KV cache group got none of the {n['drafter_unwritten']} loaded tokens "
+               f"(it is not a transfer group)" if n.get("drafter_unwritten") else "")
     return out + (f" ({'; '.join(extra)})" if extra else "") + drafter
 
 

@@ -29,7 +29,7 @@ def windows(m: Model, limit: int) -> tuple[dict | None, str]:
     rows = []
     win_ids = {i for f in m.findings if f.kind == "drafter-window-outside-allocation" for i in f.event_ids}
     win_reqs = {f.req for f in m.findings if f.kind == "drafter-window-outside-allocation"}
-    n_windows = 0
+    n_windows = unjudged = 0
     reduced = m.totals is not None
     for e in m.events:
         k = e["ev"]
@@ -48,6 +48,7 @@ def windows(m: Model, limit: int) -> tuple[dict | None, str]:
                 # trace read in two passes every window a finding does not cite (the other requests' windows
                 # of a finding's step are kept, their allocations of earlier steps are not: held to the last
                 # allocation kept, they looked outside it on a live 0.24.0 trace with no window finding)
+                unjudged += not reduced
                 continue
             blocks = (a or {}).get("block_ids") or local_blocks.get(e["req"]) or []
             bsz = bs_of.get(e.get("inst"), [])
@@ -60,8 +61,10 @@ def windows(m: Model, limit: int) -> tuple[dict | None, str]:
     if m.totals is not None:  # a trace read in two passes: the windows of requests with findings were kept
         n_windows = m.totals.kinds.get("spec.window", 0)
     if not rows:
-        return None, (f"{n_windows} drafter write window(s) in the trace; none writes past the request's blocks"
-                      if n_windows else "")
+        held = (f" ({unjudged} with no allocation recorded, not judged: a model runner's warm-up has none)"
+                if unjudged else "")
+        return None, (f"{n_windows} drafter write window(s) in the trace{held}; none writes past the request's "
+                      f"blocks" if n_windows else "")
     shown = rows[:limit]
     traces = []
     ya, xa, ba, ha = [], [], [], []

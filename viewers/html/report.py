@@ -164,7 +164,10 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
     reqfigs: dict[str, list[str]] = {}  # block-map figure -> the requests it draws (D's and P's id)
     for i, (req, _title, fig) in enumerate(maps):
         reqfigs[f"fig-blockmap-{i}"] = sorted({req, m.d2p.get(req, req)})
-        body.append(f'<h3 id="req-{esc(req)}">{esc(req)}</h3>' + fig_div(f"fig-blockmap-{i}", fig))
+        # both sides' ids: a finding names P's request, the block map is D's (a new user looked for one in the other)
+        p_req = m.d2p.get(req)
+        head = f"D {esc(req)} ← P {esc(p_req)}" if p_req and p_req != req else esc(req)
+        body.append(f'<h3 id="req-{esc(req)}">{head}</h3>' + fig_div(f"fig-blockmap-{i}", fig))
     sections.append('<section id="blockmaps"><h2>Block mapping per affected request</h2>' + "".join(body) + "</section>")
 
     loads, note = fig_kvload.load_maps(m, limit=12)

@@ -158,7 +158,9 @@ def trace_html(header: dict, footer: dict | None, problems: Sequence[Any], event
     return "\n".join(out)
 
 
-_TRACE_EVENT = re.compile(r"(trace events? |event #|#)(\d+)\b")
+# only what names a trace event: a bare '#N' in a finding is a block position ('local #0'), a row or a vLLM issue
+# ('#44151'), and was linked to event N (a new user's pass on a live trace's report, 2026-11-27)
+_TRACE_EVENT = re.compile(r"(trace events? |event #)(\d+)\b")
 
 
 def _linkify(text: str, linkable: Callable[[int], bool]) -> str:
