@@ -182,9 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(out["table"], label))
     for x in out["rows"]:
         if x.get("served") and (x["mapping_wrong"] or x["diverged"] or x["flagged"]):
-            print(f"  {x['name']}: mapping {'wrong ' + str(x['oracle_shifts']) if x['mapping_wrong'] else 'right'}, "
-                  f"tokens {'diverge at ' + str(x['first_diff']) + (' (near tie)' if x['near_tie'] else '') if x['diverged'] else 'equal'}, "
-                  f"{'flagged ' + ','.join(x['kinds']) + ' shift ' + str(x['flag_shifts']) if x['flagged'] else 'not flagged'}")
+            mapping = f"wrong {x['oracle_shifts']}" if x["mapping_wrong"] else "right"
+            tokens = (f"diverge at {x['first_diff']}" + (" (near tie)" if x["near_tie"] else "")
+                      if x["diverged"] else "equal")
+            flag = f"flagged {','.join(x['kinds'])} shift {x['flag_shifts']}" if x["flagged"] else "not flagged"
+            print(f"  {x['name']}: mapping {mapping}, tokens {tokens}, {flag}")
     if t["mapping_unknown"]:
         print(f"boundary_oracle: {t['mapping_unknown']} request(s) without a mapping in the trace: not judged",
               file=sys.stderr)

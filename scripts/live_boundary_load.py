@@ -105,7 +105,8 @@ def send_boundary(proxy_url: str, prefill_url: str, plan: list[dict], concurrenc
             continue
         a, b = r["tokens"], ref["tokens"]
         r["local_tokens"] = b
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                     None if len(a) == len(b) else min(len(a), len(b)))
         r["diverged"] = first is not None
         r["first_diff"] = first
         r["near_tie"] = first is not None and (_near_tie(r["top"], first) or _near_tie(ref["top"], first))

@@ -225,8 +225,9 @@ class Stream:
             f"scheduler still counts the {ext} loaded token(s) computed for every group (positions {local}-"
             f"{local + ext - 1}; get_num_new_matched_tokens, allocate_slots), and D computes only the prompt "
             f"tokens it did not load ({max(d['len'] - local - ext, 0)}): the drafter attends to blocks of its own "
-            f"group that no transfer and no forward on D ever wrote. The target's tokens stay right (it verifies every draft); what the drafter proposes is built "
-            f"on garbage, so acceptance falls (vLLM #54926: draft-model groups left out of NIXL's transfer groups).",
+            f"group that no transfer and no forward on D ever wrote. The target's tokens stay right (it verifies "
+            f"every draft); what the drafter proposes is built on garbage, so acceptance falls (vLLM #54926: "
+            f"draft-model groups left out of NIXL's transfer groups).",
             {"p_req": (p or {}).get("req"), "d_req": d["req"], "p_inst": (p or {}).get("inst"),
              "prompt_len": d["len"], "local_hit": local, "loaded": ext, "mechanism": "drafter-group",
              "groups": [g for g, _ in d["draft_left"]], "layers": [[g, ls] for g, ls in d["draft_left"]],
