@@ -35,19 +35,19 @@ def request_plan(block_size: int) -> list[dict]:
         {"name": "mult4-again", "len": 4 * bs, "max_tokens": 16, "seed": 3},  # prefix-cache hit on P and D
         {"name": "short", "len": bs - 5, "max_tokens": 12, "seed": 4},
     ]
-    # Sent in this order ("gap": seconds before the next one is sent), so they share D's batch
-    # (max 4 rows) in this row order. c-short finishes first while c-last, a higher row, still
-    # runs: InputBatch.condense() then moves c-last down into c-short's row (batch.condense), and
-    # later accepted-count reads of c-last come from its new row. c-last follows c-short closely
-    # and c-short decodes 16 tokens, so c-last is in D's batch before c-short finishes (with 4
-    # tokens and a 0.3 s gap, c-last once arrived after c-short had left and took its row). c-long
-    # and c-mid decode long enough to be running when c-short reaches D (with 96 / 80 tokens both
-    # once finished before it arrived, 2026-11-27: no condense at all).
+    # Sent in this order, 0.3 s apart, each decoding more than the one before: on D the earlier
+    # request of any two that share the batch holds the lower row (it was added first) and
+    # finishes first while the later one still runs, so InputBatch.condense() moves the later one
+    # down into the freed row (batch.condense), and its later accepted-count reads come from its
+    # new row. Any overlap of two gives a condense. (The plan before, c-long 256 / c-mid 224 /
+    # c-short 16 / c-last 64 tokens, needed c-short and c-last to overlap on D in that row order;
+    # in a CI run of 2026-11-27 P's prefills reached D 2.4 s apart on the loaded cores, only
+    # c-long and c-mid overlapped, and the higher row finished first: no condense.)
     conc = [
-        {"name": "c-long", "len": 3 * bs, "max_tokens": 256, "seed": 5, "gap": 0.3},
-        {"name": "c-mid", "len": 3 * bs + 7, "max_tokens": 224, "seed": 6, "gap": 0.3},
-        {"name": "c-short", "len": bs + 1, "max_tokens": 16, "seed": 8, "gap": 0.05},
-        {"name": "c-last", "len": 5 * bs, "max_tokens": 64, "seed": 7, "gap": 0.0},
+        {"name": "c-1", "len": 3 * bs, "max_tokens": 64, "seed": 5, "gap": 0.3},
+        {"name": "c-2", "len": 3 * bs + 7, "max_tokens": 128, "seed": 6, "gap": 0.3},
+        {"name": "c-3", "len": bs + 1, "max_tokens": 192, "seed": 8, "gap": 0.3},
+        {"name": "c-4", "len": 5 * bs, "max_tokens": 256, "seed": 7, "gap": 0.0},
     ]
     for r in seq:
         r["group"] = "sequential"

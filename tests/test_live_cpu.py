@@ -199,9 +199,10 @@ def test_input_batch_rows(live):
 
 
 def test_condense_moves_rows_and_reads_follow_them(live):
-    """The concurrent group (c-long, c-mid, c-short, c-last, sent in that order) shares D's
-    batch; c-short finishes first while a higher row still runs, so the real
-    InputBatch.condense() moves a running request down into the freed row. Each recorded move
+    """The concurrent group (c-1 .. c-4, sent in that order, each decoding more than the one
+    before) shares D's batch; of any two that overlap the earlier, in the lower row, finishes
+    first while the later still runs, so the real InputBatch.condense() moves a running request
+    down into the freed row. Each recorded move
     goes from a higher row to a lower one, and the moved request's later accepted-count reads
     (the runner's own synchronous reads on CPU) come from its new row."""
     cond = _ev(live, "batch.condense", "D")
