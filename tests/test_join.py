@@ -61,9 +61,15 @@ def test_p_engine_must_match_and_p_must_finish_first():
     assert [(x.p_finished is not None, x.d_alloc is not None) for x in trs] == [(True, False), (False, True)]
     p["engine"] = "P0"
     a = next(e for e in b.events if e["ev"] == "nixl.remote_alloc")
-    a["id"], p["id"] = p["id"], a["id"]  # D allocated before P finished: causality says no
+    a["id"], p["id"] = p["id"], a["id"]  # D allocated before P finished ...
+    p["w"] = a["w"] + 1_000_000_000  # ... a second before: another round's report, not this transfer's
     trs = join_transfers(b.events)
     assert all(x.p_finished is None or x.d_alloc is None for x in trs)
+    # 4 ms after D's allocation, while it is open: the two processes' clocks apart (a live CPU run on one host,
+    # 2026-11-27, put 3 of 10 P reports so in the merged trace); it is the report D pulled
+    p["w"] = a["w"] + 4_000_000
+    (t,) = join_transfers(b.events)
+    assert t.p_finished is p and t.d_alloc is a
 
 
 def test_shift_text_never_says_none():

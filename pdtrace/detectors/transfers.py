@@ -10,7 +10,8 @@ paired when
 - P's ``engine`` is D's ``remote_engine`` when both are recorded, and
 - P finished before D allocated (trace order; ``pdtrace merge`` aligns clocks on exactly
   this causality). Of several such P reports (a retried or reused request id) the latest
-  one not already taken is used.
+  one not already taken is used. A P report that comes after D's allocation while it is
+  still open (the two clocks a few ms apart) is bound to it then (``Joiner._bind_late``).
 
 So two schedulers of one process that reuse ``id-1`` never cross-join, and a D allocation
 whose P side is not in the trace stays D-only. D's trims / reads are those of the same
@@ -26,13 +27,15 @@ import dataclasses
 from typing import Any
 
 from .index import Index, build, is_attention_group, kind_code
+from .transfer_lists import (NULL_BLOCK, _TAIL_MARKERS, _kv_group, _pairs_from_reads, blocks_needed,  # noqa: F401
+                             end_trim, group_block_size, group_kind, is_tail_group, load_list)
 
 Event = dict[str, Any]
 _INF = float("inf")
+# how much later than D's allocation P's report may be stamped and still be the one it pulled: two processes'
+# wall clocks, each read with the monotonic clock once at start, differ by a few ms on a loaded host
+LATE_REPORT_NS = 50_000_000
 
-
-def blocks_needed(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size) if block_size > 0 else 0
 
 
 @dataclasses.dataclass
@@ -80,105 +83,6 @@ class Transfer:
     def event_ids(self) -> list[int]:
         evs = [self.p_finished, self.config, self.d_alloc, self.trim, *self.reads]
         return sorted({e["id"] for e in evs if e is not None and "id" in e})
-
-
-NULL_BLOCK = 0  # vLLM's BlockPool hands out block 0 as its null block (padding, never KV to load)
-_TAIL_MARKERS = ("SlidingWindow", "ChunkedLocal")  # groups whose exchanged lists are in-window tails
-
-
-def _kv_group(config: Event | None, g: int) -> int:
-    """The KV cache group behind the connector's ``g``-th per-group list: the connector's lists
-    follow the transfer groups (``sched.config.transfer_group_ids``; absent: every group)."""
-    tg = (config or {}).get("transfer_group_ids")
-    return int(tg[g]) if tg and g < len(tg) else g
-
-
-def group_block_size(config: Event | None, g: int) -> int:
-    sizes = (config or {}).get("block_sizes") or [16]
-    k = _kv_group(config, g)
-    return int(sizes[k] if k < len(sizes) else sizes[-1])
-
-
-def group_kind(config: Event | None, g: int) -> str:
-    kinds = (config or {}).get("group_kinds") or []
-    k = _kv_group(config, g)
-    return kinds[k] if k < len(kinds) else ""
-
-
-def is_tail_group(kind: str) -> bool:
-    """Sliding-window / chunked-local groups: only their tail holds KV (vLLM pads the rest with null
-    blocks). Of these the NIXL connector cuts only sliding-window groups' lists to the tail when it
-    exchanges them (``blocks_per_sw``); a chunked group's list goes whole, nulls included."""
-    return any(m in kind for m in _TAIL_MARKERS)
-
-
-def load_list(a: Event, config: Event | None) -> tuple[list[list[int]], list[bool]]:
-    """The blocks D loads into, per transfer group, and per group whether that list is exact.
-
-    Recorded by the hook (``load_block_ids``: the connector's own derivation) where the trace
-    has it. Else derived from D's whole list as vLLM's ``update_state_after_alloc`` does: the
-    transfer groups only, no null blocks (padding for out-of-window positions), and a tail group cut
-    as the connector cuts it (``exchange_blocks``; else a sliding-window group by the
-    ``cdiv(window, block_size) + 1`` rule from its recorded window). The derived list
-    still holds D's own prefix-cache hits (their hashes are not recorded), and a tail group whose
-    cut the trace does not say is not exact."""
-    rec = a.get("load_block_ids")
-    if rec is not None:
-        return [list(x) for x in rec], [True] * len(rec)
-    full = a.get("local_block_ids") or []
-    tg = (config or {}).get("transfer_group_ids")
-    if tg and len(full) > len(tg):  # D's whole list is per KV cache group: the transfer groups' lists
-        full = [full[i] for i in tg if i < len(full)]
-    cut = (config or {}).get("exchange_blocks") or []
-    wins = (config or {}).get("windows") or []
-    out, exact = [], []
-    for g, lo in enumerate(full):
-        lo = [b for b in lo if b != NULL_BLOCK]
-        ok = True
-        if is_tail_group(group_kind(config, g)):
-            k = _kv_group(config, g)
-            n = cut[g] if g < len(cut) else None
-            if n is None and k < len(wins) and wins[k] and "SlidingWindow" in group_kind(config, g):
-                n = blocks_needed(int(wins[k]), group_block_size(config, g)) + 1
-            if n:
-                lo = lo[-n:]
-            ok = n is not None
-        out.append(lo)
-        exact.append(ok)
-    return out, exact
-
-
-def end_trim(local: list[int], remote: list[int]) -> list[tuple[int, int]]:
-    """D's ``_apply_prefix_caching`` for one token-indexed group: keep ``remote[-n_local:]``."""
-    n = len(local)
-    if n == 0:
-        return []
-    if n < len(remote):
-        remote = remote[-n:]
-    return list(zip(local, remote))
-
-
-def _pairs_from_reads(reads: list[Event], ngroups: int) -> list[list[tuple[int, int]]]:
-    if len(reads) == 1:  # the usual case: one read, no local block twice in a group
-        r = reads[0]
-        groups = list(zip(r.get("local_block_ids") or [], r.get("remote_block_ids") or []))
-        if all(len(set(ls)) == len(ls) for ls, _rs in groups):
-            pairs: list[list[tuple[int, int]]] = [list(zip(ls, rs)) for ls, rs in groups]
-            pairs.extend([] for _ in range(ngroups - len(groups)))
-            return pairs
-    out: list[list[tuple[int, int]]] = [[] for _ in range(ngroups)]
-    seen: list[set[int]] = [set() for _ in range(ngroups)]
-    for r in reads:
-        for g, (ls, rs) in enumerate(zip(r.get("local_block_ids") or [], r.get("remote_block_ids") or [])):
-            if g >= ngroups:
-                out.append([])
-                seen.append(set())
-                ngroups += 1
-            for lb, rb in zip(ls, rs):
-                if lb not in seen[g]:
-                    seen[g].add(lb)
-                    out[g].append((lb, rb))
-    return out
 
 
 def join_transfers(events: list[Event], idx: Index | None = None) -> list[Transfer]:
@@ -230,6 +134,7 @@ class Joiner:
         self.by_p_id: dict[tuple, list[_Open]] = {}  # (inst, P req) -> open allocations pulling it
         self.by_d_req: dict[Any, list[_Open]] = {}  # D req -> open allocations (push-mode trims)
         self.unkeyed: list[Event] = []  # trims without a request (older traces)
+        self.unbound: dict[Any, list[_Open]] = {}  # P req -> open allocations that found no P report yet
         self.configs: Any = None  # the scheduler configs read so far (``index.Configs``)
 
     def feed(self, idx: Any) -> None:
@@ -241,6 +146,8 @@ class Joiner:
             if k == FIN:
                 if e.get("side", "P") == "P":
                     self.p_by_req.setdefault(e.get("req"), []).append(e)
+                    if self.unbound:
+                        self._bind_late(e)
             elif k == ALLOC:
                 self._alloc(e)
             elif k == TRIM:
@@ -282,11 +189,40 @@ class Joiner:
         op = self.open[key] = _Open(a, p, key, rkey)
         if rkey is not None and rkey != key[1]:
             self.by_p_id.setdefault((key[0], rkey), []).append(op)
+        if p is None and rkey is not None:
+            self.unbound.setdefault(rkey, []).append(op)
         self.by_d_req.setdefault(key[1], []).append(op)
+
+    def _bind_late(self, p: Event) -> None:
+        """P's report after the D allocation that pulled it: in a merged trace the two instances' clocks can be a
+        few ms apart (a live run on one host put 3 of 10 P reports 4 ms after D's allocation), so the report
+        is bound to the oldest open allocation of its request id (the engine too where both say) that found
+        none, if stamped at most LATE_REPORT_NS after it. Only while that allocation is open: a report after
+        D's request ended stays P-only."""
+        ops = self.unbound.get(p.get("req"))
+        eng = p.get("engine")
+        for op in ops or ():
+            want = op.a.get("remote_engine")
+            if want is not None and eng is not None and want != eng:
+                continue
+            if p.get("w", 0) - op.a.get("w", 0) > LATE_REPORT_NS:  # not a clock's few ms: another round's report
+                continue
+            op.p = p
+            self.taken.add(id(p))
+            self.pulls[id(p)] = self.pulls.get(id(p), 0) + 1
+            ops.remove(op)
+            if not ops:
+                del self.unbound[p.get("req")]
+            return
 
     def _close(self, op: _Open) -> None:
         del self.open[op.key]
         a, key, rkey = op.a, op.key, op.rkey
+        waiting = self.unbound.get(rkey)
+        if waiting is not None and op in waiting:
+            waiting.remove(op)
+            if not waiting:
+                del self.unbound[rkey]
         for table, k in ((self.by_p_id, (key[0], rkey)), (self.by_d_req, key[1])):
             lst = table.get(k)
             if lst is not None and op in lst:
