@@ -52,6 +52,20 @@ def _stats_of(eco: dict, into: dict, prompt_len: dict) -> None:
                                       "computed": n - o.num_cached_tokens}
 
 
+def _run_d(d: Any, d_req: str, steps: int = 12) -> Any:
+    """D's scheduler stepped until ``d_req`` leaves it: yields each step's SchedulerOutput and what
+    ``update_from_output`` returned (a prompt's last step samples one token; a pending load completes
+    the next step)."""
+    for _ in range(steps):
+        if d_req not in d.requests:
+            return
+        out = d.schedule()
+        toks = {rid: [300] if d.requests[rid].num_computed_tokens >= d.requests[rid].num_prompt_tokens else []
+                for rid in out.num_scheduled_tokens}
+        loaded = {rid for rid, r in d.requests.items() if r.status.name == "WAITING_FOR_REMOTE_KVS"}
+        yield out, d.update_from_output(out, _mro(out, toks, finished_recving=loaded or None))
+
+
 def dropped_params(n: int = 6, drop: tuple[int, ...] = (1, 4), direct: int = 1, prompt_len: int = 45,
                    block_size: int = 16, tag: str = "cross") -> Crossed:
     """``n`` prompts P prefills for a remote decode, handed to D with P's params except those of
@@ -85,16 +99,8 @@ def dropped_params(n: int = 6, drop: tuple[int, ...] = (1, 4), direct: int = 1, 
                 kv = None
                 direct_ids.append(d_req)
             d.add_request(_make_request(d_req, prompt, 4, kv, block_size))
-            for _ in range(12):
-                if d_req not in d.requests:
-                    break
-                out = d.schedule()
-                toks = {}
-                for rid in out.num_scheduled_tokens:
-                    r = d.requests[rid]
-                    toks[rid] = [300] if r.num_computed_tokens >= r.num_prompt_tokens else []
-                loaded = {rid for rid, r in d.requests.items() if r.status.name == "WAITING_FOR_REMOTE_KVS"}
-                _stats_of(d.update_from_output(out, _mro(out, toks, finished_recving=loaded or None)), stats, lens)
+            for _out, eco in _run_d(d, d_req):
+                _stats_of(eco, stats, lens)
         rec.emit("mark", label="scenario-end", sim=True)
     rec.flush()
     return Crossed(run_events(pair, start), dropped, stats, direct_ids)
@@ -169,28 +175,25 @@ def drafter_group(draft_group: str = "kept", n: int = 3, prompt_len: int = 45, b
             d_req = f"{tag}-{i}-D"
             params = p_prefill(pair.p, f"{tag}-{i}-P", prompt, block_size)
             d.add_request(_make_request(d_req, prompt, 4, dict(params), block_size))
-            o = oracle[d_req] = {"prompt": len(prompt), "recv_blocks": None}
-            for _ in range(12):
-                if d_req not in d.requests:
-                    break
-                out = d.schedule()
+            o = oracle[d_req] = {"prompt": len(prompt), "recv_blocks": None, "computed": None}
+            for out, _eco in _run_d(d, d_req):
                 meta = getattr(out.kv_connector_metadata, "reqs_to_recv", {}) or {}
                 if d_req in meta:
                     o["recv_blocks"] = [list(g) for g in meta[d_req].local_block_ids]
                     o["draft_blocks"] = list(d.kv_cache_manager.get_block_ids(d_req)[gid])
-                toks = {}
-                for rid in out.num_scheduled_tokens:
-                    r = d.requests[rid]
-                    toks[rid] = [300] if r.num_computed_tokens >= r.num_prompt_tokens else []
-                loaded = {rid for rid, r in d.requests.items() if r.status.name == "WAITING_FOR_REMOTE_KVS"}
-                if d_req in loaded:
-                    o["computed"] = None
-                d.update_from_output(out, _mro(out, toks, finished_recving=loaded or None))
-                if d_req in d.requests and o.get("computed") is None and d_req not in loaded:
-                    o["computed"] = d.requests[d_req].num_computed_tokens
+                r = d.requests.get(d_req)
+                if r is not None and o["computed"] is None and r.status.name != "WAITING_FOR_REMOTE_KVS":
+                    o["computed"] = r.num_computed_tokens  # once the load is done: the scheduler's count
         rec.emit("mark", label="scenario-end", sim=True)
     rec.flush()
     return DrafterGroup(run_events(pair, start), oracle)
+
+
+def never_written(r: DrafterGroup) -> list[str]:
+    """The oracle: D requests whose loaded tokens the scheduler counted computed while none of the drafter group's
+    blocks is among those the connector loads into (vLLM's objects, recorded by ``drafter_group``)."""
+    return sorted(req for req, o in r.oracle.items()
+                  if o["computed"] and not set(o["draft_blocks"]) & {b for g in o["recv_blocks"] for b in g})
 
 
 def drafter_scenario(draft_group: str) -> Any:
@@ -202,8 +205,7 @@ def drafter_scenario(draft_group: str) -> Any:
         from .scenario_builders import Scenario
 
         r = drafter_group(draft_group)
-        unwritten = sorted(req for req, o in r.oracle.items() if o["computed"] and not set(o["draft_blocks"])
-                           & {b for g in o["recv_blocks"] for b in g})
+        unwritten = never_written(r)
         assert (draft_group == "kept") == bool(unwritten), ("oracle: reqs_to_recv vs the drafter's blocks", r.oracle)
         return Scenario("", "", r.events, [KV_NEVER_CROSSED] if unwritten else [], {
             "real": ["vLLM's P and D Scheduler with the NIXL connector's scheduler side (request_finished, "
