@@ -60,25 +60,29 @@ class Stream:
         self.pairs: dict[tuple, dict] = {}  # (P inst, D inst) -> token counts (notes)
         self.findings: list[Finding] = []
 
-    def _role(self, e: Event) -> str:
-        c = self.configs.config_of(e) if self.configs is not None else None
-        return str((c or {}).get("kv_role") or "")
+    def _config(self, e: Event) -> dict:
+        """The sched.config of the scheduler that emitted ``e`` (empty where none is known)."""
+        return (self.configs.config_of(e) if self.configs is not None else None) or {}
 
-    def _draft_left(self, e: Event) -> list[tuple[int, list]]:
+    @staticmethod
+    def _role(c: dict) -> str:
+        return str(c.get("kv_role") or "")
+
+    @staticmethod
+    def _draft_left(c: dict) -> list[tuple[int, list]]:
         """The drafter's KV cache groups (vLLM's own mark, ``draft_groups``) that are not among the transfer groups
-        (``transfer_group_ids``, recorded where not every group transfers) on ``e``'s scheduler, with their layer
+        (``transfer_group_ids``, recorded where not every group transfers) of scheduler config ``c``, with their layer
         names. HiSparse's hot / resident groups, which D derives from a transferred group, are not the drafter's."""
-        c = self.configs.config_of(e) if self.configs is not None else None
-        tg, draft = (c or {}).get("transfer_group_ids"), (c or {}).get("draft_groups")
+        tg, draft = c.get("transfer_group_ids"), c.get("draft_groups")
         if tg is None or not draft:
             return []
         kinds, layers = c.get("group_kinds") or [], c.get("draft_layers") or []
         return [(int(g), list(layers[i]) if i < len(layers) else []) for i, g in enumerate(draft)
                 if g not in tg and not str(kinds[g] if g < len(kinds) else "").startswith("HiSparse")]
 
-    def _block(self, e: Event) -> int:
-        c = self.configs.config_of(e) if self.configs is not None else None
-        sizes = (c or {}).get("block_sizes") or [16]
+    @staticmethod
+    def _block(c: dict) -> int:
+        sizes = c.get("block_sizes") or [16]
         return int(max(sizes))
 
     def feed(self, idx: Any) -> None:
@@ -112,8 +116,9 @@ class Stream:
         kv = e.get("kv") or {}
         req = str(e.get("req"))
         prompt = (e.get("prompt_hash"), e.get("prompt_len"))
+        c = self._config(e)
         if kv.get("do_remote_decode"):
-            if self._role(e) not in SAVING_ROLES:
+            if self._role(c) not in SAVING_ROLES:
                 return  # (a request for a remote decode on an instance that saves no KV: vLLM's own tests)
             if len(self.p_reqs) >= KEPT:
                 self._drop(next(iter(self.p_reqs)))
@@ -122,7 +127,7 @@ class Stream:
             if prompt[0] is not None:
                 self.p_by_prompt.setdefault(prompt, deque()).append(req)
             return
-        if self._role(e) not in LOADING_ROLES:
+        if self._role(c) not in LOADING_ROLES:
             return
         if len(self.d_open) >= KEPT:
             self._judge(self.d_open.pop(next(iter(self.d_open))))
@@ -130,7 +135,7 @@ class Stream:
             "req": req, "inst": e.get("inst"), "prompt": prompt, "len": int(e.get("prompt_len") or 0),
             "params": bool(kv.get("do_remote_prefill")), "remote_req": kv.get("remote_request_id"),
             "remote_tokens": kv.get("remote_num_tokens"), "local": None, "ext": None, "step": e.get("step"),
-            "failed_load": False, "block": self._block(e), "ids": [e.get("id")], "draft_left": self._draft_left(e)}
+            "failed_load": False, "block": self._block(c), "ids": [e.get("id")], "draft_left": self._draft_left(c)}
 
     def _drop(self, req: str) -> dict | None:
         """Forget P's request ``req`` (claimed, or the oldest when KEPT are held): both indexes."""
