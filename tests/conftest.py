@@ -150,6 +150,36 @@ def served_live(live_scripts, name: str, tmp_path_factory, **kw) -> dict:
     return res
 
 
+def groups_follow_vllm(res: dict) -> list[dict]:
+    """A live run's per-KV-cache-group facts (kv-never-crossed, issue 51) and the viewer's Block map, held to vLLM's
+    own lists: D's whole list for each loaded request (``nixl.remote_alloc.local_block_ids``, the scheduler's, null
+    block 0 at an out-of-window position); a loaded position whose block is real is one the group got. Every D
+    request's Block map shows no MISMATCH (correct vLLM). Returns the pair's groups."""
+    from pdtrace.commands.view import open_source
+    from pdtrace.detectors import crossed
+    from pdtrace.viewers.tui import model
+
+    evs = res["events"]
+    (cfg,) = [e for e in evs if e["ev"] == "sched.config" and e.get("inst") == "D"][:1]
+    first = {a["req"]: a for a in evs if a["ev"] == "sched.alloc" and a.get("inst") == "D"
+             and "num_external_computed_tokens" in a}
+    want = [0] * len(cfg["group_kinds"])
+    idx = open_source(res["trace"])
+    idx.build()
+    allocs = [a for a in evs if a["ev"] == "nixl.remote_alloc" and a.get("inst") == "D"]
+    for a in allocs:
+        f = first[a["req"]]
+        lo, ext = f["num_new_computed_tokens"], f["num_external_computed_tokens"]
+        for g, blocks in enumerate(a["local_block_ids"]):
+            bs = cfg["block_sizes"][g]
+            want[g] += sum(1 for p in range(lo, lo + ext) if blocks[p // bs] != 0)
+        bm = model.block_map(idx, a["req"])
+        assert bm is not None and bm.mismatches == 0, (a["req"], [p.why for g in bm.groups for p in g.pairs if not p.ok])
+    (pair,) = [n for n in crossed.pair_notes(evs) if n["p_inst"] not in (None, "?")]
+    assert [r["loaded"] for r in pair["groups"]] == want and len(allocs) >= 5, (pair["groups"], want)
+    return pair["groups"]
+
+
 def load_live_events(res: dict) -> list:
     """The merged trace of a live run, loaded strictly (a damaged trace fails the test)."""
     from pdtrace.tracefile.trace import load

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdtrace.detectors import KV_NEVER_CROSSED, crossed
+from pdtrace.detectors import KV_NEVER_CROSSED, crossed, crossed_groups
 from pdtrace.detectors.causes import group
 from pdtrace.detectors.coverage import NOT_CHECKED, coverage
 from pdtrace.detectors.index import feed_all
@@ -154,7 +154,15 @@ def test_a_drafter_group_left_out_of_the_transfer_is_an_error_per_request():
     assert c.upstream == ["https://github.com/vllm-project/vllm/issues/54926"]
     (pair,) = [n for n in crossed.pair_notes(r.events) if n["p_inst"] == "P"]
     assert pair["drafter_unwritten"] == pair["loaded"] == sum(o["computed"] for o in r.oracle.values())
-    assert "the drafter's own KV cache group got none of the 156 loaded tokens" in crossed.summary_line(pair)
+    # per group (the oracle's recv_blocks: one list, the target's group; the drafter's group not among them)
+    g0, g1 = pair["groups"]
+    assert all(len(o["recv_blocks"]) == 1 for o in r.oracle.values())
+    assert (g0["loaded"], g0["not_transferred"], g0["transfer"]) == (pair["loaded"], 0, True)
+    assert g0["blocks"] == sum(len(o["recv_blocks"][0]) for o in r.oracle.values())
+    assert (g1["loaded"], g1["not_transferred"], g1["blocks"], g1["draft"]) == (0, pair["loaded"], 0, True)
+    lines = crossed_groups.lines(pair["groups"])
+    assert lines[0].startswith("group 1 (FullAttention, drafter): none of the 156 loaded token(s) reached it")
+    assert lines[1] == "every loaded token reached group 0 (FullAttention)"
 
 
 def test_a_drafter_group_that_transfers_is_clean():
@@ -167,3 +175,9 @@ def test_a_drafter_group_that_transfers_is_clean():
     assert {e["inst"] for e in cfg} == {"P", "D"} and all(e["draft_groups"] == [1] for e in cfg)
     assert all("transfer_group_ids" not in e for e in cfg)  # every group transfers
     assert all("drafter_unwritten" not in n for n in crossed.pair_notes(r.events))
+    (pair,) = [n for n in crossed.pair_notes(r.events) if n["p_inst"] == "P"]
+    for g, row in enumerate(pair["groups"]):  # both groups got every loaded token, in the oracle's blocks
+        assert (row["loaded"], row["not_loaded"], row["not_transferred"]) == (pair["loaded"], 0, 0)
+        assert row["blocks"] == sum(len(o["recv_blocks"][g]) for o in r.oracle.values())
+    assert crossed_groups.lines(pair["groups"]) == [
+        "every KV cache group got every loaded token: group 0 (FullAttention), group 1 (FullAttention, drafter)"]

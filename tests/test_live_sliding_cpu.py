@@ -21,7 +21,7 @@ vLLM's CPU kernels it skips with the reason; under PDTRACE_STRICT_SKIPS=1 that i
 from __future__ import annotations
 
 import pytest
-from conftest import served_live
+from conftest import groups_follow_vllm, served_live
 
 pytestmark = pytest.mark.live
 
@@ -88,3 +88,15 @@ def test_check_is_clean_as_recorded_and_as_the_previous_hooks_recorded_it(sw):
         old.append({k: v for k, v in e.items() if k not in ("load_block_ids", "windows", "exchange_blocks")})
     fs = detectors.run_all(old, {})
     assert not fs, [f.title for f in fs]
+
+
+
+def test_per_group_facts_and_the_viewers_block_map_follow_vllms_lists(sw):
+    """What reached each KV cache group (kv-never-crossed's per-group facts, issue 51) and the viewer's Block map on
+    the live trace, held to vLLM's own lists (conftest.groups_follow_vllm). The Block map once placed the sliding
+    group's clipped report from token 0, and D's positions from its latest list, where the moving window had freed
+    a block and handed it back to the same request further on: MISMATCH on correct vLLM."""
+    (cfg,) = _ev(sw, "sched.config", "D")[:1]
+    groups = groups_follow_vllm(sw)
+    g = cfg["group_kinds"].index("SlidingWindowSpec")
+    assert groups[g]["not_loaded"] > 0 and groups[g]["tail"]  # the window cut most prompts

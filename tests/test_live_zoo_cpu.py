@@ -13,7 +13,7 @@ request served, no finding of any severity, the pairing class checked.
 from __future__ import annotations
 
 import pytest
-from conftest import served_live
+from conftest import groups_follow_vllm, served_live
 
 pytestmark = [pytest.mark.live, pytest.mark.live_extra]
 
@@ -44,3 +44,10 @@ def test_vllm_built_the_architectures_groups_and_check_is_clean(fam):
         assert got == GROUPS[fam["family"]], c["group_kinds"]
     assert fam["check"]["rc"] == 0 and fam["check"].get("findings") == [], fam["check"]
     assert coverage(fam["events"])["lookahead-block-misalignment"].status == "checked"
+
+
+def test_per_group_facts_and_the_viewers_block_map_follow_vllms_lists(fam):
+    """Each group's loaded tokens (kv-never-crossed's per-group facts) and the viewer's Block map, held to vLLM's own
+    lists (conftest.groups_follow_vllm): Gemma 3's five sliding groups and gpt-oss's window of 128 included."""
+    groups = groups_follow_vllm(fam)
+    assert [r["tail"] for r in groups].count(True) == GROUPS[fam["family"]]["SlidingWindowSpec"]

@@ -326,8 +326,8 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
             out += ["  " + k] + _wrap(c.line(), width, "      ")
     cross = check_notes.crossing_lines(notes or {})
     out += ["", *line(check_notes.CROSSING, width, "", "  ")] if cross else []
-    for x in cross:
-        out += line(x, width, "  ", "    ")
+    for x, depth in cross:
+        out += line(x, width, "  " * (depth + 1), "  " * (depth + 2))
     kv_title = check_notes.title(notes or {})
     if kv_title:
         out += ["", *line(kv_title, width, "", "  ")]

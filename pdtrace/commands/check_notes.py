@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..detectors.base import KV_LOAD_FAILURE_RECOVERY, KV_NEVER_CROSSED
+from ..detectors import crossed_groups
 from ..detectors.crossed import summary_line
 from ..detectors.kv_load import describe
 
@@ -43,17 +44,22 @@ def crossing_notes(notes: dict[str, list]) -> list[dict[str, Any]]:
 CROSSING = f"Where D's prompt tokens came from ({KV_NEVER_CROSSED}: per instance pair, facts)"
 
 
-def crossing_lines(notes: dict[str, list]) -> list[str]:
-    """One line per instance pair (``detectors.crossed.summary_line``): loaded from P, D's own
-    prefix cache, computed on D."""
-    return [summary_line(n) for n in crossing_notes(notes)]
+def crossing_lines(notes: dict[str, list]) -> list[tuple[str, int]]:
+    """(line, depth): one line per instance pair (``detectors.crossed.summary_line``: loaded from P,
+    D's own prefix cache, computed on D), and under it (depth 1) where its KV cache groups differ in
+    what reached them (``detectors.crossed_groups.lines``)."""
+    out = []
+    for n in crossing_notes(notes):
+        out.append((summary_line(n), 0))
+        out += [(x, 1) for x in crossed_groups.lines(n.get("groups") or [])]
+    return out
 
 
 def markdown(notes: dict[str, list]) -> list[str]:
     out = []
     cross = crossing_lines(notes)
     if cross:
-        out += [f"### {CROSSING}", "", *(f"- {x}" for x in cross), ""]
+        out += [f"### {CROSSING}", "", *(f"{'  ' * d}- {x}" for x, d in cross), ""]
     t = title(notes)
     if t is None:
         return out

@@ -35,12 +35,15 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from .crossed_groups import add as add_groups
+from .crossed_groups import groups_of, per_group
+from .crossed_groups import notes as group_notes
 from .base import KV_NEVER_CROSSED, SEVERITY_ERROR, SEVERITY_WARNING, Finding
 from .index import feed_all, kind_code
 
 Event = dict[str, Any]
 
-_KINDS = ("req.add", "sched.alloc", "req.finish", "kvload.request")
+_KINDS = ("req.add", "sched.alloc", "req.finish", "kvload.request", "nixl.remote_alloc")
 LOADING_ROLES = frozenset({"kv_consumer", "kv_both"})
 SAVING_ROLES = frozenset({"kv_producer", "kv_both"})
 KEPT = 1 << 15  # open requests kept per side (the oldest go first)
@@ -87,7 +90,7 @@ class Stream:
 
     def feed(self, idx: Any) -> None:
         self.configs = idx.configs
-        ADD, ALLOC, FINISH, KVREQ = (kind_code(k) for k in _KINDS)
+        ADD, ALLOC, FINISH, KVREQ, RALLOC = (kind_code(k) for k in _KINDS)
         for e, k in zip(*idx.ordered_codes(_KINDS)):
             if k == ADD:
                 self._add(e)
@@ -105,6 +108,10 @@ class Stream:
                 d = self.d_open.pop((e.get("pid"), e.get("req")), None)
                 if d is not None:
                     self._judge(d)
+            elif k == RALLOC:
+                d = self.d_open.get((e.get("pid"), e.get("req")))
+                if d is not None and d.get("alloc") is None:  # the blocks its connector loads into, per group
+                    d["alloc"] = {x: e.get(x) for x in ("load_block_ids", "local_block_ids")}
             elif k == KVREQ:
                 d = self.d_open.get((e.get("pid"), e.get("req")))
                 if d is not None:  # where the rollback left its computed tokens: what stays loaded
@@ -135,7 +142,8 @@ class Stream:
             "req": req, "inst": e.get("inst"), "prompt": prompt, "len": int(e.get("prompt_len") or 0),
             "params": bool(kv.get("do_remote_prefill")), "remote_req": kv.get("remote_request_id"),
             "remote_tokens": kv.get("remote_num_tokens"), "local": None, "ext": None, "step": e.get("step"),
-            "failed_load": False, "block": self._block(c), "ids": [e.get("id")], "draft_left": self._draft_left(c)}
+            "failed_load": False, "block": self._block(c), "ids": [e.get("id")], "draft_left": self._draft_left(c),
+            "cfg": c, "alloc": None}
 
     def _drop(self, req: str) -> dict | None:
         """Forget P's request ``req`` (claimed, or the oldest when KEPT are held): both indexes."""
@@ -181,6 +189,8 @@ class Stream:
         pair["computed"] += computed
         pair["no_params"] += not d["params"]
         pair["failed_load_requests"] += d["failed_load"]
+        groups = groups_of(d["cfg"])
+        add_groups(pair.setdefault("groups", {}), groups, per_group(groups, d["cfg"], d["alloc"], local, kept))
         if d["draft_left"] and d["params"] and ext > 0 and not d["failed_load"]:
             self._drafter_left(pair, d, p, ids=[i for i in ((p or {}).get("id"), *d["ids"]) if i is not None])
         if p is None or d["failed_load"]:
@@ -260,8 +270,10 @@ class Stream:
         put into the drafter's own KV cache group: absent when none), ``load_failed_tokens`` (planned to
         load, lost to a failed load and recomputed on D; ``failed_load_requests``), how many
         arrived without params, and how many were flagged. ``loaded + load_failed_tokens`` is
-        what D's connector planned at admission (vLLM's ``external_kv_transfer`` counter)."""
-        return list(self.pairs.values())
+        what D's connector planned at admission (vLLM's ``external_kv_transfer`` counter).
+        ``groups``: per KV cache group of D, how many of the loaded tokens reached it
+        (``crossed_groups``)."""
+        return [{**p, "groups": group_notes(p.get("groups") or {})} for p in self.pairs.values()]
 
 
 def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
@@ -287,7 +299,8 @@ def summary_line(n: dict) -> str:
              f"{n['failed_load_requests']} with a failed load" if n["failed_load_requests"] else ""]
     extra = [x for x in extra if x]
     drafter = (f"; the drafter's own KV cache group got none of the {n['drafter_unwritten']} loaded tokens "
-               f"(it is not a transfer group)" if n.get("drafter_unwritten") else "")
+               f"(it is not a transfer group)" if n.get("drafter_unwritten") and len(n.get("groups") or ()) < 2
+               else "")  # (with its groups recorded, their lines under this one say it)
     return out + (f" ({'; '.join(extra)})" if extra else "") + drafter
 
 

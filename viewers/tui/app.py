@@ -41,7 +41,7 @@ from .export import ExportMixin
 from .layout import TABS, LayoutMixin
 from .detecting import DetectMixin
 from .messages import DetectProgress, FindingsReady, IndexFailed, IndexProgress
-from .navigation import PANE_OF_KIND, NavigationMixin
+from .navigation import NavigationMixin, pane_of
 from .search import PLACEHOLDER, SearchInput, SearchMixin
 from .widgets.accepted import AcceptedPane
 from .widgets.lists import FindingsList, RequestList
@@ -384,7 +384,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         pair = [r for r in self._pair() if r]
         out = []
         for f in self.findings:
-            pane = PANE_OF_KIND.get(f.kind)
+            pane = pane_of(f)
             if tab in ("blocks", "window"):
                 if pane in (("blocks", "window") if tab == "blocks" else ("window",)) and \
                         (f.req in pair or any(r in str(f.data) for r in pair)):
@@ -406,7 +406,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         """The tabs other than the Block map that show ``req``'s findings ("tab 2 Acc"), for an empty map."""
         short = {t[0]: t[2] for t in TABS}
         tabs = sorted({short[p] for f in self.findings if f.req == req
-                       and (p := PANE_OF_KIND.get(f.kind, "raw")) != "blocks"})
+                       and (p := pane_of(f)) != "blocks"})
         return ", ".join(f"tab {t}" for t in tabs)
 
     def _draw_pane(self, tab: str) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pdtrace.detectors import crossed_groups
+from pdtrace.detectors.transfer_lists import NULL_BLOCK, is_tail_group
 from pdtrace.index.trace_index import TraceIndex
 from pdtrace.tracefile.trace import derive_block_lists
 
@@ -86,6 +88,7 @@ class GroupMap:
     p_blocks: list[Cell]
     d_blocks: list[Cell]
     pairs: list[Pair]
+    load: dict[str, Any] | None = None  # what of D's load reached the group (crossed_groups.per_group), + "range"
 
     @property
     def mismatches(self) -> int:
@@ -108,11 +111,12 @@ class BlockMap:
         return sum(g.mismatches for g in self.groups)
 
 
-def _cells(ids: list[int], bs: int, ntok: int | None, state: bool, positions: dict[int, int] | None = None) -> list[Cell]:
+def _cells(ids: list[int], bs: int, ntok: int | None, state: bool, positions: Any = None) -> list[Cell]:
+    """``positions``: each block's token-block index, by block id (a dict) or by place in ``ids`` (a list)."""
     out = []
     ncover = _ceil_div(ntok, bs) if ntok is not None else None
     for j, b in enumerate(ids):
-        pos = positions.get(b, j) if positions is not None else j
+        pos = (positions[j] if isinstance(positions, list) else positions.get(b, j)) if positions is not None else j
         if state:
             out.append(Cell(b, pos, None, state=True))
         elif ncover is not None and pos >= ncover:
@@ -165,6 +169,12 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
         d_ids, pairs_l, pairs_r, source = (ra or {}).get("local_block_ids") or [], [], [], ""
     if not d_ids and loads:  # no NIXL events of it: the blocks the scheduler named at the failure
         d_ids = [list(loads[0].get("failed_blocks") or [])]
+    loads_of = [dict(x, failed=bool(loads)) for x in _group_loads(index, d_req, d_cfg, ra)]
+    tg = d_cfg.get("transfer_group_ids")
+    if tg and len(tg) < len(d_cfg.get("block_sizes") or ()):  # the lists P reports, and D's trim, are per transfer group
+        p_ids, pairs_l, pairs_r = (_by_group(x, tg) for x in (p_ids, pairs_l, pairs_r))
+        if source:
+            d_ids = _by_group(d_ids, tg)
     ngroups = max(len(p_ids), len(d_ids), len(pairs_l))
     groups = []
     for g in range(ngroups):
@@ -177,14 +187,18 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
         dg = list(d_ids[g]) if g < len(d_ids) else []
         # D positions: the full list D holds (sched.alloc) gives each block's place in the
         # request; without it, the blocks to load are the tail of the blocks covering the prompt.
-        d_full = (d_alloc or {}).get("block_ids") or []
-        if g < len(d_full) and set(dg) <= set(d_full[g]):
-            dpos = {b: k for k, b in enumerate(d_full[g])}
+        # (D's list at the load, nixl.remote_alloc's, before a sliding window frees and reuses a block further on;
+        # else its latest; a block's first place in it)
+        d_full = _held_list(ra, g, dg) or _held_list(d_alloc and {"local_block_ids": d_alloc.get("block_ids")}, g, dg)
+        if d_full:
+            dpos = {}
+            for k, b in enumerate(d_full):
+                dpos.setdefault(b, k)
         else:
             ncover = _ceil_div(rnt, bs) if rnt is not None else len(dg)
             base = max(0, ncover - len(dg))
             dpos = {b: base + k for k, b in enumerate(dg)}
-        pcells = _cells(pg, bs, rnt, state)
+        pcells = _cells(pg, bs, rnt, state, _p_positions(rf, g, pg, gk, bs, rnt))
         dcells = _cells(dg, bs, rnt, state, dpos)
         bad = model_kvload.failed_blocks(loads) if g == 0 else {}  # (vLLM reports group 0's ids)
         for c in dcells:
@@ -212,10 +226,58 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
         if len(lo) != len(ro):
             pairs.append(Pair(Cell(-1, None, None), Cell(-1, None, None), False,
                               f"{len(lo)} local vs {len(ro)} remote blocks"))
-        groups.append(GroupMap(g, gk, bs, pcells, dcells, pairs))
+        groups.append(GroupMap(g, gk, bs, pcells, dcells, pairs, loads_of[g] if g < len(loads_of) else None))
     ids = [e["id"] for e in (rf, ra, trim, read) if e]
     ids += [i for n in loads for i in n["events"]]
     return BlockMap(p_req, d_req, rnt, prompt_len, groups, source, ids, loads)
+
+
+def _p_positions(rf: dict | None, g: int, pg: list[int], kind: str, bs: int, rnt: int | None) -> list[int] | None:
+    """Each reported P block's token-block index, by its place in the report: the report is a run of P's own list
+    (``allocated_block_ids``, null blocks included), so its first real block's place there says where the run starts;
+    without P's list, a sliding-window / chunked group's report is the in-window tail of the blocks covering P's
+    tokens; else (None) the place in the report is the index."""
+    alloc = (rf or {}).get("allocated_block_ids") or []
+    pa = list(alloc[g]) if g < len(alloc) else []
+    j = next((i for i, b in enumerate(pg) if b != NULL_BLOCK), None)
+    if pa and j is not None and pg[j] in pa and set(pg) - {NULL_BLOCK} <= set(pa):
+        start = pa.index(pg[j]) - j
+        return [start + i for i in range(len(pg))]
+    if is_tail_group(kind) and rnt is not None and pg:
+        base = max(0, _ceil_div(rnt, bs) - len(pg))
+        return [base + i for i in range(len(pg))]
+    return None
+
+
+def _held_list(e: dict | None, g: int, dg: list[int]) -> list[int]:
+    """D's whole list for group ``g`` in ``e`` (``local_block_ids``) where it holds every block of ``dg``."""
+    full = (e or {}).get("local_block_ids") or []
+    return list(full[g]) if g < len(full) and set(dg) <= set(full[g]) else []
+
+
+def _by_group(lists: list, tg: list[int]) -> list[list[int]]:
+    """Per transfer group lists (in ``transfer_group_ids``' order) placed at their KV cache groups."""
+    if len(lists) != len(tg):
+        return lists
+    out: list[list[int]] = [[] for _ in range(max(tg) + 1)]
+    for i, g in enumerate(tg):
+        out[g] = list(lists[i])
+    return out
+
+
+def _group_loads(index: TraceIndex, d_req: str | None, d_cfg: dict, ra: dict | None) -> list[dict]:
+    """Per KV cache group of D, what of the request's load reached it (kv-never-crossed's per-group facts):
+    ``crossed_groups.per_group`` over D's first allocation (its hit, the tokens its connector loads)."""
+    if not d_req or not d_cfg:
+        return []
+    first = next((e for e in (index.event(i) for i in index.request_ordinals(d_req, ["sched.alloc"]))
+                  if "num_external_computed_tokens" in e and e.get("inst") == d_cfg.get("inst")), None)
+    if first is None or not first.get("num_external_computed_tokens"):
+        return []
+    local, ext = int(first.get("num_new_computed_tokens") or 0), int(first["num_external_computed_tokens"])
+    groups = crossed_groups.groups_of(d_cfg)
+    rows = crossed_groups.per_group(groups, d_cfg, ra, local, ext)
+    return [{**row, **gi, "range": (local, local + ext)} for gi, row in zip(groups, rows)]
 
 
 # ------------------------------------------------------------------------------ connector metadata

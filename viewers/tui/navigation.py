@@ -29,6 +29,14 @@ PANE_OF_KIND = {
 }
 
 
+def pane_of(f: Any) -> str:
+    """The pane a finding is best seen in: its kind's, but a drafter group that never got its KV (kv-never-crossed)
+    shows on the Block map, which says per group what the load brought."""
+    if (getattr(f, "data", None) or {}).get("mechanism") == "drafter-group":
+        return "blocks"
+    return PANE_OF_KIND.get(f.kind, "raw")
+
+
 class NavigationMixin:
     findings: list[Any]
     finding: Any
@@ -76,7 +84,7 @@ class NavigationMixin:
         step = self._finding_step(f)
         if step is not None:
             self.step = step
-        self.query_one(TabbedContent).active = PANE_OF_KIND.get(f.kind, "raw")  # type: ignore[attr-defined]
+        self.query_one(TabbedContent).active = pane_of(f)  # type: ignore[attr-defined]
         self._update_verdict()  # type: ignore[attr-defined]
         self._refresh_panes()  # type: ignore[attr-defined]
 

@@ -52,6 +52,9 @@ the token range it holds. `LA` marks lookahead blocks (hold no computed tokens);
 `✗ LOAD FAILED sN`, a D block whose KV failed to load at step N (the box above it says what
 the scheduler did, as `pdtrace check` does);
 `local <- remote` pairs that do not hold the same tokens are red, the reason under them.
+Each group's heading says how many of the tokens D loaded reached it; a sliding-window group
+says how many fell before its in-window tail, and a group outside the transfer groups is
+marked NOT A TRANSFER GROUP (its blocks hold tokens D counts computed that nothing wrote).
 When the pair's drafter writes past its allocation, its window is drawn here too.
 
 **Accepted counts**: per CPU read of num_accepted_tokens: row, request and verdict first

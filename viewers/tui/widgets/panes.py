@@ -97,7 +97,13 @@ class BlockMapPane(Pane):
         elif any(g.pairs for g in bm.groups):
             t.append("all local<-remote pairs hold the same tokens\n", style=OK)
         for g in bm.groups:
-            t.append(f"\nGroup {g.group}  {g.kind}  block size {g.block_size}\n", style="bold underline")
+            whole = bool(g.load) and not (g.load["not_loaded"] or g.load["not_transferred"])
+            t.append(f"\nGroup {g.group}  {g.kind}  block size {g.block_size}"
+                     + ("  (the drafter's)" if g.load and g.load.get("draft") else "")
+                     + (f"  {g.load['loaded']} tok {'to load (failed)' if g.load.get('failed') else 'loaded'}"
+                        if whole else "") + "\n", style="bold underline")
+            if g.load and not whole:  # (a group that got every loaded token: the heading says so)
+                _load_line(t, width, g.load)
             if g.pairs:
                 t.append("  pairs  local <- remote\n", style="dim")
             for p in g.pairs:
@@ -116,14 +122,45 @@ class BlockMapPane(Pane):
                     para(t, p.why, width, "bold red", indent=6, first="      ")
             t.append("  P blocks (reported)".ljust(CELL + 4) + "D blocks (local)\n", style="dim")
             dpos = {c.pos: c for c in g.d_blocks}
-            rows = max([len(g.p_blocks)] + [p + 1 for p in dpos if p is not None] + [0])
+            ppos = {(c.pos if c.pos is not None else k): c for k, c in enumerate(g.p_blocks)}
+            rows = max([p + 1 for p in (*ppos, *dpos) if p is not None] + [0])
+            skipped = 0
             for k in range(rows):
+                if k not in ppos and k not in dpos:  # (a sliding window's positions before its tail: no block)
+                    skipped += 1
+                    continue
+                if skipped:
+                    t.append(f"  (block position(s) {k - skipped}-{k - 1}: no block on either side)\n", style="dim")
+                    skipped = 0
                 t.append("  ")
-                t.append_text(_cell(g.p_blocks[k] if k < len(g.p_blocks) else None))
+                t.append_text(_cell(ppos.get(k)))
                 t.append("  ")
                 t.append_text(_cell(dpos.get(k)))
                 t.append("\n")
         t.append(f"\nevents: {', '.join(map(str, bm.event_ids))}\n", style="dim")
+
+
+def _load_line(t: Text, width: int, ld: dict) -> None:
+    """What of D's load reached a group (kv-never-crossed's per-group facts): red where D's scheduler counts
+    tokens computed that nothing wrote into the group."""
+    lo, hi = ld["range"]
+    span = f"positions {lo}-{hi - 1}"
+    if ld["not_transferred"]:
+        t.append("  ")
+        t.append(" NOT A TRANSFER GROUP ", style=BAD)
+        t.append("\n")
+        para(t, f"none of the {hi - lo} loaded token(s) ({span}) reached it: D's scheduler counts them computed, "
+                f"no load and no forward on D wrote them" + (" (the drafter's group: vLLM #54926's shape)"
+                                                             if ld.get("draft") else ""), width, "bold red", indent=4)
+        return
+    words = (f"{'to load from P (the load failed)' if ld.get('failed') else 'loaded from P'}: {ld['loaded']} of the "
+             f"{hi - lo} token(s) ({span})")
+    if ld["blocks"]:
+        words += f", {ld['blocks']} block(s)"
+    if ld["not_loaded"]:
+        words += (f"; the first {ld['not_loaded']} not loaded" + (" (outside the window: never read again)"
+                                                                 if ld.get("tail") else ""))
+    para(t, words, width, "dim", indent=4, first="  ")
 
 
 class MetadataPane(Pane):
