@@ -251,3 +251,32 @@ def test_report_draws_each_failed_kv_load(tmp_path, sample):
     n = 2 + bool(finished)  # failed, scheduled again, finished (the buggy sample never finishes)
     assert rows[0]["marker"]["symbol"][:n] == ["x", "circle", "square"][:n] and rows[0]["x"][n] is None
     assert any(k.startswith("fig-kvload-") and dec["req"] in v for k, v in data["reqfigs"].items())
+
+
+@pytest.mark.parametrize("sample", ["kv_never_crossed_drafter_group_buggy", "kv_never_crossed_drafter_group_fixed"])
+def test_report_draws_what_reached_each_kv_cache_group(tmp_path, sample):
+    """Issue 51: the Prompt tokens section draws, per KV cache group, what of D's load reached it, and for each
+    request whose drafter group never got its KV, D's blocks per group. Against the trace's own events: D's whole
+    list at the load and the blocks its connector loads into (nixl.remote_alloc), the transfer groups (sched.config)."""
+    trace = ROOT / "sample_traces" / f"{sample}.jsonl"
+    out = tmp_path / "r.html"
+    assert report_cmd.run(trace, out, lenient=False) == 0
+    page = out.read_text(encoding="utf-8")
+    data = report.unpack_data(page)
+    tr = load(str(trace))
+    allocs = [e for e in tr.events if e["ev"] == "nixl.remote_alloc"]
+    (cfg,) = [e for e in tr.events if e["ev"] == "sched.config" and e["inst"] == "D"]
+    kept = "transfer_group_ids" in cfg  # the buggy run: the drafter's group 1 is not a transfer group
+    bars = {t["name"]: t for t in data["figs"]["fig-crossing-groups"]["data"]}
+    loaded = sum(a["num_external_tokens"] for a in allocs)
+    assert bars["loaded into the group"]["x"] == ([loaded, 0] if kept else [loaded, loaded])
+    assert ("not a transfer group: counted computed, never written" in bars) == kept
+    maps = sorted(k for k in data["figs"] if k.startswith("fig-crossing-req-"))
+    assert len(maps) == (len(allocs) if kept else 0)
+    for k, a in zip(maps, allocs):
+        fig = {t["name"]: t for t in data["figs"][k]["data"]}
+        assert a["req"] in data["figs"][k]["layout"]["title"]["text"]
+        assert fig["loaded from P"]["text"] == [str(b) for b in a["load_block_ids"][0]]
+        assert fig["counted computed, never written (not a transfer group)"]["text"] == [
+            str(b) for b in a["local_block_ids"][1]]
+    assert ('are drawn per KV cache group under <a href="#crossing">' in page) == kept

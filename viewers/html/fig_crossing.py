@@ -11,7 +11,12 @@ from pdtrace.detectors import crossed_groups
 from pdtrace.detectors.base import KV_NEVER_CROSSED
 from pdtrace.detectors.crossed import pair_notes, short_line, summary_line
 
-from .common import GREEN, GREY, ORANGE, RED, esc, layout
+from .common import BLUE, GREEN, GREY, ORANGE, RED, esc, layout
+
+SHOWN_REQUESTS = 4  # block maps drawn per report (the drafter-group findings' first requests)
+CELLS = (("loaded", "loaded from P", GREEN), ("hit", "D's prefix cache", BLUE), ("computed", "computed on D", ORANGE),
+         ("unwritten", "counted computed, never written (not a transfer group)", RED),
+         ("null", "null block (outside the window)", GREY))
 
 PARTS = (("loaded", "loaded from P", GREEN), ("local_hit", "D's prefix cache", GREY),
          ("computed", "computed on D", ORANGE), ("load_failed_tokens", "recomputed after a failed load", RED))
@@ -30,7 +35,7 @@ def figure(pairs: list[dict]) -> dict | None:
                      "marker": {"color": colour},
                      "hovertemplate": "%{y}: %{x} prompt tokens " + word + "<extra></extra>"})
     lay = layout("Prompt tokens per instance pair", barmode="stack", height=120 + 40 * len(pairs),
-                 xaxis={"title": {"text": "prompt tokens"}})
+                 xaxis={"title": {"text": "prompt tokens"}}, yaxis={"automargin": True})
     return {"data": data, "layout": lay}
 
 
@@ -51,11 +56,55 @@ def group_figure(pairs: list[dict]) -> dict | None:
              "marker": {"color": colour}, "hovertemplate": "%{y}: %{x} loaded prompt tokens " + word + "<extra></extra>"}
             for key, word, colour in GROUP_PARTS if any(r[key] for _s, r in rows)]
     lay = layout("Loaded prompt tokens per KV cache group", barmode="stack", height=120 + 34 * len(rows),
-                 xaxis={"title": {"text": "prompt tokens D loaded (D's hit and D's own compute are every group's)"}})
+                 xaxis={"title": {"text": "prompt tokens D loaded (D's hit and D's own compute are every group's)"}},
+                 yaxis={"automargin": True})
     return {"data": data, "layout": lay}
 
 
-def section(trace: Any, fig_div: Any) -> str | None:
+def request_figure(events: list[dict], req: str) -> dict | None:
+    """D's blocks for ``req`` per KV cache group, one square per block at its token-block index, coloured by where its
+    KV came from: D's whole list at the load (``nixl.remote_alloc.local_block_ids``, vLLM's), the blocks its connector
+    loads into (``load_block_ids``), D's hit and the tokens it loaded (its first ``sched.alloc``), the transfer groups
+    (``sched.config``). None when the trace lacks the request's allocation."""
+    ra = next((e for e in events if e.get("ev") == "nixl.remote_alloc" and e.get("req") == req), None)
+    first = next((e for e in events if e.get("ev") == "sched.alloc" and e.get("req") == req
+                  and "num_external_computed_tokens" in e), None)
+    cfg = next((e for e in events if e.get("ev") == "sched.config" and e.get("inst") == (ra or {}).get("inst")), None)
+    if ra is None or first is None or cfg is None:
+        return None
+    local, ext = int(first.get("num_new_computed_tokens") or 0), int(first.get("num_external_computed_tokens") or 0)
+    groups = crossed_groups.groups_of(cfg)
+    loads = ra.get("load_block_ids") or []
+    cells: dict[str, tuple[list, list, list, list]] = {key: ([], [], [], []) for key, _w, _c in CELLS}
+    names = []
+    width = max((len(b) for b in ra.get("local_block_ids") or []), default=0)
+    for gi, blocks in zip(groups, ra.get("local_block_ids") or []):
+        name = crossed_groups.name(gi)
+        names.append(name)
+        ti = gi["ti"]
+        loading = set(loads[ti]) if gi["transfer"] and ti is not None and ti < len(loads) else None
+        bs = gi["block_size"] or 16
+        for k, b in enumerate(blocks):
+            lo = k * bs
+            key = ("null" if b == 0 else "hit" if lo < local else "computed" if lo >= local + ext
+                   else "unwritten" if not gi["transfer"] else "loaded" if loading is None or b in loading else "computed")
+            xs, ys, ts, hs = cells[key]
+            xs.append(k)
+            ys.append(name)
+            ts.append(str(b))
+            hs.append(f"{name}: D block {b}, tokens {lo}-{lo + bs - 1}: {dict((c[0], c[1]) for c in CELLS)[key]}")
+    data = [{"type": "scatter", "mode": "markers+text", "name": word, "x": xs, "y": ys, "text": ts,
+             "textposition": "middle center", "hovertext": hs, "hoverinfo": "text",
+             "textfont": {"color": "white"}, "marker": {"symbol": "square", "size": 26, "color": colour}}
+            for key, word, colour in CELLS for xs, ys, ts, hs in [cells[key]] if xs]
+    lay = layout(f"D {req}: its blocks per KV cache group ({ext} prompt tokens loaded, {local} from D's cache)",
+                 height=140 + 50 * len(names),
+                 xaxis={"title": {"text": "token-block index"}, "dtick": 1, "range": [-0.6, max(width, 4) - 0.4]},
+                 yaxis={"categoryorder": "array", "categoryarray": names[::-1], "automargin": True})
+    return {"data": data, "layout": lay}
+
+
+def section(trace: Any, fig_div: Any, findings: list | None = None) -> str | None:
     """The report's section, or None when no instance loaded KV (nothing to say). A reduced trace
     (``reduce.read``) carries the streamed check's notes over all its events; else they are
     counted here over the events."""
@@ -72,4 +121,28 @@ def section(trace: Any, fig_div: Any) -> str | None:
             "planned to load from P at admission (less what a failed load's rollback took back, recomputed on "
             "D), the rest computed on D (kv-never-crossed; a request P prefilled whose D side computed it "
             f"again is a finding).</p><ul>{lines}</ul>" + fig_div("fig-crossing", fig)
-            + (fig_div("fig-crossing-groups", gfig) if gfig else "") + "</section>")
+            + (fig_div("fig-crossing-groups", gfig) if gfig else "") + _request_maps(trace, fig_div, findings)
+            + "</section>")
+
+
+def drafter_requests(findings: list | None) -> list[str]:
+    """The requests of kv-never-crossed's drafter-group findings, in order."""
+    return [f.req for f in findings or () if f.kind == KV_NEVER_CROSSED and f.req
+            and (getattr(f, "data", None) or {}).get("mechanism") == "drafter-group"]
+
+
+def _request_maps(trace: Any, fig_div: Any, findings: list | None) -> str:
+    """Block maps of the first requests whose drafter group never got its KV (kv-never-crossed's error)."""
+    reqs = drafter_requests(findings)
+    out = []
+    for i, req in enumerate(dict.fromkeys(reqs)):
+        if i >= SHOWN_REQUESTS:
+            break
+        fig = request_figure(trace.events, req)
+        if fig is not None:
+            out.append(f'<h3 id="crossing-{esc(req)}">{esc(req)}</h3>' + fig_div(f"fig-crossing-req-{i}", fig))
+    if not out:
+        return ""
+    more = f" (the first {SHOWN_REQUESTS} of {len(set(reqs))})" if len(set(reqs)) > SHOWN_REQUESTS else ""
+    return (f"<p class=\"note\">D's blocks per KV cache group for the requests whose drafter group got none of the "
+            f"loaded tokens{more}: a square per block at its token-block index, its id inside.</p>" + "".join(out))

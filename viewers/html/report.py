@@ -161,6 +161,9 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
     body = ([f'<p class="note">{fig_blockmap.caption([fig for _r, _t, fig in maps], note)}</p>'] if maps
             or LOOKAHEAD not in n_a else
             [f'<p class="ok">No KV transfers in this trace: {esc(LOOKAHEAD)} does not apply ({esc(n_a[LOOKAHEAD])}).</p>'])
+    if fig_crossing.drafter_requests(m.findings):  # (their blocks per KV cache group are drawn there)
+        body.append('<p class="note">The requests whose drafter group never got its KV (kv-never-crossed) are drawn '
+                    'per KV cache group under <a href="#crossing">Prompt tokens</a>.</p>')
     reqfigs: dict[str, list[str]] = {}  # block-map figure -> the requests it draws (D's and P's id)
     for i, (req, _title, fig) in enumerate(maps):
         reqfigs[f"fig-blockmap-{i}"] = sorted({req, m.d2p.get(req, req)})
@@ -179,7 +182,7 @@ def _render_once(trace: Any, fv: list[FindingView], findings_note: str, budget: 
         sections.append('<section id="kvload"><h2>KV load failures: blocks and recovery per request</h2>'
                         + "".join(body) + "</section>")
 
-    crossing = fig_crossing.section(trace, fig_div)
+    crossing = fig_crossing.section(trace, fig_div, m.findings)
     if crossing:
         sections.append(crossing)
 
