@@ -372,3 +372,26 @@ async def test_f_goes_through_the_findings_by_their_numbers_whatever_the_groupin
             await pilot.press("F")
             await pilot.pause()
             assert app.findings.index(app.finding) == (seen[-1] - 1) % n
+
+
+def test_request_list_pairs_a_d_request_that_lost_its_params_with_its_p():
+    """Issue 51: a D request that arrived without transfer params names no P request (no remote_request_id, no
+    NIXL read), so the request list showed it alone; kv-never-crossed matched it to P's by the prompt, and the list
+    puts it under that P request. The sample's provenance says which two lost their params (cross-1, cross-4)."""
+    from pdtrace.commands.view import open_source
+    from pdtrace.viewers.tui import selection
+
+    idx = open_source(str(pathlib.Path(__file__).parent.parent / "sample_traces"
+                          / "kv_never_crossed_dropped_params_buggy.jsonl"))
+    idx.build()
+    fs = run_all(list(idx.iter_events()), header=idx.header)
+    matched = selection.matched_pairs(fs)
+    assert matched == {"cross-1-D": "cross-1-P", "cross-4-D": "cross-4-P"}
+    before = selection.request_rows(idx, {f.req for f in fs})
+    rows = selection.request_rows(idx, {f.req for f in fs}, "", matched)
+    assert ("cross-1-D", "D", True, 0) in before  # alone before
+    at = [r[0] for r in rows]
+    for d, p in matched.items():
+        assert at[at.index(p) + 1] == d and rows[at.index(d)][3] == 1
+    assert ("cross-6-D", "D", False, 0) in rows  # sent to D alone: no P request of its prompt
+    assert len(rows) == len(before)

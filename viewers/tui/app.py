@@ -132,6 +132,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         self.group_by = "class"
         self._known_reqs = 0
         self._bad_reqs: set[str] = set()
+        self._matched: dict[str, str] = {}
         self._trackers: dict[str, model.RowTracker] = {}
         self._filter = ""
         self._pending: list[tuple[str, int]] = []
@@ -261,6 +262,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         self.findings_done = True
         self.findings_note = msg.error
         self._bad_reqs = {f.req for f in self.findings if f.req}
+        self._matched = selection.matched_pairs(self.findings)
         self._show_findings()
         self.query_one(StepScrubber).set_marks({s for f in self.findings if (s := self._finding_step(f)) is not None})
         self._add_requests(force=True)
@@ -301,7 +303,7 @@ class PdtraceViewer(DetectMixin, LayoutMixin, NavigationMixin, ExportMixin, Sear
         if not force and len(names) == self._known_reqs:
             return
         self._known_reqs = len(names)
-        rows = selection.request_rows(self.index, self._bad_reqs, self._filter)
+        rows = selection.request_rows(self.index, self._bad_reqs, self._filter, self._matched)
         self.query_one(RequestList).show(rows, len(names), self._filter)
 
     @on(Input.Changed, "#filter")

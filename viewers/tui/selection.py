@@ -6,15 +6,18 @@ from __future__ import annotations
 from pdtrace.index.trace_index import TraceIndex
 
 
-def request_rows(index: TraceIndex, bad: set[str], flt: str = "") -> list[tuple[str, str, bool, int]]:
+def request_rows(index: TraceIndex, bad: set[str], flt: str = "",
+                 matched: dict[str, str] | None = None) -> list[tuple[str, str, bool, int]]:
     """(request, instances, has finding, depth) rows: each P request followed by its D
     partner(s) at depth 1 (nixl.remote_alloc / nixl.read name the P request a D request
-    reads from); pairs with a finding first. ``flt`` keeps a pair when either side matches."""
+    reads from; ``matched``, D request -> P request, pairs the detectors made without them: a D request
+    that arrived without transfer params, matched to P's by its prompt); pairs with a finding first.
+    ``flt`` keeps a pair when either side matches."""
     names = list(index.req_names)
     known = set(names)
     partners: dict[str, list[str]] = {}
-    for d, p in list(index.remote_req.items()):
-        if p in known and d in known and d != p:
+    for d, p in [*index.remote_req.items(), *((matched or {}).items())]:
+        if p in known and d in known and d != p and d not in partners.get(p, ()):
             partners.setdefault(p, []).append(d)
     under = {d for ds in partners.values() for d in ds}
     flt = flt.lower()
@@ -29,6 +32,13 @@ def request_rows(index: TraceIndex, bad: set[str], flt: str = "") -> list[tuple[
         groups.append(rows)
     groups.sort(key=lambda g: not any(row[2] for row in g))  # stable: pairs with findings first
     return [row for g in groups for row in g]
+
+
+def matched_pairs(findings: list) -> dict[str, str]:
+    """D request -> P request, as kv-never-crossed paired them (by P's id in the params, or by the prompt when
+    the params were dropped: the pair nothing else in the trace names)."""
+    return {str(f.data["d_req"]): str(f.data["p_req"]) for f in findings
+            if f.kind == "kv-never-crossed" and (f.data or {}).get("p_req") and f.data.get("d_req")}
 
 
 def request_steps(index: TraceIndex, req: str | None) -> list[int]:
