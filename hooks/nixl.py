@@ -443,3 +443,4 @@ register("nixl.transfer_results", BASE_WORKER_MOD, "NixlBaseConnectorWorker.get_
                   (MID_WORKER_MOD, "NixlConnectorWorker.get_finished", (), MID),
                   (OLD_MOD, "NixlConnectorWorker.get_finished", (), OLD)),
          doc="nixl.read_done (D) and nixl.send_done (P)")
+from . import nixl_lease  # noqa: E402,F401  (P's lease expiry: its own module)

@@ -53,7 +53,8 @@ class ClockFit:
         return max(0, (self.upper_ns - self.lower_ns) // 2)
 
 
-CLOCK_KINDS = frozenset({"nixl.request_finished", "nixl.send_done", "nixl.remote_alloc", "nixl.read"})
+CLOCK_KINDS = frozenset({"nixl.request_finished", "nixl.send_done", "nixl.remote_alloc", "nixl.read",
+                         "nixl.lease_expired"})
 
 
 class ClockIndex:
@@ -76,6 +77,8 @@ class ClockIndex:
                 out.setdefault("d_learned", {})[e["remote_req"]] = e["w"]
             elif k == "nixl.read" and e.get("remote_req"):
                 out.setdefault("d_read", {})[e["remote_req"]] = e["w"]
+            elif k == "nixl.lease_expired":  # (its send_done is P's lease running out, not D's read finishing)
+                out.setdefault("p_expired", {})[e.get("req")] = e["w"]
         return self
 
 
@@ -84,7 +87,8 @@ def fit_clock(first: list[dict[str, Any]] | ClockIndex, second: list[dict[str, A
 
     P's request_finished for request X precedes D learning about X (D's nixl.remote_alloc
     naming remote_req X): w_D + off >= w_P gives a lower bound. D's read of X completing
-    precedes P's send_done for X: w_D + off <= w_P gives an upper bound. Wall clocks are
+    precedes P's send_done for X: w_D + off <= w_P gives an upper bound (not for a request whose
+    lease ran out on P, nixl.lease_expired: its send_done is the expiry, D may read later). Wall clocks are
     kept (offset 0) when they already satisfy every bound; otherwise the smallest shift that
     does is applied. Works whichever of the two traces is P. Either argument may be the
     events or their ``ClockIndex``.
@@ -99,8 +103,9 @@ def fit_clock(first: list[dict[str, Any]] | ClockIndex, second: list[dict[str, A
             wd = d.get("d_learned", {}).get(req)
             if wd is not None:
                 (lows if sign == 1 else highs).append(sign * (wp - wd))
+        expired = p.get("p_expired", {})
         for req, wp in p.get("p_send_done", {}).items():
-            wd = d.get("d_read", {}).get(req)
+            wd = d.get("d_read", {}).get(req) if req not in expired else None
             if wd is not None:
                 (highs if sign == 1 else lows).append(sign * (wp - wd))
     lower = max(lows) if lows else None

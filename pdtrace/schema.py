@@ -281,6 +281,12 @@ _KINDS: tuple[Kind, ...] = (
         F("dur_ns", "int", "time from issue to completion", required=False),
     ), hook="nixl"),
     Kind("nixl.send_done", "P side: D's read of this request finished (blocks can be freed).", (), hook="nixl"),
+    Kind("nixl.lease_expired", "P side: the NIXL worker released the request's blocks because no decode worker "
+         "read them before its KV lease ran out (_reap_expired_send_leases, vLLM 0.32+); the scheduler frees "
+         "them for other requests.", (
+             F("retrieved", "int", "read-completion notifications P had counted for it (of those it waits for)"),
+             F("engine", "str", "P's engine id (D's nixl.remote_alloc names it as remote_engine)", required=False),
+         ), hook="nixl"),
     # --- connector metadata lifecycle in the model runner ----------------------------------
     Kind("kvmeta.bind", "bind_connector_metadata on the worker-side connector.", (
         F("connector", "str", "connector class"),
@@ -454,7 +460,7 @@ _KINDS: tuple[Kind, ...] = (
 PER_REQUEST = frozenset({
     "sched.alloc", "sched.free", "req.add", "req.finish", "acc.read", "acc.truth", "spec.window",
     "batch.add", "batch.remove", "nixl.request_finished", "nixl.remote_alloc", "nixl.read",
-    "nixl.read_done", "nixl.send_done", "kvload.request", "kvload.output"})
+    "nixl.read_done", "nixl.send_done", "nixl.lease_expired", "kvload.request", "kvload.output"})
 _KINDS = tuple(dataclasses.replace(k, fields=(F("req", "str", "the request (required for this kind)"),) + k.fields)
                if k.name in PER_REQUEST else k for k in _KINDS)
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}

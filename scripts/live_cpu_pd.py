@@ -40,6 +40,7 @@ import make_tiny_models  # noqa: E402
 import pd_proxy  # noqa: E402
 
 from live_dropped_params import prompt_tokens_by_source, send_dropped  # noqa: E402
+from live_expired_lease import p_log_says, send_expired  # noqa: E402
 from live_kv_failure import send_failures  # noqa: E402
 from live_load import completion_body, request_plan, send_load, warm_decoders  # noqa: E402,F401
 from live_report import CPU_ABSENT_REASONS, format_report, summarize  # noqa: E402,F401
@@ -62,7 +63,7 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
              block_size: int = 32, start_timeout: float = 420.0, record: bool = True,
              log=print, decoders: int = 1, kv_failures: dict[str, str] | None = None,
              sliding_window: int | None = None, family: str | None = None, dropped_params: bool = False,
-             load: str = "default") -> dict:
+             load: str = "default", expired_lease: float | None = None) -> dict:
     """``kv_failures``: decoder name -> its kv_load_failure_policy; those decoders start with that
     policy and, after the load, get requests whose P is gone (scripts/live_kv_failure.py).
     ``sliding_window``: the target alternates sliding-window (that many tokens) and full attention
@@ -73,7 +74,10 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
     (scripts/live_dropped_params.py); each decoder's own prompt-token counters are read before the
     servers stop (``d_metrics``). ``load``: "default" (live_load.request_plan) or "boundary:N", N
     distinct prompts over every residue of the block size, each disaggregated and locally on P
-    (scripts/live_boundary_load.py; scripts/boundary_oracle.py reads the result)."""
+    (scripts/live_boundary_load.py; scripts/boundary_oracle.py reads the result), or "none".
+    ``expired_lease``: P's NIXL lease in seconds (kv_lease_duration); after the load, the first decoder
+    gets prompts of which every other one is handed over only after the lease ran out
+    (scripts/live_expired_lease.py); P's log's own lines about it are ``expired_lease["p_log"]``."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -96,7 +100,8 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
             models = make_tiny_models.build(workdir / "models", eagle=(spec == "eagle"),
                                             sliding_window=sliding_window)
         log(f"models: {models}")
-        servers = start_pair(workdir, models, spec, num_spec, block_size, record, decoders, kv_failures)
+        servers = start_pair(workdir, models, spec, num_spec, block_size, record, decoders, kv_failures,
+                             lease=expired_lease)
         sampler = MemSampler({k: s.proc.pid for k, (s, _) in servers.items()})
         sampler.start()
         log("starting P and D concurrently: " + " | ".join(" ".join(s.cmd[-14:]) for s, _ in servers.values()))
@@ -117,6 +122,8 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
             n = int(load.partition(":")[2] or 128)
             res["load"] = load
             res["requests"] = send_boundary(f"http://127.0.0.1:{pport}", p_url, boundary_plan(block_size, n))
+        elif load == "none":
+            res["requests"] = []
         else:
             res["requests"] = send_load(f"http://127.0.0.1:{pport}", p_url, request_plan(block_size))
         res["load_s"] = round(time.monotonic() - t, 1)
@@ -128,6 +135,10 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
         if dropped_params:
             first = decoder_names(decoders)[0]
             res["dropped_params"] = send_dropped(p_url, f"http://127.0.0.1:{servers[first][1]}", block_size)
+        if expired_lease:
+            first = decoder_names(decoders)[0]
+            res["expired_lease"] = send_expired(p_url, f"http://127.0.0.1:{servers[first][1]}", block_size,
+                                                expired_lease)
         time.sleep(1.0)  # let D's finished-transfer notifications reach P
         try:  # each decoder's own counters, the oracle of pdtrace's deployment summary
             res["d_metrics"] = {d: prompt_tokens_by_source(f"http://127.0.0.1:{servers[d][1]}")
@@ -146,6 +157,8 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
         # NIXL agents whose idle progress thread got a poll delay (scripts/live_site): one per worker
         res["nixl_pthr_delay_set"] = {k: s.log_path.read_text(errors="replace").count("live_site: NIXL agent ")
                                       for k, (s, _) in servers.items() if s.log_path.exists()}
+        if expired_lease and "P" in servers and servers["P"][0].log_path.exists():
+            res.setdefault("expired_lease", {})["p_log"] = p_log_says(servers["P"][0].log_path.read_text(errors="replace"))
         if sampler is not None:
             sampler.stop()
             res["peak_rss_mb"] = {k: round(v / 2**20) for k, v in sampler.peak.items()}
@@ -197,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dropped-params", action="store_true",
                     help="after the load, send the first decoder prompts P prefilled, every other one without P's "
                          "kv_transfer_params (the router fault of scripts/live_dropped_params.py)")
-    ap.add_argument("--load", default="default", metavar="default|boundary:N",
+    ap.add_argument("--expired-lease", type=float, metavar="S",
+                    help="P's NIXL KV lease in seconds; after the load every other prompt reaches D only after it "
+                         "ran out (scripts/live_expired_lease.py)")
+    ap.add_argument("--load", default="default", metavar="default|boundary:N|none",
                     help="boundary:N: N distinct prompts over every residue of the block size, each sent "
                          "disaggregated and locally on P (the tokens are the oracle: scripts/boundary_oracle.py)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
@@ -210,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                    start_timeout=a.start_timeout, decoders=a.decoders,
                    kv_failures=dict(x.split("=", 1) for x in a.kv_failures.split(",")) if a.kv_failures else None,
                    sliding_window=a.sliding_window, family=a.family, dropped_params=a.dropped_params,
-                   load=a.load, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
+                   load=a.load, expired_lease=a.expired_lease, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
     print(json.dumps(res, indent=1, default=str) if a.json else format_report(res))
     print(f"live_cpu_pd: workdir {res['workdir']}", file=sys.stderr)
     return 0 if res["status"] == "served" and res.get("summary") else 1

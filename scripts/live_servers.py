@@ -204,9 +204,11 @@ class MemSampler(threading.Thread):
 # ----------------------------------------------------------------------------------------
 
 def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block_size: int,
-               load_failure_policy: str | None = None) -> list[str]:
+               load_failure_policy: str | None = None, lease: float | None = None) -> list[str]:
     kv = {"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": KV_BUFFER,
           "kv_connector_extra_config": {"backends": ["UCX"]}}
+    if lease:  # NIXL's KV lease on P's blocks for D's read (vLLM's default 30 s): live_expired_lease.py
+        kv["kv_connector_extra_config"]["kv_lease_duration"] = int(lease)
     if load_failure_policy:  # what D does with KV that failed to load: "fail" (vLLM's default) or "recompute"
         kv["kv_load_failure_policy"] = load_failure_policy
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -321,7 +323,8 @@ def decoder_names(n: int) -> list[str]:
 
 
 def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, block_size: int,
-               record: bool, decoders: int = 1, policies: dict[str, str] | None = None) -> dict[str, tuple[Server, int]]:
+               record: bool, decoders: int = 1, policies: dict[str, str] | None = None,
+               lease: float | None = None) -> dict[str, tuple[Server, int]]:
     """Start P (kv_producer) and `decoders` kv_consumer servers concurrently (1P1D by default);
     ``policies``: a decoder's kv_load_failure_policy, by instance name (vLLM's default if absent)."""
     cfg = spec_config(spec, models, num_spec)
@@ -339,7 +342,8 @@ def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, 
         else:  # more servers than halves: one core each, round-robin (P idles once it has prefilled)
             half = [cpus[i % len(cpus)]] if cpus else None
         cpu = ",".join(map(str, half)) if half else None
-        srv = Server(name, server_cmd(models["target"], port, role, sc, block_size, (policies or {}).get(name)),
+        srv = Server(name, server_cmd(models["target"], port, role, sc, block_size, (policies or {}).get(name),
+                                      lease if name == "P" else None),
                      server_env(free_port(), cpu), workdir / f"{name}.log",
                      workdir / f"{name}.jsonl" if record else None)
         out[name] = (srv, port)

@@ -110,6 +110,10 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "the drafter's KV cache group is not among the transfer groups: D loads the prompt into the target's "
         "groups only, counts it computed, and its drafter reads blocks nobody wrote",
         ("scheduler.init", "scheduler.allocate_slots", "nixl.remote_alloc"), ("54926",)),
+    "never-crossed/expired-lease": (
+        "D read KV that P had already released: P's NIXL lease on the request ran out before D's read, P freed the "
+        "blocks for other requests, and D decoded on whatever they held (vLLM only logs it on P)",
+        ("nixl.lease_expired", "nixl.read"), ("52234",)),
 }
 
 # mechanisms whose fault is outside vLLM (its code runs as designed on what it was given)
@@ -173,7 +177,7 @@ def mechanism(f: Any) -> tuple[str, dict[str, str]]:
         title = str(_get(f, "title") or "")
         return "kv-load/other:" + _shape(title), {"title": _shape(title)}
     if kind == KV_NEVER_CROSSED and d.get("mechanism") in ("no-params", "nothing-loaded", "partial-load",
-                                                           "drafter-group"):
+                                                           "drafter-group", "expired-lease"):
         return f"never-crossed/{d['mechanism']}", {}
     return f"{kind}/other", {"title": str(kind)}
 

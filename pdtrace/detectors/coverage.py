@@ -180,7 +180,9 @@ CLASSES: dict[str, ClassSpec] = {
     ),
     KV_NEVER_CROSSED: ClassSpec(
         feeds=(("sched.config", {"kv_role": "kv_consumer"}), ("sched.config", {"kv_role": "kv_both"})),
-        hooks=(*_SCHED_HOOKS, "scheduler.add_request", "scheduler.allocate_slots", "scheduler.finish"),
+        # (nixl.lease_expired: P's lease running out, the expired-lease rule; optional, 0.32+)
+        hooks=(*_SCHED_HOOKS, "scheduler.add_request", "scheduler.allocate_slots", "scheduler.finish",
+               "nixl.lease_expired"),
         rules=((_not_loading, "no instance loads KV from another (no kv_consumer / kv_both scheduler)"),),
         side="scheduler config of an instance that loads KV (kv_consumer / kv_both)",
         one_side=("only D's side is in the trace: a request whose transfer params were dropped cannot be told "

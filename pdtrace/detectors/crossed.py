@@ -35,15 +35,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from .base import KV_NEVER_CROSSED, SEVERITY_ERROR, SEVERITY_WARNING, Finding
 from .crossed_groups import add as add_groups
 from .crossed_groups import groups_of, per_group
 from .crossed_groups import notes as group_notes
-from .base import KV_NEVER_CROSSED, SEVERITY_ERROR, SEVERITY_WARNING, Finding
 from .index import feed_all, kind_code
 
 Event = dict[str, Any]
 
-_KINDS = ("req.add", "sched.alloc", "req.finish", "kvload.request", "nixl.remote_alloc")
+_KINDS = ("req.add", "sched.alloc", "req.finish", "kvload.request", "nixl.remote_alloc", "nixl.lease_expired",
+          "nixl.read")
 LOADING_ROLES = frozenset({"kv_consumer", "kv_both"})
 SAVING_ROLES = frozenset({"kv_producer", "kv_both"})
 KEPT = 1 << 15  # open requests kept per side (the oldest go first)
@@ -61,6 +62,8 @@ class Stream:
         self.p_by_prompt: dict[tuple, deque] = {}  # (prompt hash, len) -> the ids of those of p_reqs
         self.d_open: dict[tuple, dict] = {}  # (pid, D request) -> what it arrived with, its first allocation
         self.pairs: dict[tuple, dict] = {}  # (P inst, D inst) -> token counts (notes)
+        self.expired: dict[str, Event] = {}  # P's request id -> its nixl.lease_expired (not yet matched to a read)
+        self.reads: dict[str, Event] = {}  # P's request id -> D's first nixl.read of it (not yet matched)
         self.findings: list[Finding] = []
 
     def _config(self, e: Event) -> dict:
@@ -90,7 +93,7 @@ class Stream:
 
     def feed(self, idx: Any) -> None:
         self.configs = idx.configs
-        ADD, ALLOC, FINISH, KVREQ, RALLOC = (kind_code(k) for k in _KINDS)
+        ADD, ALLOC, FINISH, KVREQ, RALLOC, EXPIRED, READ = (kind_code(k) for k in _KINDS)
         for e, k in zip(*idx.ordered_codes(_KINDS)):
             if k == ADD:
                 self._add(e)
@@ -112,6 +115,8 @@ class Stream:
                 d = self.d_open.get((e.get("pid"), e.get("req")))
                 if d is not None and d.get("alloc") is None:  # the blocks its connector loads into, per group
                     d["alloc"] = {x: e.get(x) for x in ("load_block_ids", "local_block_ids")}
+            elif k == EXPIRED or k == READ:
+                self._lease(e, k == EXPIRED)
             elif k == KVREQ:
                 d = self.d_open.get((e.get("pid"), e.get("req")))
                 if d is not None:  # where the rollback left its computed tokens: what stays loaded
@@ -176,9 +181,7 @@ class Stream:
         computed = max(n - local - ext, 0)
         # P's instance; "?" for a request with params whose P request is not in the trace (D's alone)
         p_inst = p["inst"] if p else ("?" if d["params"] else None)
-        pair = self.pairs.setdefault((p_inst, d["inst"]), {
-            "p_inst": p_inst, "d_inst": d["inst"], "requests": 0, "prompt_tokens": 0, "loaded": 0, "local_hit": 0,
-            "computed": 0, "load_failed_tokens": 0, "no_params": 0, "failed_load_requests": 0, "flagged": 0})
+        pair = self._pair(p_inst, d["inst"])
         pair["requests"] += 1
         pair["prompt_tokens"] += n
         # a failed load keeps what the rollback left below its computed tokens; the rest is recomputed on D
@@ -248,6 +251,47 @@ class Stream:
              "groups": [g for g, _ in d["draft_left"]], "layers": [[g, ls] for g, ls in d["draft_left"]],
              "unwritten": [local, local + ext]},
             severity=SEVERITY_ERROR)
+
+    def _lease(self, e: Event, expired: bool) -> None:
+        """P's lease on a request ran out (nixl.lease_expired) and D read that request's blocks (nixl.read naming it as
+        remote_req), in either order: vLLM releases a request's blocks at the expiry only when no read of it was
+        notified first, so a read of an expired request is one whose blocks P had freed, or freed during the read."""
+        p_req = str(e.get("req") if expired else e.get("remote_req") or "")
+        if not p_req:
+            return
+        mine, other = (self.expired, self.reads) if expired else (self.reads, self.expired)
+        if p_req in mine:
+            return  # (D reads a request once per TP rank / region: the first says it)
+        match = other.pop(p_req, None)
+        if match is None:
+            if len(mine) >= KEPT:
+                mine.pop(next(iter(mine)))
+            mine[p_req] = {x: e.get(x) for x in ("id", "inst", "req", "step", "remote_block_ids", "retrieved",
+                                                 "remote_engine", "engine", "w")}
+            return
+        exp, rd = (e, match) if expired else (match, e)
+        blocks = [b for g in rd.get("remote_block_ids") or [] for b in g]
+        pair = self._pair(exp.get("inst"), rd.get("inst"))
+        d = {"req": str(rd.get("req")), "step": rd.get("step"), "inst": rd.get("inst")}
+        self._flag(pair, d, [i for i in (exp.get("id"), rd.get("id")) if i is not None],
+            f"D read KV P had already released: P's lease on {p_req} ran out before D's read, so D loaded "
+            f"{len(blocks)} block(s) that P had freed for other requests",
+            f"P held the blocks of {p_req} for a decode worker under a lease (NIXL's kv_lease_duration, 30 s by "
+            f"default; D's heartbeats extend it only for requests D already holds), and it ran out with "
+            f"{exp.get('retrieved') or 0} read(s) notified (nixl.lease_expired: _reap_expired_send_leases), so P's "
+            f"scheduler freed the blocks and handed them to other requests. D's read of them came after (or "
+            f"finished after) that, and vLLM does not fail it: P only logs \"Potentially invalid KV blocks for "
+            f"unrecognized request\" and D decodes on whatever the blocks {blocks[:8]} held by then: another "
+            f"request's KV, HTTP 200 (vLLM #52234: the previous prompt's answer returned for a new prompt; "
+            f"aws-samples/aws-do-eks PR #84: 8 of 42 requests). A request reaches D that late when whatever sits "
+            f"between P and D (a router, a queue) holds it longer than the lease.",
+            {"p_req": p_req, "d_req": d["req"], "p_inst": exp.get("inst"), "mechanism": "expired-lease",
+             "remote_blocks": blocks, "retrieved": exp.get("retrieved")}, severity=SEVERITY_ERROR)
+
+    def _pair(self, p_inst: Any, d_inst: Any) -> dict:
+        return self.pairs.setdefault((p_inst, d_inst), {
+            "p_inst": p_inst, "d_inst": d_inst, "requests": 0, "prompt_tokens": 0, "loaded": 0, "local_hit": 0,
+            "computed": 0, "load_failed_tokens": 0, "no_params": 0, "failed_load_requests": 0, "flagged": 0})
 
     def _flag(self, pair: dict, d: dict, ids: list, title: str, why: str, data: dict,
               severity: str = SEVERITY_WARNING) -> None:
