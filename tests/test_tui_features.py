@@ -393,5 +393,6 @@ def test_request_list_pairs_a_d_request_that_lost_its_params_with_its_p():
     at = [r[0] for r in rows]
     for d, p in matched.items():
         assert at[at.index(p) + 1] == d and rows[at.index(d)][3] == 1
+        assert rows[at.index(d)][1] == "D  no params: matched by prompt"
     assert ("cross-6-D", "D", False, 0) in rows  # sent to D alone: no P request of its prompt
     assert len(rows) == len(before)

@@ -299,6 +299,8 @@ def render_text(tr: Trace, findings: list[Finding], ran: list[str], request: str
                 f"torch {v['torch'] or '?'}, nixl {v['nixl'] or '-'}, written by pdtrace {v['pdtrace'] or '?'}"
                 + ("" if tr.complete else "  [INCOMPLETE: " + (incomplete_reason(tr.footer, tr.problems) or "?") + "]"),
                 width, "  ", "    ")
+    fault = check_notes.faults_line(tr.footer)
+    out += line(fault, width, "  ", "    ") if fault else []
     insts = tr.header.get("instances") or []
     if insts:  # the "inst" of each finding below (record --instance, or P / D from vLLM's kv_role)
         out += line(f"instances: {', '.join(map(str, insts))} (`pdtrace record --instance`, or P / D from vLLM's "

@@ -56,14 +56,15 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
         first = c.first
         ex = " ".join(x for x in (f"request {first['req']}" if first.get("req") else "",
                                   f"step {first['step']}" if first.get("step") is not None else "") if x)
-        more = (f"; all {len(c.findings)}: {trace} --cause {c.n}"
-                if len(c.findings) > 1 and asked is None else "")
+        more = f"{trace} --cause {c.n}" if len(c.findings) > 1 and asked is None else ""
         # what the first finding says (the block, the row, the copy), so the first screen names it too
         what = str(first.get("title") or "")
         if first.get("req") and what.startswith(f"request {first['req']}: "):
             what = what[len(f"request {first['req']}: "):]
-        out += line(f"first: finding [{first['index'] + 1}]" + (f", {ex}" if ex else "") + (f": {what}" if what else "")
-                    + more, width, "    ", "      ")
+        out += line(f"first: finding [{first['index'] + 1}]" + (f", {ex}" if ex else "") + (f": {what}" if what else ""),
+                    width, "    ", "      ")
+        if more:  # (the command on a line of its own, never wrapped: a command cut in two cannot be pasted)
+            out += [f"    all {len(c.findings)}:", f"      {more}"]
     return out
 
 

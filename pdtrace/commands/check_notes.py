@@ -14,6 +14,17 @@ from ..detectors.kv_load import describe
 SHOWN = 20  # requests listed in text and markdown; JSON lists them all
 
 
+def faults_line(footer: dict | None) -> str | None:
+    """Where the trace carries labelled faults (``fault.inject`` events, written by pdtrace's harness where it plants
+    an old rule or a fault on purpose), one line that says so: its findings are the fault's, not what vLLM does as
+    released, however vLLM's code is named below."""
+    n = int(((footer or {}).get("counts") or {}).get("fault.inject") or 0)
+    if not n:
+        return None
+    return (f"LABELLED FAULT: this trace carries {n} fault.inject event(s), a fault planted on purpose (the "
+            f"sample's provenance says which): its findings are the fault's, not vLLM's as released")
+
+
 def kv_load_notes(notes: dict[str, list]) -> list[dict[str, Any]]:
     return list(notes.get(KV_LOAD_FAILURE_RECOVERY) or [])
 

@@ -335,8 +335,10 @@ def summary_line(n: dict) -> str:
     """One pair's note in words (``check``)."""
     total = n["prompt_tokens"] or 1
     pct = lambda x: f"{100 * x / total:.0f}%"  # noqa: E731
+    short = any(g.get("not_transferred") or g.get("not_loaded") for g in n.get("groups") or ())
     out = (f"{pair_name(n)}: {n['requests']} request(s), {n['prompt_tokens']} prompt tokens: {pct(n['loaded'])} "
-           f"loaded from P, {pct(n['local_hit'])} D's prefix cache, {pct(n['computed'])} computed on D"
+           f"loaded from P" + (" (not into every KV cache group: per group below)" if short else "")
+           + f", {pct(n['local_hit'])} D's prefix cache, {pct(n['computed'])} computed on D"
            + (f", {pct(n['load_failed_tokens'])} recomputed after a failed load (kv-load-failure-recovery)"
               if n.get("load_failed_tokens") else ""))
     extra = [f"{n['no_params']} without transfer params" if n["no_params"] else "",

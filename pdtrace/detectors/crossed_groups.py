@@ -103,7 +103,7 @@ def line(r: dict) -> str:
     if r["blocks"]:
         head += f" ({r['blocks']} block(s))"
     if r["not_transferred"]:
-        head += ("; not a transfer group: D's scheduler counts them computed, yet no load and no forward on D "
+        head += ("; not a transfer group: D's scheduler counts them as done, yet no load and no forward on D "
                  "wrote them" + (" (the drafter's group: flagged, vLLM #54926's shape)" if r.get("draft") else ""))
     if r["not_loaded"]:
         head += (f"; {r['not_loaded']} before its loaded tail" + (" (outside the window: never read again)"

@@ -135,7 +135,8 @@ def block_maps(m: Model, limit: int) -> tuple[list[tuple[str, str, dict]], str]:
                                 "tickvals": tv or None, "ticktext": [tickvals[v] for v in tv] or None},
                          yaxis={"title": {"text": "remote (P) block id"}, "dtick": 1 if len(remote_in and remote_in[0]) < 30 else None})
         out.append((dreq, title, {"data": traces, "layout": lay}))
-    note = f"{affected_total} affected request(s) of {len(pairing)} KV transfer(s)"
+    note = (f"{affected_total} affected request(s) of {len(pairing)} KV transfer(s)" if pairing else
+            "no NIXL read or trim recorded, so no pairing of D's blocks with P's to draw")
     if affected_total > limit:
         note += f"; the first {limit} are drawn, {affected_total - limit} more are listed in the findings table"
     if ok_reqs:

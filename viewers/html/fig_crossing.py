@@ -34,7 +34,7 @@ def figure(pairs: list[dict]) -> dict | None:
         data.append({"type": "bar", "orientation": "h", "name": word, "y": names, "x": xs,
                      "marker": {"color": colour},
                      "hovertemplate": "%{y}: %{x} prompt tokens " + word + "<extra></extra>"})
-    lay = layout("Prompt tokens per instance pair", barmode="stack", height=120 + 40 * len(pairs),
+    lay = layout("Prompt tokens per instance pair", barmode="stack", height=120 + 40 * len(pairs), showlegend=True,
                  xaxis={"title": {"text": "prompt tokens"}}, yaxis={"automargin": True})
     return {"data": data, "layout": lay}
 
@@ -53,10 +53,11 @@ def group_figure(pairs: list[dict]) -> dict | None:
         return None
     names = [f"{src} · {crossed_groups.name(r)}" for src, r in rows]
     data = [{"type": "bar", "orientation": "h", "name": word, "y": names, "x": [r[key] for _s, r in rows],
-             "marker": {"color": colour}, "hovertemplate": "%{y}: %{x} loaded prompt tokens " + word + "<extra></extra>"}
+             "marker": {"color": colour}, "hovertemplate": "%{y}: %{x} of the prompt tokens D loaded: " + word + "<extra></extra>"}
             for key, word, colour in GROUP_PARTS if any(r[key] for _s, r in rows)]
-    lay = layout("Loaded prompt tokens per KV cache group", barmode="stack", height=120 + 34 * len(rows),
-                 xaxis={"title": {"text": "prompt tokens D loaded (D's hit and D's own compute are every group's)"}},
+    lay = layout("Loaded prompt tokens per KV cache group", barmode="stack", height=120 + 34 * len(rows), showlegend=True,
+                 xaxis={"title": {"text": "prompt tokens D loaded (D's prefix-cache hit and what D computes are the same in "
+                                        "every group)"}},
                  yaxis={"automargin": True})
     return {"data": data, "layout": lay}
 
@@ -92,7 +93,8 @@ def request_figure(events: list[dict], req: str) -> dict | None:
             xs.append(k)
             ys.append(name)
             ts.append(str(b))
-            hs.append(f"{name}: D block {b}, tokens {lo}-{lo + bs - 1}: {dict((c[0], c[1]) for c in CELLS)[key]}")
+            hi = lo + bs - 1 if lo >= local + ext else min(lo + bs, local + ext) - 1  # (the loaded range's last block)
+            hs.append(f"{name}: D block {b}, tokens {lo}-{hi}: {dict((c[0], c[1]) for c in CELLS)[key]}")
     data = [{"type": "scatter", "mode": "markers+text", "name": word, "x": xs, "y": ys, "text": ts,
              "textposition": "middle center", "hovertext": hs, "hoverinfo": "text",
              "textfont": {"color": "white"}, "marker": {"symbol": "square", "size": 26, "color": colour}}

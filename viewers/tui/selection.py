@@ -20,6 +20,7 @@ def request_rows(index: TraceIndex, bad: set[str], flt: str = "",
         if p in known and d in known and d != p and d not in partners.get(p, ()):
             partners.setdefault(p, []).append(d)
     under = {d for ds in partners.values() for d in ds}
+    by_prompt = {d for d in (matched or {}) if d not in index.remote_req}  # (nothing in the trace names their P)
     flt = flt.lower()
     groups = []
     for r in names:
@@ -28,7 +29,8 @@ def request_rows(index: TraceIndex, bad: set[str], flt: str = "",
         members = [r] + partners.get(r, [])
         if flt and not any(flt in m.lower() for m in members):
             continue
-        rows = [(m, " ".join(index.request_insts(m)), m in bad, 1 if k else 0) for k, m in enumerate(members)]
+        rows = [(m, " ".join(index.request_insts(m)) + ("  no params: matched by prompt" if k and m in by_prompt else ""),
+                 m in bad, 1 if k else 0) for k, m in enumerate(members)]
         groups.append(rows)
     groups.sort(key=lambda g: not any(row[2] for row in g))  # stable: pairs with findings first
     return [row for g in groups for row in g]

@@ -89,7 +89,7 @@ class BlockMapPane(Pane):
             t.append(_middle(p, width - 9) + "\n", style="bold cyan")
             t.append("    ->  " + _middle(d, width - 9) + "\n", style="bold cyan")
         para(t, f"remote_num_tokens={bm.remote_num_tokens}  prompt_len={bm.prompt_len}  "
-                f"pairs from {bm.source or ('(none: the load failed before a read)' if bm.loads else '(no trim/read yet)')}",
+                f"pairs from {bm.source or ('(none: the load failed before a read)' if bm.loads else '(no trim or read recorded)')}",
              width, "dim")
         if bm.mismatches:
             t.append(f" {bm.mismatches} MISMATCHED local<-remote pair(s) ", style=BAD)
@@ -137,7 +137,7 @@ class BlockMapPane(Pane):
                 t.append("  ")
                 t.append_text(_cell(dpos.get(k)))
                 t.append("\n")
-        t.append(f"\nevents: {', '.join(map(str, bm.event_ids))}\n", style="dim")
+        t.append(f"\nblock-map events: {', '.join(map(str, bm.event_ids))}\n", style="dim")
 
 
 def _load_line(t: Text, width: int, ld: dict) -> None:
@@ -149,7 +149,7 @@ def _load_line(t: Text, width: int, ld: dict) -> None:
         t.append("  ")
         t.append(" NOT A TRANSFER GROUP ", style=BAD)
         t.append("\n")
-        para(t, f"none of the {hi - lo} loaded token(s) ({span}) reached it: D's scheduler counts them computed, "
+        para(t, f"none of the {hi - lo} loaded token(s) ({span}) reached it: D's scheduler counts them as done, "
                 f"no load and no forward on D wrote them" + (" (the drafter's group: vLLM #54926's shape)"
                                                              if ld.get("draft") else ""), width, "bold red", indent=4)
         return
