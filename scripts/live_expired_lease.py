@@ -25,6 +25,7 @@ import pd_proxy  # noqa: E402
 from live_load import _tokens, completion_body  # noqa: E402
 
 READ_AFTER_EXPIRY = re.compile(r"Potentially invalid KV blocks for unrecognized request (\S+) were retrieved")
+OTHERS = 48  # prompts P serves while a held request waits
 RELEASED = re.compile(r"Releasing expired KV blocks for request (\S+) which were retrieved by (\d+)")
 
 
@@ -42,11 +43,12 @@ def send_expired(prefill_url: str, decode_url: str, block_size: int, lease: floa
             p = pd_proxy.post_json(prefill_url + "/v1/completions", pd_proxy.prefill_body(body))
             kvp = p.get("kv_transfer_params") or {}
             r["p_req"] = kvp.get("remote_request_id")
-            others, t0 = 0, time.monotonic()
-            while held and time.monotonic() - t0 < lease + 2:  # P keeps serving: its scheduler reuses blocks
-                other = {"len": 6 * block_size + 8, "seed": 1000 + 100 * i + others, "max_tokens": 2}
-                pd_proxy.post_json(prefill_url + "/v1/completions", completion_body(other))
-                others += 1
+            others = 0
+            if held:  # the lease runs out; then P serves other prompts: the first step reaps the expired lease,
+                time.sleep(lease + 0.5)  # and the others cycle P's free blocks (48 x 7 > its 256) onto those blocks
+                for others in range(1, OTHERS + 1):
+                    other = {"len": 6 * block_size + 8, "seed": 1000 + 100 * i + others, "max_tokens": 2}
+                    pd_proxy.post_json(prefill_url + "/v1/completions", completion_body(other))
             r["others_on_p"] = others
             d = pd_proxy.post_json(decode_url + "/v1/completions", {**body, "kv_transfer_params": kvp})
             r.update({"ok": True, "tokens": _tokens(d), "d_id": d.get("id")})

