@@ -95,6 +95,8 @@ class ClassSpec:
     # checked: for a class whose own events appear only when the bug's path runs (a failed load),
     # a trace recorded without them says nothing either way
     applied: tuple[str, ...] = ()
+    # (hook, what does not run without it): a rule of the class that needs a hook the trace was recorded without
+    partial: tuple[tuple[str, str], ...] = ()
 
 
 def _no_spec(c: Event) -> bool:
@@ -185,6 +187,8 @@ CLASSES: dict[str, ClassSpec] = {
                "nixl.lease_expired"),
         rules=((_not_loading, "no instance loads KV from another (no kv_consumer / kv_both scheduler)"),),
         side="scheduler config of an instance that loads KV (kv_consumer / kv_both)",
+        partial=(("nixl.lease_expired", "its expired-lease rule did not run: P's lease expiry is not recorded "
+                                        "(nixl.lease_expired: vLLM 0.32+, P's worker)"),),
         one_side=("only D's side is in the trace: a request whose transfer params were dropped cannot be told "
                   "from one sent to D alone without P's trace (record both, pdtrace merge P.jsonl D.jsonl); "
                   "loads that fell short of what P computed are still reported"),
@@ -381,6 +385,7 @@ def _one(kind: str, spec: ClassSpec, idx: Any, facts: _Facts, incomplete: str | 
         note = "; ".join(f"does not apply on {RUNNER_NAMES.get(r, r)}: {why}" for r, why in sorted(na.items()))
         if spec.one_side and not any((c.get("kv_role") or "") in SAVING_ROLES for c in facts.configs):
             return Coverage(kind, NOT_CHECKED, spec.one_side, n)  # its main rule needs the other side
+        note = "; ".join([note] * bool(note) + [why for h, why in spec.partial if h not in facts.applied])
         return Coverage(kind, CHECKED, note, n)
     # nothing to decide from: does the recorded configuration rule the bug out?
     if facts.runners and all(r in na for r in facts.runners):

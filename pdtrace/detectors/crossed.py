@@ -254,8 +254,10 @@ class Stream:
 
     def _lease(self, e: Event, expired: bool) -> None:
         """P's lease on a request ran out (nixl.lease_expired) and D read that request's blocks (nixl.read naming it as
-        remote_req), in either order: vLLM releases a request's blocks at the expiry only when no read of it was
-        notified first, so a read of an expired request is one whose blocks P had freed, or freed during the read."""
+        remote_req), the two in either order in the trace (a merged trace orders them by possibly skewed clocks): P
+        releases at the expiry only requests whose reads it has not all been told of (each D rank sends a notice
+        when its read completes), so a read of an expired request is one that ended after the release, or whose
+        notice was still in flight (a narrow window, flagged too: the finding says so)."""
         p_req = str(e.get("req") if expired else e.get("remote_req") or "")
         if not p_req:
             return
@@ -271,22 +273,30 @@ class Stream:
             return
         exp, rd = (e, match) if expired else (match, e)
         blocks = [b for g in rd.get("remote_block_ids") or [] for b in g]
+        gap = (rd["w"] - exp["w"]) / 1e9 if isinstance(rd.get("w"), int) and isinstance(exp.get("w"), int) else None
+        when = (f" D's read was issued {gap:.2f} s after P's lease ran out (by the trace's clocks)." if gap and gap > 0
+                else "")
+        got = int(exp.get("retrieved") or 0)
         pair = self._pair(exp.get("inst"), rd.get("inst"))
         d = {"req": str(rd.get("req")), "step": rd.get("step"), "inst": rd.get("inst")}
         self._flag(pair, d, [i for i in (exp.get("id"), rd.get("id")) if i is not None],
             f"D read KV P had already released: P's lease on {p_req} ran out before D's read, so D loaded "
             f"{len(blocks)} block(s) that P had freed for other requests",
             f"P held the blocks of {p_req} for a decode worker under a lease (NIXL's kv_lease_duration, 30 s by "
-            f"default; D's heartbeats extend it only for requests D already holds), and it ran out with "
-            f"{exp.get('retrieved') or 0} read(s) notified (nixl.lease_expired: _reap_expired_send_leases), so P's "
-            f"scheduler freed the blocks and handed them to other requests. D's read of them came after (or "
-            f"finished after) that, and vLLM does not fail it: P only logs \"Potentially invalid KV blocks for "
-            f"unrecognized request\" and D decodes on whatever the blocks {blocks[:8]} held by then: another "
+            f"default; D's heartbeats extend it only for requests D has already received), and it ran out with "
+            f"{got} read-completion notice(s) from D counted (nixl.lease_expired: _reap_expired_send_leases; P's log: "
+            f"\"Releasing expired KV blocks for request {p_req} which were retrieved by {got} remote worker(s)\"), "
+            f"so P's scheduler freed the blocks and handed them to other requests.{when} D's read of them ended "
+            f"after the release" + ("" if gap and gap > 0 else " (or its notice was still on its way: a read that "
+                                    "ended just before the release is flagged too)") + f", and vLLM does not fail "
+            f"it: P only logs "
+            f"\"Potentially invalid KV blocks for unrecognized request\" and D decodes on whatever the blocks "
+            f"{blocks[:8]} held by then: another "
             f"request's KV, HTTP 200 (vLLM #52234: the previous prompt's answer returned for a new prompt; "
             f"aws-samples/aws-do-eks PR #84: 8 of 42 requests). A request reaches D that late when whatever sits "
             f"between P and D (a router, a queue) holds it longer than the lease.",
             {"p_req": p_req, "d_req": d["req"], "p_inst": exp.get("inst"), "mechanism": "expired-lease",
-             "remote_blocks": blocks, "retrieved": exp.get("retrieved")}, severity=SEVERITY_ERROR)
+             "remote_blocks": blocks, "retrieved": got, "read_after_s": gap}, severity=SEVERITY_ERROR)
 
     def _pair(self, p_inst: Any, d_inst: Any) -> dict:
         return self.pairs.setdefault((p_inst, d_inst), {
@@ -342,7 +352,8 @@ def summary_line(n: dict) -> str:
            + (f", {pct(n['load_failed_tokens'])} recomputed after a failed load (kv-load-failure-recovery)"
               if n.get("load_failed_tokens") else ""))
     extra = [f"{n['no_params']} without transfer params" if n["no_params"] else "",
-             f"{n['failed_load_requests']} with a failed load" if n["failed_load_requests"] else ""]
+             f"{n['failed_load_requests']} with a failed load" if n["failed_load_requests"] else "",
+             f"{n['flagged']} flagged: see the findings" if n.get("flagged") else ""]
     extra = [x for x in extra if x]
     drafter = (f"; the drafter's own KV cache group got none of the {n['drafter_unwritten']} loaded tokens "
                f"(it is not a transfer group)" if n.get("drafter_unwritten") and len(n.get("groups") or ()) < 2

@@ -31,9 +31,10 @@ PANE_OF_KIND = {
 
 def pane_of(f: Any) -> str:
     """The pane a finding is best seen in: its kind's, but a drafter group that never got its KV (kv-never-crossed)
-    shows on the Block map, which says per group what the load brought."""
-    if (getattr(f, "data", None) or {}).get("mechanism") == "drafter-group":
-        return "blocks"
+    shows on the Block map, which says per group what the load brought, and so does a read of blocks P had
+    released (the finding, with its explanation, heads the pairs that look right)."""
+    if (getattr(f, "data", None) or {}).get("mechanism") in ("drafter-group", "expired-lease"):
+        return "blocks"  # (its pairs look right: the finding above them says what they read)
     return PANE_OF_KIND.get(f.kind, "raw")
 
 
