@@ -20,6 +20,7 @@ the loaded range ``[hit, hit + loaded)`` of a request and group ``g``:
 
 from __future__ import annotations
 
+from .index import is_attention_group
 from .transfer_lists import is_tail_group, load_list
 
 FIELDS = ("requests", "loaded", "not_loaded", "not_transferred", "blocks", "derived", "inexact")
@@ -38,7 +39,7 @@ def groups_of(c: dict) -> list[dict]:
         ti = (list(tg).index(g) if g in tg else None) if tg is not None else g
         out.append({"group": g, "kind": kind, "block_size": int(sizes[g] if g < len(sizes) else sizes[-1] if sizes else 16),
                     "transfer": ti is not None, "ti": ti, "draft": g in draft,
-                    "state": "mamba" in kind.lower() or "state" in kind.lower(), "tail": is_tail_group(kind)})
+                    "state": not is_attention_group(kind), "tail": is_tail_group(kind)})
     return out
 
 

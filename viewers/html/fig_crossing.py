@@ -62,15 +62,29 @@ def group_figure(pairs: list[dict]) -> dict | None:
     return {"data": data, "layout": lay}
 
 
-def request_figure(events: list[dict], req: str) -> dict | None:
+def _load_events(events: list[dict], reqs: set) -> tuple[dict, dict, dict]:
+    """One pass over the events: for each of ``reqs`` its first ``nixl.remote_alloc`` and its first ``sched.alloc``
+    that says what its connector loads, and each instance's first ``sched.config``."""
+    ras: dict[str, dict] = {}
+    firsts: dict[str, dict] = {}
+    cfgs: dict[Any, dict] = {}
+    for e in events:
+        k = e.get("ev")
+        if k == "sched.config":
+            cfgs.setdefault(e.get("inst"), e)
+        elif e.get("req") in reqs:
+            if k == "nixl.remote_alloc":
+                ras.setdefault(e["req"], e)
+            elif k == "sched.alloc" and "num_external_computed_tokens" in e:
+                firsts.setdefault(e["req"], e)
+    return ras, firsts, cfgs
+
+
+def request_figure(ra: dict | None, first: dict | None, cfg: dict | None, req: str) -> dict | None:
     """D's blocks for ``req`` per KV cache group, one square per block at its token-block index, coloured by where its
-    KV came from: D's whole list at the load (``nixl.remote_alloc.local_block_ids``, vLLM's), the blocks its connector
-    loads into (``load_block_ids``), D's hit and the tokens it loaded (its first ``sched.alloc``), the transfer groups
-    (``sched.config``). None when the trace lacks the request's allocation."""
-    ra = next((e for e in events if e.get("ev") == "nixl.remote_alloc" and e.get("req") == req), None)
-    first = next((e for e in events if e.get("ev") == "sched.alloc" and e.get("req") == req
-                  and "num_external_computed_tokens" in e), None)
-    cfg = next((e for e in events if e.get("ev") == "sched.config" and e.get("inst") == (ra or {}).get("inst")), None)
+    KV came from: D's whole list at the load (``ra``, its ``nixl.remote_alloc``: ``local_block_ids``, vLLM's), the
+    blocks its connector loads into (``load_block_ids``), D's hit and the tokens it loaded (``first``, its first
+    ``sched.alloc``), the transfer groups (``cfg``, D's ``sched.config``). None when the trace lacks any of them."""
     if ra is None or first is None or cfg is None:
         return None
     local, ext = int(first.get("num_new_computed_tokens") or 0), int(first.get("num_external_computed_tokens") or 0)
@@ -136,11 +150,12 @@ def drafter_requests(findings: list | None) -> list[str]:
 def _request_maps(trace: Any, fig_div: Any, findings: list | None) -> str:
     """Block maps of the first requests whose drafter group never got its KV (kv-never-crossed's error)."""
     reqs = drafter_requests(findings)
+    shown = list(dict.fromkeys(reqs))[:SHOWN_REQUESTS]
+    ras, firsts, cfgs = _load_events(trace.events, set(shown))
     out = []
-    for i, req in enumerate(dict.fromkeys(reqs)):
-        if i >= SHOWN_REQUESTS:
-            break
-        fig = request_figure(trace.events, req)
+    for i, req in enumerate(shown):
+        ra = ras.get(req)
+        fig = request_figure(ra, firsts.get(req), cfgs.get((ra or {}).get("inst")), req)
         if fig is not None:
             out.append(f'<h3 id="crossing-{esc(req)}">{esc(req)}</h3>' + fig_div(f"fig-crossing-req-{i}", fig))
     if not out:

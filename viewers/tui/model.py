@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from pdtrace.detectors import crossed_groups
+from pdtrace.detectors.index import is_attention_group
 from pdtrace.detectors.transfer_lists import NULL_BLOCK, is_tail_group
 from pdtrace.index.trace_index import TraceIndex
 from pdtrace.tracefile.trace import derive_block_lists
@@ -182,7 +183,7 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
         kinds = d_cfg.get("group_kinds") or p_cfg.get("group_kinds") or []
         bs = sizes[g] if g < len(sizes) else sizes[-1]
         gk = kinds[g] if g < len(kinds) else "FullAttentionSpec"
-        state = "mamba" in gk.lower() or "state" in gk.lower()
+        state = not is_attention_group(gk)
         pg = list(p_ids[g]) if g < len(p_ids) else []
         dg = list(d_ids[g]) if g < len(d_ids) else []
         # D positions: the full list D holds (sched.alloc) gives each block's place in the

@@ -3,6 +3,7 @@ has events at (``n`` / ``N``). No Textual imports."""
 
 from __future__ import annotations
 
+from pdtrace.detectors.base import KV_NEVER_CROSSED
 from pdtrace.index.trace_index import TraceIndex
 
 
@@ -40,7 +41,7 @@ def matched_pairs(findings: list) -> dict[str, str]:
     """D request -> P request, as kv-never-crossed paired them (by P's id in the params, or by the prompt when
     the params were dropped: the pair nothing else in the trace names)."""
     return {str(f.data["d_req"]): str(f.data["p_req"]) for f in findings
-            if f.kind == "kv-never-crossed" and (f.data or {}).get("p_req") and f.data.get("d_req")}
+            if f.kind == KV_NEVER_CROSSED and (f.data or {}).get("p_req") and f.data.get("d_req")}
 
 
 def request_steps(index: TraceIndex, req: str | None) -> list[int]:
