@@ -117,7 +117,7 @@ def check(
     what_if: Optional[str] = typer.Option(None, "--what-if", metavar="RULE", help="Replay the recorded block lists through a corrected rule: fixed-trim."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", help="Write the report here instead of stdout."),
     lenient: bool = LENIENT,
-    jobs: int = typer.Option(0, "--jobs", "-j", metavar="N", help="Processes to split the detectors over, each parsing only the lines of the event kinds its detectors read (at most 6, one per detector: a larger N runs 6; same result as 1; --what-if runs in one process). 0 (default): 2 for a trace of 64 MiB or more (8 MiB as .zst) where this process may use 2 CPUs or more, else 1."),
+    jobs: int = typer.Option(0, "--jobs", "-j", metavar="N", help="Processes to split the detectors over, each parsing only the lines of the event kinds its detectors read (at most 7, one per detector: a larger N runs 7; same result as 1; --what-if runs in one process). 0 (default): 2 for a trace of 64 MiB or more (8 MiB as .zst) where this process may use 2 CPUs or more, else 1."),
 ) -> None:
     """Run the detectors. Exit 0: no findings and every bug class checked, 1: findings, 2: unusable trace or
     bad arguments (an unknown --only kind or --request id too), 3: a pdtrace bug (please report), 4: no findings but some bug class not checked (its events missing or its

@@ -95,3 +95,15 @@ def test_llama4_as_released_breaks_d_read_at_chunk_boundaries(zoo):
     by = {f["family"]: f for f in fams}
     assert by["llama4"]["misaligned_prompts"]["as_released"] == [64, 128], by["llama4"]
     assert not [f["family"] for f in fams if f["family"] != "llama4" and f["misaligned_prompts"]["as_released"]]
+
+
+def test_the_kv_invariant_alone_flags_exactly_the_misaligned_runs(zoo):
+    """kv-invariant (issue 59), with no rule of its own for this bug: on every family it flags exactly the runs
+    vLLM's own block lists call misaligned (the labelled pre-#44151 P rule, and Llama 4's chunk-boundary prompts as
+    released, where D's recomputed last token attends to a chunk whose blocks vLLM had nulled), and none other."""
+    _rc, fams, _s = zoo
+    built = [f for f in fams if "invariant" in f]
+    assert built
+    for f in built:
+        assert f["invariant"]["flagged"] == f["invariant"]["on_misaligned"] == f["expected"], f
+        assert f["invariant"]["missed"] == 0, f

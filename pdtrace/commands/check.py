@@ -65,7 +65,7 @@ import orjson
 
 from .. import __version__
 from ..detectors import DETECTORS, Finding, by_severity, unknown_kinds
-from ..detectors.base import SEVERITY_INCONCLUSIVE
+from ..detectors.base import KV_INVARIANT, SEVERITY_INCONCLUSIVE
 from ..detectors import parallel, stream
 from ..detectors.causes import group
 from ..detectors.checking import check_file
@@ -220,6 +220,7 @@ def render_json(tr: Trace, findings: list[Finding], ran: list[str], request: str
         "findings": [{**f.to_dict(), "cause": of[i].n} for i, f in enumerate(findings)],
         "kv_load": check_notes.kv_load_notes(notes or {}),
         "kv_crossing": check_notes.crossing_notes(notes or {}),
+        "kv_invariant": ((notes or {}).get(KV_INVARIANT) or [{}])[0],
     }
     if what_if is not None:
         doc["what_if"] = {"rule": what_if, "requests": wi or []}

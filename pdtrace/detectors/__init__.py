@@ -12,10 +12,11 @@ from typing import Any, Callable, Iterable
 
 from pdtrace.tracefile.trace import EventList, derive_block_lists
 
-from . import crossed, drafter_window, kv_load, lookahead, metadata, ringcut, stale_read
+from . import crossed, drafter_window, kv_invariant, kv_load, lookahead, metadata, ringcut, stale_read
 from .base import (
     ALL_KINDS,
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    KV_INVARIANT,
     KV_LOAD_FAILURE_RECOVERY,
     KV_NEVER_CROSSED,
     LOOKAHEAD_MISALIGNMENT,
@@ -36,6 +37,7 @@ DETECTORS: dict[str, DetectorFn] = {
     STALE_ACCEPTED_COUNT_READ: stale_read.detect,
     KV_LOAD_FAILURE_RECOVERY: kv_load.detect,
     KV_NEVER_CROSSED: crossed.detect,
+    KV_INVARIANT: kv_invariant.detect,
 }
 assert tuple(DETECTORS) == ALL_KINDS
 
@@ -106,5 +108,5 @@ __all__ = [
     "SEVERITY_ERROR", "SEVERITY_WARNING",
     "LOOKAHEAD_MISALIGNMENT", "METADATA_CLEARED_BEFORE_DRAFTER",
     "DRAFTER_WINDOW_OUTSIDE_ALLOCATION", "STALE_ACCEPTED_COUNT_READ", "KV_LOAD_FAILURE_RECOVERY",
-    "KV_NEVER_CROSSED",
+    "KV_NEVER_CROSSED", "KV_INVARIANT",
 ]

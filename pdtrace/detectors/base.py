@@ -16,6 +16,7 @@ DRAFTER_WINDOW_OUTSIDE_ALLOCATION = "drafter-window-outside-allocation"
 STALE_ACCEPTED_COUNT_READ = "stale-accepted-count-read"
 KV_LOAD_FAILURE_RECOVERY = "kv-load-failure-recovery"
 KV_NEVER_CROSSED = "kv-never-crossed"
+KV_INVARIANT = "kv-invariant"
 ALL_KINDS = (
     LOOKAHEAD_MISALIGNMENT,
     METADATA_CLEARED_BEFORE_DRAFTER,
@@ -23,6 +24,7 @@ ALL_KINDS = (
     STALE_ACCEPTED_COUNT_READ,
     KV_LOAD_FAILURE_RECOVERY,
     KV_NEVER_CROSSED,
+    KV_INVARIANT,
 )
 
 

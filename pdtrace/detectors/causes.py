@@ -18,7 +18,7 @@ import json
 import os
 from typing import Any, Iterable
 
-from .base import (DRAFTER_WINDOW_OUTSIDE_ALLOCATION, KV_LOAD_FAILURE_RECOVERY, KV_NEVER_CROSSED,
+from .base import (DRAFTER_WINDOW_OUTSIDE_ALLOCATION, KV_INVARIANT, KV_LOAD_FAILURE_RECOVERY, KV_NEVER_CROSSED,
                    LOOKAHEAD_MISALIGNMENT, METADATA_CLEARED_BEFORE_DRAFTER, STALE_ACCEPTED_COUNT_READ)
 
 VLLM = "https://github.com/vllm-project/vllm"
@@ -114,6 +114,40 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "D read KV that P had already released: P's NIXL lease on the request ran out before D's read, P freed the "
         "blocks for other requests, and D decoded on whatever they held (vLLM only logs it on P)",
         ("nixl.lease_expired", "nixl.read"), ("52234",)),
+    # the KV invariant's own causes, where no rule names the mechanism (kv_invariant: what the chain shows)
+    "kv-invariant/shifted": (
+        "KV read that is not the request's own: a KV transfer filled D's blocks with other token blocks of the same "
+        "prompt (the block mapping is shifted)", ("nixl.read", "nixl.trim", "nixl.request_finished"), ()),
+    "kv-invariant/p-unwritten": (
+        "KV read that is not the request's own: D loaded P blocks that P never wrote for the prompt",
+        ("nixl.read", "nixl.request_finished"), ()),
+    "kv-invariant/reused": (
+        "KV read that is not the request's own: D read P's blocks after P had freed them and written another "
+        "prompt's KV into them", ("nixl.read", "scheduler.free"), ()),
+    "kv-invariant/foreign": (
+        "KV read that is not the request's own: a step attended to blocks that hold another prompt's KV",
+        ("scheduler.schedule", "scheduler.allocate_slots"), ()),
+    "kv-invariant/short": (
+        "KV read that is not the request's own: a step attended to positions of its blocks that nothing wrote",
+        ("scheduler.schedule", "scheduler.allocate_slots"), ()),
+    "kv-invariant/not-loaded": (
+        "KV read that is not the request's own: D counted tokens loaded whose blocks no KV transfer wrote",
+        ("scheduler.allocate_slots", "nixl.remote_alloc", "nixl.read"), ()),
+    "kv-invariant/failed-load": (
+        "KV read that is not the request's own: a step attended to blocks whose KV load failed",
+        ("kv_load.invalid_blocks", "scheduler.schedule"), ()),
+    "kv-invariant/unwritten": (
+        "KV read that is not the request's own: a step attended to blocks handed to the request that nothing wrote",
+        ("scheduler.allocate_slots", "scheduler.schedule"), ()),
+    "kv-invariant/null-block": (
+        "KV read that is not the request's own: a sliding-window or chunked-local step attended to positions whose "
+        "blocks vLLM had already replaced by its null block", ("scheduler.allocate_slots", "scheduler.schedule"), ()),
+    "kv-invariant/in-flight": (
+        "KV read that is not the request's own: a step in flight at a failed load read the failed blocks and its "
+        "token was kept", ("kv_load.invalid_blocks", "kv_load.output"), ()),
+    "kv-invariant/write-outside": (
+        "the {method} drafter wrote KV past the blocks the request holds (into blocks that are not its own)",
+        ("accepted_counts.window", "scheduler.allocate_slots"), ()),
 }
 
 # mechanisms whose fault is outside vLLM (its code runs as designed on what it was given)
@@ -176,6 +210,8 @@ def mechanism(f: Any) -> tuple[str, dict[str, str]]:
             return "kv-load/failed-not-finished", {}
         title = str(_get(f, "title") or "")
         return "kv-load/other:" + _shape(title), {"title": _shape(title)}
+    if kind == KV_INVARIANT:
+        return f"kv-invariant/{d.get('mechanism') or 'other'}", {"method": str(d.get("method") or "")}
     if kind == KV_NEVER_CROSSED and d.get("mechanism") in ("no-params", "nothing-loaded", "partial-load",
                                                            "drafter-group", "expired-lease"):
         return f"never-crossed/{d['mechanism']}", {}
@@ -205,6 +241,7 @@ class Cause:
     where: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # [{hook, function, file, line}]
     upstream: list[str] = dataclasses.field(default_factory=list)  # links
     first: dict[str, Any] = dataclasses.field(default_factory=dict)  # {index, req, step, title}
+    confirmed: int = 0  # the KV invariant's findings on this cause's requests that joined it (one bug, one cause)
 
     @property
     def where_words(self) -> str:
@@ -219,7 +256,9 @@ class Cause:
         steps = (f"step {self.steps[0]}" if self.steps and self.steps[0] == self.steps[1] else
                  f"steps {self.steps[0]}-{self.steps[1]}" if self.steps else "")
         return ", ".join(p for p in (*parts, f"{len(self.requests)} request(s)" if self.requests else "", steps,
-                                     f"instance(s) {', '.join(self.instances)}" if self.instances else "") if p)
+                                     f"instance(s) {', '.join(self.instances)}" if self.instances else "",
+                                     f"the KV invariant confirms {self.confirmed} read(s)" if self.confirmed else "")
+                         if p)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -233,8 +272,20 @@ def group(findings: list[Any], where: dict[str, dict[str, Any]] | None = None) -
     indices in ``findings``. ``where``: hook name -> {function, file, line} (``locations``)."""
     by: dict[str, Cause] = {}
     said: dict[str, dict[str, set]] = {}  # key -> template word -> every value its findings gave
-    for i, f in enumerate(findings):
+    named = _named(findings)
+    joined: set[int] = set()
+    order = sorted(range(len(findings)), key=lambda i: _get(findings[i], "kind") == KV_INVARIANT)
+    for i in order:  # (the rules' causes first: the invariant's findings join them)
+        f = findings[i]
         key, words = mechanism(f)
+        if _get(f, "kind") == KV_INVARIANT:  # a rule that names the mechanism for the same request: its cause
+            d = _get(f, "data") or {}
+            hit = next((named[r] for r in (_get(f, "req"), d.get("p_req")) if r in named), None)
+            if hit is not None and hit in by:
+                by[hit].findings.append(i)
+                by[hit].confirmed += 1
+                joined.add(i)
+                continue
         c = by.get(key)
         if c is None:
             c = by[key] = Cause(0, _get(f, "kind"), key, "", _get(f, "severity"), [])
@@ -270,11 +321,26 @@ def group(findings: list[Any], where: dict[str, dict[str, Any]] | None = None) -
     out = sorted(by.values(), key=lambda c: (_RANK.get(c.severity, 2), -len(c.findings), c.mechanism))
     for n, c in enumerate(out, 1):
         c.n = n
-        best = min(c.findings, key=lambda i: (_RANK.get(_get(findings[i], "severity"), 2),
+        best = min([i for i in c.findings if i not in joined] or c.findings, key=lambda i: (_RANK.get(_get(findings[i], "severity"), 2),
                                               _get(findings[i], "step") if isinstance(_get(findings[i], "step"), int)
                                               else 1 << 60))
         c.first = {"index": best, "req": _get(findings[best], "req"), "step": _get(findings[best], "step"),
                    "title": str(_get(findings[best], "title") or "")}
+    return out
+
+
+def _named(findings: list[Any]) -> dict[str, str]:
+    """request id -> the mechanism key of the first (worst) finding of another class about it, the
+    request on either side of its P/D pair (a rule's finding may name P's request, the invariant's D's)."""
+    out: dict[str, str] = {}
+    for f in sorted(findings, key=lambda f: _RANK.get(_get(f, "severity"), 2)):
+        if _get(f, "kind") == KV_INVARIANT:
+            continue
+        key = mechanism(f)[0]
+        d = _get(f, "data") or {}
+        for r in (_get(f, "req"), d.get("p_req"), d.get("d_req"), *(d.get("reqs") or ())):
+            if isinstance(r, str) and r not in out:
+                out[r] = key
     return out
 
 

@@ -15,8 +15,8 @@ from ..tracefile.trace import ProgressFn, load, read_header
 from ..tracefile.zsource import is_gap
 from . import DETECTORS, Finding, parallel, run_all, stream, whatif
 from .causes import header_vllm, locations, trace_locations
-from .index import feed_all
-from .coverage import Coverage, coverage, coverage_of
+from .index import build, feed_all
+from .coverage import Coverage, IndexFacts, coverage_of
 from .ringcut import mark_after_gap
 
 
@@ -55,8 +55,9 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
                              observe=(lambda: whatif.FixedTrim(request)) if what_if else None)
         seen = res.request
         where = locations(res.summary.kind("hooks.status"), header_vllm(header))
-        return Checked(res, after_gap(res.findings, res), coverage_of(res.summary, res.footer, kinds=kinds,
-                                                      incomplete=incomplete_reason(res.footer, res.problems)),
+        cov = coverage_of(res.summary, res.footer, kinds=kinds, incomplete=incomplete_reason(res.footer, res.problems),
+                          notes=res.notes)
+        return Checked(res, after_gap(res.findings, res), cov,
                        replay=res.observed.finish() if what_if else None,
                        request_seen=request is None or seen.seen, requests=list(seen.known),
                        notes=_about_request(res.notes, seen.wanted()), pair=sorted(seen.pair), where=where)
@@ -64,12 +65,13 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
     seen = request is None or any(e.get("req") == request or e.get("remote_req") == request for e in tr.events)
     pair = set() if request is None else stream.pair_of((e for e in tr.events if e["ev"] in stream.PAIR_KINDS), request)
     wanted = None if request is None else {request, *pair}
+    notes = _notes(tr.events, tr.header, kinds)
     return Checked(tr, after_gap(run_all(tr.events, tr.header, only=only, request=wanted), tr),
-                   coverage(tr.events, tr.header, tr.footer, kinds=kinds,
-                            incomplete=incomplete_reason(tr.footer, tr.problems)),
+                   coverage_of(IndexFacts(build(tr.events)), tr.footer, kinds=kinds,
+                               incomplete=incomplete_reason(tr.footer, tr.problems), notes=notes),
                    replay=whatif.run(what_if, tr.events, request) if what_if else None, request_seen=seen,
                    requests=[] if seen else [e["req"] for e in tr.events if e.get("req") and e["ev"] == "req.add"],
-                   notes=_about_request(_notes(tr.events, tr.header, kinds), wanted), pair=sorted(pair),
+                   notes=_about_request(notes, wanted), pair=sorted(pair),
                    where=trace_locations(tr.events, header))
 
 

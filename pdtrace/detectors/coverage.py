@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from .base import (
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
+    KV_INVARIANT,
     KV_LOAD_FAILURE_RECOVERY,
     KV_NEVER_CROSSED,
     LOOKAHEAD_MISALIGNMENT,
@@ -192,6 +193,15 @@ CLASSES: dict[str, ClassSpec] = {
         one_side=("only D's side is in the trace: a request whose transfer params were dropped cannot be told "
                   "from one sent to D alone without P's trace (record both, pdtrace merge P.jsonl D.jsonl); "
                   "loads that fell short of what P computed are still reported"),
+    ),
+    KV_INVARIANT: ClassSpec(
+        # every scheduler's steps: the invariant holds for any KV cache, with or without P/D or a drafter
+        feeds=(("sched.step", {}),),
+        needs=("sched.alloc", "sched.config"),
+        hooks=(*_SCHED_HOOKS, "scheduler.schedule", "scheduler.allocate_slots", "scheduler.add_request",
+               "scheduler.free", "scheduler.finish", "nixl.request_finished*", "nixl.remote_alloc", "nixl.read",
+               "nixl.transfer_results", "nixl.<import>", "kv_load.*", "accepted_counts.window", "spec_v2.propose*"),
+        side="sched.step events (engine core)",
     ),
 }
 
@@ -418,15 +428,28 @@ def coverage(events: list[Event], header: dict | None = None, footer: dict | Non
     events that would give a finding; nor "does not apply": the configs read may not be all (a
     trace cut at 90 of 160 lines said the stale-read class did not apply, from P's and D's first
     configs, where the whole trace has 17 findings of it after a later D config)."""
-    return coverage_of(IndexFacts(build(events)), footer, kinds, incomplete)
+    judged = None
+    if not kinds or KV_INVARIANT in kinds:  # (what the invariant could judge is its stream's: one pass over events)
+        from .index import feed_all
+        from .kv_invariant import Stream
+
+        st = Stream()
+        feed_all(st, events)
+        judged = {KV_INVARIANT: st.notes()}
+    return coverage_of(IndexFacts(build(events)), footer, kinds, incomplete, notes=judged)
 
 
 def coverage_of(idx: Any, footer: dict | None = None, kinds: tuple[str, ...] | list[str] = (),
-                incomplete: str | None = None) -> dict[str, Coverage]:
+                incomplete: str | None = None, notes: dict[str, list] | None = None) -> dict[str, Coverage]:
     """``coverage`` from what was gathered of the trace (an ``IndexFacts`` or a stream's
-    ``Summary``)."""
+    ``Summary``); ``notes``: the detectors' facts (``Stream.notes``), of which the KV invariant's say which reads
+    it could not judge (``kv_invariant.coverage``)."""
     facts = _facts(idx, footer)
     out = {k: _one(k, spec, idx, facts, incomplete) for k, spec in CLASSES.items() if not kinds or k in kinds}
+    if notes:
+        from .kv_invariant import coverage as judged
+
+        out = judged(out, notes)
     if incomplete:
         for k, c in out.items():
             if c.status == CHECKED:

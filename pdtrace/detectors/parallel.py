@@ -39,7 +39,7 @@ from ..tracefile.compress import is_zstd
 from ..tracefile.reading import SEGMENT, Rescan, Unfiltered
 from ..tracefile.segments import LineFilter
 from ..tracefile.trace import ProgressFn, read_header
-from . import crossed, drafter_window, kv_load, lookahead, metadata, sort_key, stale_read
+from . import crossed, drafter_window, kv_invariant, kv_load, lookahead, metadata, sort_key, stale_read
 from .index import Index
 from .stream import STREAMS, Result, _run
 from .stream import run as run_serial
@@ -48,6 +48,7 @@ from .stream import run as run_serial
 UNITS = (
     (drafter_window.DRAFTER_WINDOW_OUTSIDE_ALLOCATION,),
     (stale_read.STALE_ACCEPTED_COUNT_READ,),
+    (kv_invariant.KV_INVARIANT,),
     (lookahead.LOOKAHEAD_MISALIGNMENT,),
     (metadata.METADATA_CLEARED_BEFORE_DRAFTER,),
     (kv_load.KV_LOAD_FAILURE_RECOVERY,),

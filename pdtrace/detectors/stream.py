@@ -29,7 +29,7 @@ from typing import Any, Callable
 from .. import schema
 from ..tracefile.reading import SEGMENT, Rescan, fast_segments, scan_segments
 from ..tracefile.trace import Problem, ProgressFn, _derive, is_complete
-from . import DETECTORS, crossed, drafter_window, kv_load, lookahead, metadata, sort_key, stale_read
+from . import DETECTORS, crossed, drafter_window, kv_invariant, kv_load, lookahead, metadata, sort_key, stale_read
 from .base import Finding
 from .coverage import CLASSES, RUNNER_KINDS, WHOLE_KINDS, matching
 from .index import Configs, Index
@@ -41,6 +41,7 @@ STREAMS: dict[str, Callable[[dict], Any]] = {
     stale_read.STALE_ACCEPTED_COUNT_READ: stale_read.Stream,
     kv_load.KV_LOAD_FAILURE_RECOVERY: kv_load.Stream,
     crossed.KV_NEVER_CROSSED: crossed.Stream,
+    kv_invariant.KV_INVARIANT: kv_invariant.Stream,
 }
 assert tuple(STREAMS) == tuple(DETECTORS)
 

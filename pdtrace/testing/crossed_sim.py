@@ -118,7 +118,7 @@ def scenario(drop: tuple[int, ...]) -> Any:
     def build() -> Any:
         from pdtrace.detectors.base import KV_NEVER_CROSSED
 
-        from .scenario_builders import Scenario
+        from .scenario_builders import Scenario, _no_read
 
         r = dropped_params(drop=drop)
         twice = prefilled_again(r)
@@ -132,7 +132,7 @@ def scenario(drop: tuple[int, ...]) -> Any:
             "fixture": [], "own_bug": "",
             "clean_twin": "" if r.dropped else "the same requests, every one handed to D with P's params",
             "facts": {"prefill_stats": r.stats, "dropped": r.dropped, "sent_to_d_alone": r.direct},
-        }, [])
+        }, _no_read(r.events))
     return build
 
 
@@ -200,14 +200,15 @@ def drafter_scenario(draft_group: str) -> Any:
     """The drafter-group sample pair's builder: expected findings from vLLM's objects (the drafter's blocks
     outside what the connector loads, the tokens counted computed), never from the detector."""
     def build() -> Any:
-        from pdtrace.detectors.base import KV_NEVER_CROSSED
+        from pdtrace.detectors.base import KV_INVARIANT, KV_NEVER_CROSSED
 
-        from .scenario_builders import Scenario
+        from .scenario_builders import Scenario, _no_read
 
         r = drafter_group(draft_group)
         unwritten = never_written(r)
         assert (draft_group == "kept") == bool(unwritten), ("oracle: reqs_to_recv vs the drafter's blocks", r.oracle)
-        return Scenario("", "", r.events, [KV_NEVER_CROSSED] if unwritten else [], {
+        # (the drafter reads blocks no transfer wrote: the invariant's error too, issue 59)
+        return Scenario("", "", r.events, [KV_NEVER_CROSSED, KV_INVARIANT] if unwritten else [], {
             "real": ["vLLM's P and D Scheduler with the NIXL connector's scheduler side (request_finished, "
                      "get_num_new_matched_tokens, update_state_after_alloc, build_connector_meta) over a KV cache "
                      "config with a drafter group of its own (KVCacheGroupSpec.is_eagle_group)"],
@@ -218,5 +219,5 @@ def drafter_scenario(draft_group: str) -> Any:
             "clean_twin": "" if unwritten else "the same requests with vLLM's default: every group transfers",
             "facts": {"oracle": r.oracle, "unwritten": unwritten},
             # EAGLE with no worker simulated: the two worker-side drafter classes have no events to read
-        }, ["connector-metadata-cleared-before-drafter", "drafter-window-outside-allocation"])
+        }, ["connector-metadata-cleared-before-drafter", "drafter-window-outside-allocation", *_no_read(r.events)])
     return build

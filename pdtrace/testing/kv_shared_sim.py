@@ -105,12 +105,13 @@ def scenario(long_prefill: int) -> Any:
     """The sample pair's builder (``scenarios.SCENARIOS``): expected findings from vLLM's objects
     (``SharedLoad.wrong``), never from the detector."""
     def build() -> Any:
-        from pdtrace.detectors.base import KV_LOAD_FAILURE_RECOVERY
+        from pdtrace.detectors.base import KV_INVARIANT, KV_LOAD_FAILURE_RECOVERY
 
         from .scenario_builders import REAL_KV_LOAD, SIM_KV_SYNC, Scenario
 
         r = shared_block_failure(long_prefill)
-        return Scenario("", "", r.events, [KV_LOAD_FAILURE_RECOVERY] if r.wrong else [], {
+        # (read before the rewrite: a step attended to a failed load's KV, the invariant's error too)
+        return Scenario("", "", r.events, [KV_LOAD_FAILURE_RECOVERY, KV_INVARIANT] if r.wrong else [], {
             "real": [REAL_KV_LOAD + "; its prefix cache (the second request hits the first's blocks) and "
                      "chunked prefill (SchedulerConfig.long_prefill_token_threshold)"],
             "simulated": [SIM_KV_SYNC], "faults": [], "fixture": [],

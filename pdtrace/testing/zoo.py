@@ -272,6 +272,11 @@ def run_family(name: str, workdir: Path) -> dict:
                           "findings": [f["title"] for f in x.get("findings", [])], "error": x.get("error")}
                          for x in runs if "error" in x or bool(x["misaligned"]) != any(
                              f["severity"] == "error" for f in x["findings"]) or (not x["misaligned"] and x["findings"])]
+    # the KV invariant alone (kv-invariant, issue 59) against the same oracle: an error on exactly the misaligned runs
+    inv = [x for x in runs if "error" not in x and any(f["kind"] == "kv-invariant" and f["severity"] == "error"
+                                                         for f in x["findings"])]
+    res["invariant"] = {"flagged": len(inv), "on_misaligned": sum(1 for x in inv if x["misaligned"]),
+                        "missed": sum(1 for x in runs if x.get("misaligned") and x not in inv)}
     res["runs"] = len(runs)  # each prompt once as released, once with the rule put back
     res["misaligned_prompts"] = {"as_released": [x["prompt"] for x in runs if not x["faults"] and x.get("misaligned")],
                                  "with_rule": [x["prompt"] for x in runs if x["faults"] and x.get("misaligned")]}

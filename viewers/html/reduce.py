@@ -275,7 +275,7 @@ def read(path: str, *, lenient: bool = False, progress: Any = None) -> tuple[Red
     """(the reduced trace, the findings, the coverage) of the trace at ``path``."""
     res = stream.run(path, lenient=lenient, progress=progress, observe=Totals)
     totals: Totals = res.observed
-    cov = coverage_of(res.summary, res.footer, incomplete=incomplete_reason(res.footer, res.problems))
+    cov = coverage_of(res.summary, res.footer, incomplete=incomplete_reason(res.footer, res.problems), notes=res.notes)
     fv = [FindingView.of(f) for f in res.findings]
     m = Model([], fv, totals=totals)
     was_enabled = gc.isenabled()

@@ -1,0 +1,268 @@
+"""kv-invariant (issue 59): a step read KV that is not the request's own.
+
+One invariant over the KV cache model (``kv_model``), with no rule per bug: every block a step
+attends to for a request holds that request's token positions, written by a forward, a completed
+transfer or a prefix-cache hit, and not re-owned or overwritten since. A read that breaks it is an
+error with the block's chain of custody: the block, group and positions, what they should hold,
+what they hold, who wrote that and when, and where the content came from through a transfer (P's
+block, who had written it, P's free of it and P's lease running out where the trace has them).
+
+``mechanism`` in a finding's data says what the chain shows, from the chain alone:
+
+- ``shifted``: a transfer put another token block of the same prompt into the block;
+- ``p-unwritten``: the transfer's source block held nothing P had written for that prompt (P
+  reported a block it never wrote);
+- ``reused``: the source block held another prompt's KV, and P had freed it before the read;
+- ``foreign``: the block holds another prompt's KV (written on this instance, or on P while P held it);
+- ``short``: the block holds the request's block, but not every position read was written;
+- ``not-loaded``: the block was handed to the request for a KV load that never landed in it
+  (a group no transfer wrote: vLLM #54926's shape);
+- ``failed-load``: the block's load failed (a failed NIXL read, ``invalid_block_ids``);
+- ``null-block``: the request's list names vLLM's null block at a position its sliding window or
+  attention chunk still reads (pruned too early: vLLM #47282's shape, or a chunk-boundary prompt);
+- ``unwritten``: the block was handed to the request and nothing wrote it before the read;
+- ``write-outside``: the drafter wrote KV past the blocks the request holds (``spec.window``);
+- ``in-flight``: a step in flight when a load was reported failed read the failed blocks, and its
+  token was kept (``kvload.output``).
+
+Root causes (``causes.group``): where a finding of another class names the same request, the
+invariant's finding joins that cause (one bug, one headline); else it stands under
+"kv-invariant/<mechanism>".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import KV_INVARIANT, SEVERITY_ERROR, Finding
+from .index import feed_all
+from .kv_model import AWAITING, FAILED, KINDS, PENDING, UNWRITTEN, Model
+from .kv_state import block_size
+
+Event = dict[str, Any]
+KEPT = 1 << 14  # flagged requests remembered (one finding per request)
+
+
+def _short(k: Any) -> str:
+    return str(k)[:8] if k else "?"
+
+
+class Stream:
+    """The invariant over the model, fed in trace order. One finding per request: its first read
+    that breaks the invariant (the count of bad blocks in that read, per group)."""
+
+    KINDS = KINDS
+
+    def __init__(self, header: dict | None = None):
+        self.model = Model(self._report)
+        self.findings: list[Finding] = []
+        self.flagged: dict[tuple, None] = {}
+        self.unjudged: dict[str, int] = {}  # why -> reads not judged
+
+    def feed(self, idx: Any) -> None:
+        self.model.feed(idx)
+
+    def finish(self) -> list[Finding]:
+        out, self.findings = self.findings, []
+        return out
+
+    def notes(self) -> list[dict]:
+        c = self.model.counts
+        return [{"reads_checked": c["reads"], "transfers": c["transfers"], "unjudged": c["unjudged"],
+                 "unjudged_why": dict(self.unjudged), "drafter_windows": c["windows"], "window_edge_null": c["edge"]}]
+
+    # --- the model's reports ------------------------------------------------------------------
+    def _report(self, what: str, s: Any, r: Any, **kw: Any) -> None:
+        if what == "unjudged":
+            why = kw["why"]
+            self.unjudged[why] = self.unjudged.get(why, 0) + 1
+            return
+        key = (s.key, r.req)
+        if key in self.flagged:
+            return
+        self.flagged[key] = None
+        if len(self.flagged) > KEPT:
+            del self.flagged[next(iter(self.flagged))]
+        if what == "in-flight":
+            self._in_flight(s, r, kw["e"], kw["held"], kw["handled"])
+        elif what == "window":
+            self._window(s, r, kw["e"], kw["group"], kw["cap"])
+        else:
+            self._read(s, r, kw["e"], kw["bad"], kw["computed"])
+
+    def _read(self, s: Any, r: Any, e: Event, bad: list, c: int) -> None:
+        g, b, i, lo, hi, blk = bad[0]
+        bs = block_size(s.cfg, g)
+        pos = (i * bs + lo, i * bs + hi - 1)
+        mech, holds, chain = self._chain(s, r, g, i, lo, hi, blk, bs)
+        groups = sorted({x[0] for x in bad})
+        data = {"mechanism": mech, "group": g, "group_kind": _kind(s, g), "block": b, "index": i,
+                "positions": list(pos), "computed": c, "holds": holds, "chain": chain,
+                "bad_blocks": [[x[0], x[1], x[2]] for x in bad], "group_ids": groups}
+        if r.remote[0]:
+            data["p_req"] = r.remote[0]
+        ids = sorted({x for x in [r.ids.get("alloc"), *(st.get("ev") for st in chain), e.get("id")]
+                      if isinstance(x, int)})
+        more = f" (and {len(bad) - 1} more block(s))" if len(bad) > 1 else ""
+        title = (f"{r.req} read KV that is not its own: group {g} block {b} (positions {pos[0]}-{pos[1]}) "
+                 f"holds {holds}{more}")
+        why = (f"At step {e.get('step')} on {s.inst or '?'}, {r.req} had {c} tokens computed, so its attention read "
+               f"positions {pos[0]}-{pos[1]} from block {b} of KV cache group {g} ({_kind(s, g)}), its token block "
+               f"{i}. That block should hold those positions of {r.req}'s prompt ({_short(r.key)}); it holds "
+               f"{holds}. How it came to: " + "; ".join(st["what"] for st in chain) + ".")
+        self.findings.append(Finding(KV_INVARIANT, SEVERITY_ERROR, r.req, e.get("step"), s.inst, ids, title, why,
+                                     data))
+
+    def _in_flight(self, s: Any, r: Any, e: Event, held: list, handled: int) -> None:
+        g, b, i = held[0]
+        data = {"mechanism": "in-flight", "group": g, "group_kind": _kind(s, g), "block": b, "index": i,
+                "in_flight_step": e.get("step"), "rollback_step": e.get("rollback_step"),
+                "bad_blocks": [list(x) for x in held], "group_ids": sorted({x[0] for x in held}),
+                "chain": [{"what": "reported failed to load (kvload.handled)", "ev": handled},
+                          {"what": f"step {e.get('step')}, scheduled before that, read it and its token was "
+                                   f"appended after the rollback (kvload.output)", "ev": e.get("id")}]}
+        self.findings.append(Finding(
+            KV_INVARIANT, SEVERITY_ERROR, r.req, e.get("step"), s.inst,
+            sorted(x for x in (handled, e.get("id")) if isinstance(x, int)),
+            f"{r.req} read KV that is not its own: step {e.get('step')} read group {g} block {b}, which failed to "
+            f"load, and its token was kept",
+            f"Step {e.get('step')} was scheduled before the failed load of block {b} (group {g}, token block {i}) was "
+            f"reported; it read the block as the load left it, and its sampled token was appended to "
+            f"{r.req}'s output after the rollback.", data))
+
+    def _window(self, s: Any, r: Any, e: Event, g: int, cap: int) -> None:
+        a, z = int(e.get("start") or 0), int(e.get("end") or 0)
+        data = {"mechanism": "write-outside", "group": g, "group_kind": _kind(s, g), "window": [a, z],
+                "allocated_positions": cap, "method": e.get("method"), "group_ids": [g],
+                "chain": [{"what": f"{r.req} holds blocks for positions 0-{cap - 1} (event {r.ids.get('alloc')})",
+                           "ev": r.ids.get("alloc")},
+                          {"what": f"its {e.get('method') or ''} drafter wrote KV at positions {a}-{z - 1} "
+                                   f"(spec.window)", "ev": e.get("id")}]}
+        self.findings.append(Finding(
+            KV_INVARIANT, SEVERITY_ERROR, r.req, e.get("step"), s.inst,
+            sorted(x for x in (r.ids.get("alloc"), e.get("id")) if isinstance(x, int)),
+            f"{r.req}'s drafter wrote KV into blocks that are not its own: positions {max(a, cap)}-{z - 1} of group "
+            f"{g}, past its {cap} allocated positions",
+            f"The {e.get('method') or ''} drafter wrote KV for {r.req} at positions {a}-{z - 1} in step "
+            f"{e.get('step')}, but the request holds blocks for positions 0-{cap - 1} only in KV cache group {g} "
+            f"({_kind(s, g)}): the positions past them are written through block-table entries the request does "
+            f"not own, into whatever blocks those name.", data))
+
+    def _chain(self, s: Any, r: Any, g: int, i: int, lo: int, hi: int, blk: Any, bs: int) -> tuple:
+        """(mechanism, what the block holds in words, the chain of custody: [{what, ev}])."""
+        chain: list[dict] = []
+        if blk is None:  # the request's list names vLLM's null block at a position its window still reads
+            chain.append({"what": f"{r.req}'s block list has vLLM's null block (0) at token block {i}, inside the "
+                                  f"{_kind(s, g)} window its step attends to (event {r.ids.get('alloc')}, and later "
+                                  f"allocations)", "ev": r.ids.get("alloc")})
+            return "null-block", "nothing: it is vLLM's null block (the window's positions were pruned)", chain
+        if blk.owner is not None:
+            chain.append({"what": f"handed to {blk.owner} (event {blk.own_ev})", "ev": blk.own_ev})
+        label, how, src = blk.label, blk.how, blk.src
+        if blk.under is not None and blk.lo > lo:
+            label, how, ev, src, _l, _h = blk.under
+            chain.append({"what": f"{r.req}'s own forward wrote it only from position {i * bs + blk.lo} on "
+                                  f"(event {blk.ev})", "ev": blk.ev})
+        if src is not None:  # a NIXL read: D's block took what P's block held
+            p = src.get("p")
+            chain.append({"what": f"D's NIXL read {src.get('read')} filled it from {src.get('inst') or 'P'}'s "
+                                  f"block {src.get('block')} of {src.get('req')}", "ev": src.get("read")})
+            if how.startswith("NIXL read") and how != "NIXL read":
+                return "failed-load", f"a failed load ({how})", chain
+            if p is None:
+                return "unjudged", "a P block the trace does not show", chain
+            return self._from_p(r, g, i, lo, hi, p, src, chain, bs)
+        return self._local(r, g, i, lo, hi, label, how, blk, chain, bs)
+
+    def _from_p(self, r: Any, g: int, i: int, lo: int, hi: int, p: dict, src: dict, chain: list, bs: int) -> tuple:
+        label = p["label"]
+        m = self.model
+        if p.get("ev") is not None:
+            chain.append({"what": f"P's block held {_words(label, m, r)} ({p['how'] or 'state'} at event {p['ev']}"
+                                  f"{', step ' + str(p['step']) if p.get('step') is not None else ''})", "ev": p["ev"]})
+        elif p.get("owner") is not None:
+            chain.append({"what": f"P had handed that block to {p['owner']} (event {p['own_ev']}), which never wrote it",
+                          "ev": p.get("own_ev")})
+        freed = p.get("freed")
+        p_req = src.get("req")
+        lease = m.expired.get(str(p_req)) if p_req else None
+        if lease is not None:
+            chain.append({"what": f"P's lease on {p_req} ran out (event {lease})", "ev": lease})
+        if freed is not None and freed[0] == p_req:
+            chain.append({"what": f"P freed it from {p_req} (event {freed[1]}) before D's read", "ev": freed[1]})
+        if type(label) is not tuple:
+            return "p-unwritten", f"nothing P wrote for that prompt ({label} on P)", chain
+        if m.same(label, (r.key, g, i)):
+            return "short", f"positions {i * bs + p['lo']}-{i * bs + p['hi'] - 1} only", chain
+        if label[0] is not None and m.same((label[0], g, label[2]), (r.key, g, label[2])) or label[0] == r.key:
+            return "shifted", f"token block {label[2]} of the same prompt", chain
+        if lease is not None or (freed is not None and freed[0] == p_req):
+            return "reused", f"another prompt's KV ({_short(label[0])}, token block {label[2]})", chain
+        return "foreign", f"another prompt's KV ({_short(label[0])}, token block {label[2]})", chain
+
+    def _local(self, r: Any, g: int, i: int, lo: int, hi: int, label: Any, how: str, blk: Any, chain: list,
+               bs: int) -> tuple:
+        m = self.model
+        if label == AWAITING:
+            chain.append({"what": "allocated for a KV load, but not among the blocks D's connector loads into "
+                                  "(nixl.remote_alloc)", "ev": blk.ev})
+            return "not-loaded", "nothing: no KV load was planned into it", chain
+        if label == PENDING:
+            chain.append({"what": "D's connector was to load it; no NIXL read of it landed", "ev": blk.ev})
+            return "not-loaded", "nothing: its KV load never landed", chain
+        if label == FAILED:
+            chain.append({"what": f"{how} (event {blk.ev})", "ev": blk.ev})
+            return "failed-load", "a load that failed", chain
+        if label == UNWRITTEN or type(label) is not tuple:
+            return "unwritten", "nothing written since it was handed out", chain
+        chain.append({"what": f"{how or 'written'} of {_words(label, m, r)} at event {blk.ev}", "ev": blk.ev})
+        if blk.freed is not None:
+            chain.append({"what": f"freed by {blk.freed[0]} (event {blk.freed[1]})", "ev": blk.freed[1]})
+        if m.same(label, (r.key, g, i)):
+            return "short", f"positions {i * bs + blk.lo}-{i * bs + blk.hi - 1} only", chain
+        if label[0] == r.key:
+            return "shifted", f"token block {label[2]} of the same prompt", chain
+        return "foreign", f"another prompt's KV ({_short(label[0])}, token block {label[2]})", chain
+
+
+def _words(label: Any, m: Model, r: Any) -> str:
+    if type(label) is not tuple:
+        return f"no content ({label})"
+    same = label[0] == r.key or (r.key is not None and m.same((label[0], label[1], label[2]), (r.key, label[1], label[2])))
+    return f"token block {label[2]} of {'the same' if same else 'another'} prompt ({_short(label[0])})"
+
+
+def _kind(s: Any, g: int) -> str:
+    kinds = s.cfg.get("group_kinds") or []
+    return str(kinds[g]) if g < len(kinds) else "?"
+
+
+def coverage(cov: dict[str, Any], notes: dict[str, list]) -> dict[str, Any]:
+    """The class's coverage verdict given what the stream could not judge: reads of KV whose content
+    the trace cannot tell (a transfer from a P instance not in the trace, a load no worker event
+    says landed) leave it "not checked", with how many and why; never "clean"."""
+    c = cov.get(KV_INVARIANT)
+    n = (notes.get(KV_INVARIANT) or [{}])[0] if notes.get(KV_INVARIANT) else {}
+    if c is None or c.status != "checked" or not n:
+        return cov
+    if not n.get("unjudged"):  # what it judged, said beside the verdict
+        said = [f"{n.get('reads_checked', 0)} block read(s) judged", f"{n.get('transfers', 0)} NIXL read(s) followed"]
+        if n.get("drafter_windows"):
+            said.append(f"{n['drafter_windows']} drafter window(s)")
+        if n.get("window_edge_null"):
+            said.append(f"{n['window_edge_null']} read(s) reached one position of vLLM's null block at a window's "
+                        f"leading edge (a recomputed last token; a fact, see docs/kv-invariant.md)")
+        out = dict(cov)
+        out[KV_INVARIANT] = type(c)(KV_INVARIANT, "checked", "; ".join([c.reason] * bool(c.reason) + said),
+                                    c.events, c.hook_errors)
+        return out
+    why = "; ".join(f"{k} ({v})" for k, v in sorted((n.get("unjudged_why") or {}).items(), key=lambda x: -x[1]))
+    out = dict(cov)
+    out[KV_INVARIANT] = type(c)(KV_INVARIANT, "not-checked",
+                                f"{n['unjudged']} of {n.get('reads_checked', 0)} block reads could not be judged: {why}; "
+                                f"the other reads were (their findings stand)", c.events, c.hook_errors)
+    return out
+
+
+def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
+    return feed_all(Stream(header), events)

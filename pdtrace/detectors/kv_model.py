@@ -1,0 +1,372 @@
+"""One model of the KV cache (issue 59): shadow state per instance and block, as a sanitizer keeps.
+
+Built once per trace from the recorded events, in trace order, streamed like every detector. For
+each scheduler (instance) and block it knows:
+
+- what the block holds: a *label* ``(prompt, group, index)``, the token-block ``index`` of the
+  request whose prompt hash is ``prompt`` (``req.add``'s ``prompt_hash``: never the tokens), and the
+  positions of that block written so far (``lo``..``hi``); or a state without content of a request:
+  ``awaiting`` (handed to a request for a KV load that has not landed), ``failed`` (a load that
+  failed), ``unwritten`` (handed to a request that has not written it);
+- who wrote it: a step's forward (``sched.step``: a request's scheduled tokens at its positions, in
+  every attention group), a completed NIXL read (D's block takes what P's block held when D issued
+  the read), a prefix-cache hit (vLLM matched the block by hash: its label and the request's are one
+  content from then on, a union), a failed load (``nixl.read_done`` ERR, ``kvload.handled``'s blocks);
+- who holds it, when it was freed and who took it next.
+
+Where a step reads KV (``reads``), every block of the positions it attends to (all earlier positions
+for full attention, the window for sliding-window and chunked-local groups; state groups are not
+token-indexed and are not modelled) must hold that request's label, written at those positions.
+``kv_invariant`` turns what fails into findings. The model is fed events only; it judges nothing
+itself and never reads another detector.
+
+To stay linear in the trace a request is not re-checked block by block each step: a block is
+*dirty* for a holder when it last changed to something other than the holder's own content, or
+was handed to it without being written, and only dirty blocks are checked when the holder next
+reads (a block written by the holder's own forward from its first position is clean).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .index import is_attention_group, kind_code
+from .kv_state import AWAITING, FAILED, PENDING, UNWRITTEN, Block, Req, Sched, _unjudged, block_size
+from .kv_transfers import KEPT_P, Transfers
+
+Event = dict[str, Any]
+Report = Callable[..., None]
+
+KINDS = ("req.add", "sched.alloc", "sched.step", "sched.free", "nixl.request_finished", "nixl.remote_alloc", "nixl.read",
+         "nixl.read_done", "nixl.lease_expired", "kvload.handled", "kvload.request", "kvload.output", "spec.window")
+__all__ = ["AWAITING", "FAILED", "PENDING", "UNWRITTEN", "KINDS", "Block", "Model", "Req", "Sched"]
+
+
+class Model(Transfers):
+    """The shadow KV cache. ``report(kind, sched, req, **facts)`` is called for each read that
+    breaks the invariant (``kind``: "read"), for reads it cannot judge ("unjudged") and for a
+    step in flight at a failed load whose token was kept ("in-flight")."""
+
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self.configs: Any = None
+        self.scheds: dict[tuple, Sched] = {}
+        self.by_engine: dict[str, tuple] = {}
+        self.p_of: dict[str, tuple] = {}  # P's request id -> (its scheduler, its prompt) for D's reads
+        self.uf: dict[Any, Any] = {}  # label -> the label it was found to equal (prefix-cache hits)
+        self.xfers: dict[tuple, dict] = {}  # (D pid, D request) -> the read in flight or last landed
+        self.expired: dict[str, int] = {}  # P's request id -> its nixl.lease_expired id
+        self.counts = {"reads": 0, "transfers": 0, "unjudged": 0, "windows": 0, "edge": 0}
+        self.gone: dict[tuple, Req] = {}  # (instance, request) -> a request freed lately (the drafter's
+        # window is recorded by the worker, after the scheduler may have freed it)
+
+    # --- labels ---------------------------------------------------------------------------
+    def find(self, x: Any) -> Any:
+        uf = self.uf
+        while x in uf:
+            nxt = uf[x]
+            if nxt in uf:
+                uf[x] = uf[nxt]
+            x = nxt
+        return x
+
+    def same(self, a: Any, b: Any) -> bool:
+        return a == b or (type(a) is tuple and type(b) is tuple and self.find(a) == self.find(b))
+
+    # --- schedulers -------------------------------------------------------------------------
+    def sched(self, e: Event) -> Sched:
+        key = (e.get("pid"), e.get("inst"))
+        s = self.scheds.get(key)
+        if s is None:
+            cfg = (self.configs.config_of(e) if self.configs is not None else None) or {}
+            s = self.scheds[key] = Sched(key, str(e.get("inst") or ""), cfg)
+            if cfg.get("engine"):
+                self.by_engine.setdefault(str(cfg["engine"]), key)
+        return s
+
+    def req_of(self, e: Event) -> Req | None:
+        """The request an event names, on its own scheduler or (a worker's event) on the
+        scheduler of its instance that holds a request of that id."""
+        s = self.scheds.get((e.get("pid"), e.get("inst")))
+        r = s.reqs.get(str(e.get("req"))) if s is not None else None
+        if r is not None:
+            return r
+        rid, inst = str(e.get("req")), e.get("inst")
+        for s in self.scheds.values():
+            if s.inst == inst and rid in s.reqs:
+                return s.reqs[rid]
+        return None
+
+    # --- feeding ------------------------------------------------------------------------------
+    def feed(self, idx: Any) -> None:
+        self.configs = idx.configs
+        codes = {kind_code(k): getattr(self, "_" + k.replace(".", "_")) for k in KINDS}
+        for e, k in zip(*idx.ordered_codes(KINDS)):
+            codes[k](e)
+
+    def _req_add(self, e: Event) -> None:
+        s = self.sched(e)
+        rid = str(e.get("req"))
+        r = s.reqs[rid] = Req(rid, s.key, e.get("prompt_hash"), int(e.get("prompt_len") or 0))
+        r.ids["add"] = e.get("id")
+        kv = e.get("kv") or {}
+        r.remote = (kv.get("remote_request_id"), kv.get("remote_engine_id"))
+        if kv.get("do_remote_decode"):
+            self._p_request(rid, s.key, r.key)
+
+    def _p_request(self, rid: str, key: tuple, prompt: Any) -> None:
+        self.p_of[rid] = (key, prompt if prompt is not None else (self.p_of.get(rid) or (None, None))[1])
+        if len(self.p_of) > KEPT_P:
+            del self.p_of[next(iter(self.p_of))]
+
+    def _nixl_request_finished(self, e: Event) -> None:
+        if e.get("side") == "P":
+            s = self.sched(e)
+            r = s.reqs.get(str(e.get("req")))
+            self._p_request(str(e.get("req")), s.key, r.key if r is not None else None)
+            if e.get("engine"):
+                self.by_engine.setdefault(str(e["engine"]), s.key)
+
+    def _sched_alloc(self, e: Event) -> None:
+        if e.get("ok") is False:
+            return
+        s = self.sched(e)
+        rid = str(e.get("req"))
+        r = s.reqs.get(rid)
+        if r is None:  # no req.add (a ring trace's cut beginning): no prompt to compare with
+            r = s.reqs[rid] = Req(rid, s.key, None, int(e.get("prompt_len") or 0))
+        r.ids.setdefault("alloc", e.get("id"))
+        new = e.get("block_ids")
+        if new is None:
+            new = [list(a) + list(b) for a, b in zip(r.blocks, e.get("new_block_ids") or [])]
+        c = e.get("num_computed_tokens")
+        first = "num_external_computed_tokens" in e and "block_ids" in e and not e.get("from_output")
+        old = r.blocks
+        self._hold(s, r, new, e)
+        if c is not None:
+            r.computed = r.upto = int(c)
+        if first:
+            self._admit(s, r, e, old)
+
+    def _hold(self, s: Sched, r: Req, new: list[list[int]], e: Event) -> None:
+        """``r`` holds the lists ``new`` from now on: blocks it no longer lists lose it as a
+        holder, blocks it gains are handed to it (dirty unless they already hold its content)."""
+        kinds = s.cfg.get("group_kinds") or []
+        ev = e.get("id")
+        for g, lst in enumerate(new):
+            prev = r.blocks[g] if g < len(r.blocks) else []
+            n = len(prev)
+            if len(lst) >= n and lst[:n] == prev:  # (a running request's list grows at its end)
+                if len(lst) == n:
+                    continue
+                start = n
+            else:
+                start = 0
+                for b in set(prev) - set(lst):
+                    h = s.holders.get(b)
+                    if h is not None:
+                        h.pop(r.req, None)
+                    r.dirty.pop((g, b), None)
+            attn = is_attention_group(kinds[g] if g < len(kinds) else None)
+            for i in range(start, len(lst)):
+                b = lst[i]
+                if b == 0 or (i < n and prev[i] == b):
+                    continue
+                s.holders.setdefault(b, {})[r.req] = (g, i)
+                blk = s.blocks.get(b)
+                if blk is None:
+                    blk = s.blocks[b] = Block()
+                if blk.owner != r.req:
+                    blk.owner, blk.own_ev = r.req, ev
+                if attn and not (self.same(blk.label, (r.key, g, i)) and blk.lo == 0
+                                 and blk.hi >= block_size(s.cfg, g)):
+                    r.dirty[(g, b)] = i
+        r.blocks = [list(x) for x in new]
+
+    def _admit(self, s: Sched, r: Req, e: Event, old: list) -> None:
+        """A request's first allocation: its prefix-cache hit (the blocks vLLM matched by hash hold
+        its content: one label from now on) and the blocks it waits to load from P."""
+        hit = int(e.get("num_new_computed_tokens") or 0)
+        ext = int(e.get("num_external_computed_tokens") or 0)
+        if hit + ext > int(e.get("num_computed_tokens") or 0):
+            # what the request starts from once its load lands (vLLM recomputes a prompt's last token when
+            # everything is loaded: num_computed_tokens set again after the load, not recorded)
+            r.computed = min(hit + ext, max(r.plen - 1, 0)) if r.plen else hit + ext
+            r.upto = hit + ext
+        kinds = s.cfg.get("group_kinds") or []
+        # the tokens it loads are P's prompt's: a proxy may hand D P's prompt plus P's first token (vLLM PR
+        # #50559), so D's prompt hash is not P's; the loaded token blocks are P's request's content all the same
+        pk = (self.p_of.get(str(r.remote[0])) or (None, None))[1] if ext and r.remote[0] else None
+        for g, lst in enumerate(r.blocks):
+            if not is_attention_group(kinds[g] if g < len(kinds) else None):
+                continue
+            bs = block_size(s.cfg, g)
+            if pk is not None and r.key is not None and pk != r.key:
+                for i in range(min(-(-(hit + ext) // bs), len(lst))):
+                    if (r.key, g, i) not in self.uf and self.find((pk, g, i)) != (r.key, g, i):
+                        self.uf[(r.key, g, i)] = self.find((pk, g, i))
+                        r.unions.append((r.key, g, i))
+            for i, b in enumerate(lst):
+                if b == 0 or i * bs >= hit + ext:
+                    continue
+                blk = s.blocks[b]
+                if (i + 1) * bs <= hit:
+                    lab = blk.label
+                    if type(lab) is tuple and lab[1:] == (g, i) and r.key is not None and blk.lo == 0:
+                        a, root = self.find((r.key, g, i)), self.find(lab)
+                        if a != root:
+                            self.uf[a] = root  # vLLM matched it by hash: one content from now on
+                elif ext and i * bs >= hit - hit % bs:
+                    self._set(blk, AWAITING, 0, 0, "allocated for a KV load", e)
+                    r.dirty[(g, b)] = i
+
+    def _set(self, blk: Block, label: Any, lo: int, hi: int, how: str, e: Event, src: dict | None = None) -> None:
+        blk.under = None
+        blk.label, blk.lo, blk.hi, blk.how, blk.src = label, lo, hi, how, src
+        blk.ev, blk.step, blk.w = e.get("id"), e.get("step"), e.get("w")
+
+    def _changed(self, s: Sched, b: int, blk: Block, writer: str | None) -> None:
+        """Block ``b`` took new content: it is dirty for each holder whose content it is not."""
+        for rid, (g, i) in (s.holders.get(b) or {}).items():
+            r = s.reqs.get(rid)
+            if r is not None and (rid != writer or blk.lo > 0 or not self.same(blk.label, (r.key, g, i))):
+                r.dirty[(g, b)] = i
+
+    def _sched_step(self, e: Event) -> None:
+        s = self.sched(e)
+        tokens = e.get("tokens") or {}
+        spec = e.get("spec") or {}
+        kinds = s.cfg.get("group_kinds") or []
+        step = e.get("step")
+        plan = []
+        for rid, n in tokens.items():
+            r = s.reqs.get(rid)
+            if r is None or r.computed is None:
+                continue
+            c, n = r.computed, int(n)
+            # the forward writes every scheduled position, drafts included; where the step's own allocation
+            # was not recorded, the previous step's drafts may have been accepted: up to ``upto``
+            w0, w1 = min(c, r.upto), max(c, r.upto) + n
+            plan.append((r, c, n))
+            for g, lst in enumerate(r.blocks):  # ... in every attention group
+                if not is_attention_group(kinds[g] if g < len(kinds) else None):
+                    continue
+                bs = block_size(s.cfg, g)
+                for i in range(max(w0 // bs, 0), min((w1 - 1) // bs + 1 if w1 > w0 else w0 // bs, len(lst))):
+                    if lst[i] == 0:
+                        continue
+                    self._write(s, lst[i], (r.key, g, i), max(w0 - i * bs, 0), min(w1 - i * bs, bs), r, e)
+        for r, c, n in plan:  # then each step reads what its attention covers (written layer by layer first)
+            self.reads(s, r, c, e)
+            r.last[step] = c
+            if len(r.last) > 4:
+                del r.last[next(iter(r.last))]
+            d = int(spec.get(r.req) or 0)
+            r.computed, r.upto = c + n - d, max(c, r.upto) + n  # (no draft accepted .. all) until its next allocation
+
+    def _write(self, s: Sched, b: int, label: tuple, lo: int, hi: int, r: Req, e: Event) -> None:
+        blk = s.blocks.get(b)
+        if blk is None:
+            blk = s.blocks[b] = Block()
+        if self.same(blk.label, label) and blk.lo <= lo <= blk.hi:
+            blk.hi = max(blk.hi, hi)
+            blk.ev, blk.step, blk.w = e.get("id"), e.get("step"), e.get("w")
+            if blk.lo == 0:
+                r.dirty.pop((label[1], b), None)
+            return
+        under = (blk.label, blk.how, blk.ev, blk.src, blk.lo, blk.hi) if lo > 0 else None
+        self._set(blk, label, lo, hi, "forward", e)
+        blk.under = under
+        self._changed(s, b, blk, r.req)
+
+    def reads(self, s: Sched, r: Req, c: int, e: Event) -> None:
+        """Step ``e`` reads positions before ``c`` of request ``r``: check its dirty blocks."""
+        if not r.dirty or c <= 0:
+            return
+        kinds = s.cfg.get("group_kinds") or []
+        wins = s.cfg.get("windows") or []
+        bad = []
+        for (g, b), i in list(r.dirty.items()):
+            bs = block_size(s.cfg, g)
+            win = wins[g] if g < len(wins) else 0
+            kind = str(kinds[g] if g < len(kinds) else "")
+            if not is_attention_group(kind or None):
+                del r.dirty[(g, b)]  # a state group's block is not token-indexed (one block id pool: another
+                continue             # group's write may land on a block id this one held before)
+            start = 0
+            if win and "Chunked" in kind:
+                start = c - c % win
+            elif win:
+                start = max(0, c - win + 1)
+            if i * bs >= c:
+                continue  # not read yet: stays dirty
+            del r.dirty[(g, b)]
+            if (i + 1) * bs <= start:
+                continue  # out of the window: never read again
+            lo, hi = max(start - i * bs, 0), min(c - i * bs, bs)
+            blk = s.blocks.get(b)
+            self.counts["reads"] += 1
+            if blk is None:
+                self.counts["unjudged"] += 1
+                continue
+            parts = [(blk.label, blk.lo, blk.hi, max(lo, blk.lo), hi)]
+            if lo < blk.lo and blk.under is not None:  # the positions below a write that began mid-block
+                ul, _how, _ev, _src, ulo, uhi = blk.under
+                parts = [(ul, ulo, uhi, lo, min(hi, blk.lo)), *parts]
+            why = next((w for w in (_unjudged(s, r, x[0]) for x in parts) if w), "")
+            if not why and r.key is None:
+                why = "no req.add: the request's prompt is not in the trace"
+            if why:
+                self.counts["unjudged"] += 1
+                self.report("unjudged", s, r, e=e, why=why)
+                continue
+            exp = (r.key, g, i)
+            if all(self.same(lab, exp) and blo <= a and bhi >= z for lab, blo, bhi, a, z in parts if a < z):
+                continue
+            bad.append((g, b, i, lo, hi, blk))
+        for g, lst in enumerate(r.blocks):  # a window's positions vLLM pruned to its null block while still read
+            win = wins[g] if g < len(wins) else 0
+            if not win or not lst:
+                continue
+            bs = block_size(s.cfg, g)
+            kind = str(kinds[g] if g < len(kinds) else "")
+            hi_c = max(c, r.upto)  # (the window's start by the most tokens the request may have computed)
+            start = c - c % win if "Chunked" in kind else max(0, hi_c - win + 1)
+            i0, i1 = start // bs, min((c - 1) // bs, len(lst) - 1)
+            if i0 <= i1 and 0 in lst[i0:i1 + 1]:
+                i = lst.index(0, i0, i1 + 1)
+                self.counts["reads"] += 1
+                if i == i0 and 0 not in lst[i0 + 1:i1 + 1] and (i0 + 1) * bs - start <= 1:
+                    # one position at the window's leading edge: vLLM pruned by the count before it recomputes a
+                    # fully loaded prompt's last token (num_computed_tokens - 1). By vLLM's own window rule the
+                    # recomputed token reads it; whether the kernel's window reaches it is the backend's: a fact
+                    self.counts["edge"] += 1
+                    continue
+                bad.append((g, 0, i, max(start - i * bs, 0), min(c - i * bs, bs), None))
+        if bad:
+            self.report("read", s, r, e=e, bad=bad, computed=c)
+
+    def _sched_free(self, e: Event) -> None:
+        s = self.sched(e)
+        rid = str(e.get("req"))
+        r = s.reqs.pop(rid, None)
+        ev = e.get("id")
+        if r is not None:
+            for lab in r.unions:  # (a later request of the same prompt makes its own)
+                self.uf.pop(lab, None)
+            r.unions = []
+            self.gone[(s.inst, rid)] = r
+            if len(self.gone) > 4096:
+                del self.gone[next(iter(self.gone))]
+        for lst in (e.get("block_ids") or (r.blocks if r else [])):
+            for b in lst:
+                if b == 0:
+                    continue
+                h = s.holders.get(b)
+                if h is not None:
+                    h.pop(rid, None)
+                    if not h:
+                        del s.holders[b]
+                blk = s.blocks.get(b)
+                if blk is not None:
+                    blk.freed = (rid, ev, e.get("w"))

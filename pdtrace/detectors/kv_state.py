@@ -1,0 +1,85 @@
+"""The KV model's state (``kv_model``): what one block holds, one request on one scheduler, one scheduler."""
+
+from __future__ import annotations
+
+from typing import Any
+
+AWAITING, PENDING, FAILED, UNWRITTEN = "awaiting", "pending", "failed", "unwritten"
+
+
+def block_size(cfg: dict, g: int) -> int:
+    """Group ``g``'s block size from a scheduler config (the first group's where the config lists fewer; at least 1:
+    a damaged config must not divide by zero)."""
+    bss = cfg.get("block_sizes") or [16]
+    v = bss[g] if g < len(bss) else bss[0]
+    return v if type(v) is int and v > 0 else 1
+
+
+class Block:
+    """What one block holds and how it came to. ``label``: (prompt, group, index) or a state string;
+    ``lo``/``hi``: the positions of the block written with that label (offsets in the block)."""
+
+    __slots__ = ("label", "lo", "hi", "how", "ev", "step", "w", "owner", "own_ev", "freed", "src", "under")
+
+    def __init__(self) -> None:
+        self.label: Any = UNWRITTEN
+        self.lo = self.hi = 0
+        self.how = ""  # forward | transfer | hit | failed load | allocated | ...
+        self.ev: int | None = None  # the event that wrote it
+        self.step: int | None = None
+        self.w: int | None = None  # the write's wall time (ns)
+        self.owner: str | None = None  # the request it was last handed to
+        self.own_ev: int | None = None
+        self.freed: tuple | None = None  # (request, event id) of the last free
+        self.src: dict | None = None  # a transfer's source: P's instance, request, block and its state
+        self.under: tuple | None = None  # what a write that began mid-block left below it (label, how, ev, src)
+
+    def state(self) -> dict[str, Any]:
+        return {"label": self.label, "lo": self.lo, "hi": self.hi, "how": self.how, "ev": self.ev,
+                "step": self.step, "w": self.w, "owner": self.owner, "own_ev": self.own_ev, "freed": self.freed,
+                "src": self.src}
+
+
+class Req:
+    """A request on one scheduler: its prompt, its blocks per group, its computed tokens, the blocks
+    to check at its next read (``dirty``: (group, block) -> index)."""
+
+    __slots__ = ("req", "sched", "key", "plen", "blocks", "computed", "upto", "last", "dirty", "remote", "ids",
+                 "loads", "unions")
+
+    def __init__(self, req: str, sched: tuple, key: Any, plen: int) -> None:
+        self.req, self.sched, self.key, self.plen = req, sched, key, plen
+        self.blocks: list[list[int]] = []
+        self.computed: int | None = None  # tokens computed before its next step (at least)
+        self.upto = 0  # ... and at most
+        self.last: dict[Any, int] = {}  # step -> computed tokens before it, for its last few steps
+        self.dirty: dict[tuple, int] = {}
+        self.remote: tuple = (None, None)  # (P's request id, P's engine id) from its transfer params
+        self.ids: dict[str, int] = {}  # first events: add, alloc
+        self.loads = False  # its connector's load lists are known (nixl.remote_alloc)
+        self.unions: list[tuple] = []  # its labels made one with P's (let go with the request)
+
+
+class Sched:
+    """One scheduler's blocks, requests and configuration."""
+
+    __slots__ = ("key", "inst", "cfg", "blocks", "reqs", "holders", "failed", "reads_seen")
+
+    def __init__(self, key: tuple, inst: str, cfg: dict) -> None:
+        self.key, self.inst, self.cfg = key, inst, cfg
+        self.blocks: dict[int, Block] = {}
+        self.reqs: dict[str, Req] = {}
+        self.holders: dict[int, dict[str, tuple]] = {}  # block -> {request: (group, index)}
+        self.failed: dict[int, tuple] = {}  # rollback step -> (failed block ids, kvload.handled id)
+        self.reads_seen = False  # a worker of this instance recorded a NIXL read
+
+
+def _unjudged(s: Sched, r: Req, label: Any) -> str:
+    """Why a read of a block that holds ``label`` cannot be judged ('' when it can)."""
+    if label == "unknown":
+        return "transfer from a P instance not in the trace"
+    if label == AWAITING and not r.loads:
+        return "no nixl.remote_alloc: which blocks D's connector loads into is not recorded"
+    if label == PENDING and not s.reads_seen:
+        return "no NIXL read recorded on D's workers (the worker side is not in the trace)"
+    return ""

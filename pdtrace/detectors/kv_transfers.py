@@ -1,0 +1,146 @@
+"""The KV model's transfers and failed loads (``kv_model.Model`` takes these handlers from ``Transfers``):
+D's connector's load lists, NIXL reads and their completion, P's lease running out, the drafter's write window,
+loads reported failed and what the scheduler did after them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .index import is_attention_group
+from .kv_state import AWAITING, FAILED, PENDING, Block, block_size
+from .transfer_lists import load_list
+
+Event = dict[str, Any]
+KEPT_P = 1 << 15  # P request ids remembered for the scheduler D reads from (the oldest go first)
+
+
+class Transfers:
+    """The handlers of the transfer and failed-load events (a mixin of ``kv_model.Model``, whose state they
+    change: ``scheds``, ``xfers``, ``expired``, ``counts``, ``report``)."""
+
+    # --- transfers ------------------------------------------------------------------------------
+    def _nixl_remote_alloc(self, e: Event) -> None:
+        """D's connector says which of its blocks it loads into (per transfer group): those wait for
+        the transfer (``PENDING``); the request's other blocks for the loaded tokens (a group outside
+        the transfer) are never loaded and stay ``AWAITING``."""
+        s = self.sched(e)
+        r = s.reqs.get(str(e.get("req")))
+        if r is None:
+            return
+        lists, exact = load_list(e, s.cfg)
+        r.loads = all(exact)
+        for lst in lists:
+            for b in lst:
+                blk = s.blocks.get(b)
+                if blk is not None and blk.label == AWAITING:
+                    blk.label = PENDING
+
+    def _nixl_read(self, e: Event) -> None:
+        r = self.req_of(e)
+        rid = str(e.get("req"))
+        p_key = self.by_engine.get(str(e.get("remote_engine"))) if e.get("remote_engine") else None
+        p_req = e.get("remote_req") or (r.remote[0] if r is not None else None)
+        if p_key is None and p_req is not None:
+            p_key = (self.p_of.get(str(p_req)) or (None, None))[0]
+        ps = self.scheds.get(p_key) if p_key is not None else None
+        for ds in self.scheds.values():
+            if ds.inst == e.get("inst"):
+                ds.reads_seen = True
+        pairs = []
+        for lg, rg in zip(e.get("local_block_ids") or [], e.get("remote_block_ids") or []):
+            for lb, rb in zip(lg, rg):
+                pb = ps.blocks.get(rb) if ps is not None else None
+                pairs.append((lb, rb, pb.state() if pb is not None else None))
+        self.counts["transfers"] += 1
+        self.xfers[(e.get("pid"), rid)] = {"read": e, "pairs": pairs, "p": ps.inst if ps else None,
+                                           "p_req": p_req, "landed": None}
+
+    def _nixl_read_done(self, e: Event) -> None:
+        x = self.xfers.get((e.get("pid"), str(e.get("req"))))
+        r = self.req_of(e)
+        if x is None or r is None:
+            return
+        s = self.scheds[r.sched]
+        ok = e.get("status") == "DONE"
+        if x["landed"] is not None:
+            if ok or x["landed"] != "DONE" or x["landed_step"] != e.get("step"):
+                return  # (vLLM 0.32 puts a failed load in finished_recving too: DONE after ERR is no load)
+        x["landed"], x["landed_step"] = e.get("status"), e.get("step")
+        read = x["read"]
+        for lb, rb, p in x["pairs"]:
+            blk = s.blocks.get(lb)
+            if blk is None:
+                blk = s.blocks[lb] = Block()
+            src = {"inst": x["p"], "req": x["p_req"], "block": rb, "read": read.get("id"), "p": p}
+            if not ok:
+                self._set(blk, FAILED, 0, 0, f"NIXL read {e.get('status')}", e, src)
+            elif p is None:
+                self._set(blk, "unknown", 0, 0, "NIXL read from a P block not in the trace", e, src)
+            else:
+                self._set(blk, p["label"], p["lo"], p["hi"], "NIXL read", e, src)
+            self._changed(s, lb, blk, None)
+
+    def _nixl_lease_expired(self, e: Event) -> None:
+        self.expired[str(e.get("req"))] = e.get("id")
+        if len(self.expired) > KEPT_P:
+            del self.expired[next(iter(self.expired))]
+
+    def _spec_window(self, e: Event) -> None:
+        """The drafter writes KV at positions start..end of the request: each must fall in a block the
+        request holds (past its list the slot mapping names a block table entry it does not own)."""
+        r = self.req_of(e) or self.gone.get((e.get("inst"), str(e.get("req"))))
+        if r is None or not r.blocks:
+            return  # (no allocation: a V2 warm-up window, or the request's allocation is not in the trace)
+        s = self.scheds.get(r.sched)
+        if s is None:
+            return
+        self.counts["windows"] += 1
+        kinds = s.cfg.get("group_kinds") or []
+        g0 = e.get("group")
+        end = int(e.get("end") or 0)
+        for g, lst in enumerate(r.blocks):
+            if (g0 is not None and g != g0) or not is_attention_group(kinds[g] if g < len(kinds) else None):
+                continue
+            cap = len(lst) * block_size(s.cfg, g)
+            if end > cap:
+                self.report("window", s, r, e=e, group=g, cap=cap)
+                return
+
+    # --- failed loads -----------------------------------------------------------------------
+    def _kvload_handled(self, e: Event) -> None:
+        bids = e.get("block_ids")
+        if not bids or e.get("error"):
+            return
+        s = self.sched(e)
+        for b in bids:
+            blk = s.blocks.get(b)
+            if blk is None:
+                blk = s.blocks[b] = Block()
+            self._set(blk, FAILED, 0, 0, "reported failed to load (invalid_block_ids)", e)
+            self._changed(s, b, blk, None)
+        s.failed[e.get("step")] = (set(bids), e.get("id"))
+        if len(s.failed) > 64:
+            del s.failed[next(iter(s.failed))]
+
+    def _kvload_request(self, e: Event) -> None:
+        """Where the scheduler left a request after a failed load: what its next step starts from."""
+        s = self.sched(e)
+        r = s.reqs.get(str(e.get("req")))
+        if r is not None and e.get("computed") is not None:
+            r.computed = r.upto = int(e["computed"])
+
+    def _kvload_output(self, e: Event) -> None:
+        """A step in flight at a rollback, whose token was kept: it read the blocks as they were
+        before the failure was known, which held the failed load."""
+        if not e.get("in_flight") or int(e.get("appended") or 0) <= 0:
+            return
+        s = self.sched(e)
+        r = s.reqs.get(str(e.get("req")))
+        failed = s.failed.get(e.get("rollback_step"))
+        if r is None or failed is None:
+            return
+        c = r.last.get(e.get("step"))
+        held = [(g, b, i) for g, lst in enumerate(r.blocks) for i, b in enumerate(lst)
+                if b in failed[0] and (c is None or i * block_size(s.cfg, g) < c)]
+        if held:
+            self.report("in-flight", s, r, e=e, held=held, handled=failed[1])
