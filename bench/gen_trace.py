@@ -100,18 +100,21 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
             bug_la = inject_bugs and n >= next_bug["lookahead"]
             plen = B * rng.randint(2, 40) if bug_la else rng.randint(20, 600) | 1
             new.append((r, plen, bug_la))
-        emit("sched.step", "P", "engine-core", PE, step=step, num_reqs=len(new), num_tokens=sum(p for _, p, _ in new),
-             tokens={r: p for r, p, _ in new})
-        for r, plen, bug_la in new:
+        p_blocks = {}
+        for r, plen, bug_la in new:  # (as vLLM's schedule() records them: the allocations, then the step)
             nb = math.ceil((plen + 3) / B)
-            blocks = list(range(next_block, next_block + nb))
+            blocks = p_blocks[r] = list(range(next_block, next_block + nb))
             next_block += nb
-            emit("req.add", "P", "engine-core", PE, req=r, step=step, prompt_len=plen, prompt_hash=f"{rid:016x}",
-                 kv={"do_remote_prefill": False, "do_remote_decode": True})
+            emit("req.add", "P", "engine-core", PE, req=r, step=step, prompt_len=plen,
+                 prompt_hash=f"{int(r.split('-')[1]):016x}", kv={"do_remote_prefill": False, "do_remote_decode": True})
             emit("sched.alloc", "P", "engine-core", PE, req=r, step=step, ok=True, block_ids=[blocks],
                  new_block_ids=[blocks], num_computed_tokens=0, num_new_tokens=plen, num_lookahead_tokens=3,
                  sched_lookahead_tokens=3, num_external_computed_tokens=0, num_new_computed_tokens=0,
                  delay_cache_blocks=False, prompt_len=plen)
+        emit("sched.step", "P", "engine-core", PE, step=step, num_reqs=len(new), num_tokens=sum(p for _, p, _ in new),
+             tokens={r: p for r, p, _ in new})
+        for r, plen, bug_la in new:
+            blocks = p_blocks[r]
             needed = math.ceil(plen / B)
             reported = blocks if bug_la else blocks[:needed]
             if bug_la:
@@ -129,7 +132,8 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
                 next_bug["crossed"] += bug_every
             kv = None if bug_x else {"do_remote_prefill": True, "do_remote_decode": False, "remote_request_id": r,
                                      "remote_num_tokens": plen}
-            emit("req.add", "D", "engine-core", DE, req=r, step=step, prompt_len=plen, prompt_hash=f"{rid:016x}",
+            emit("req.add", "D", "engine-core", DE, req=r, step=step, prompt_len=plen,
+                 prompt_hash=f"{int(r.split('-')[1]):016x}",
                  **({"kv": kv} if kv else {}))
             emit("sched.alloc", "D", "engine-core", DE, req=r, step=step, ok=True, block_ids=[local],
                  new_block_ids=[local], num_computed_tokens=0, num_new_tokens=plen if bug_x else 0,

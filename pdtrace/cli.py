@@ -111,7 +111,7 @@ def record(
 def check(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
     format: str = typer.Option("text", "--format", "-f", metavar="FORMAT", help="text | markdown | json"),
-    only: Optional[List[str]] = typer.Option(None, "--only", metavar="KIND", help="Only this detector (repeatable): lookahead-block-misalignment, connector-metadata-cleared-before-drafter, drafter-window-outside-allocation, stale-accepted-count-read, kv-load-failure-recovery, kv-never-crossed."),
+    only: Optional[List[str]] = typer.Option(None, "--only", metavar="KIND", help="Only this detector (repeatable): lookahead-block-misalignment, connector-metadata-cleared-before-drafter, drafter-window-outside-allocation, stale-accepted-count-read, kv-load-failure-recovery, kv-never-crossed, kv-invariant (the KV invariant alone: docs/kv-invariant.md)."),
     request: Optional[str] = typer.Option(None, "--request", metavar="ID", help="Only findings about this request and the other side of its P/D pair (P's id or D's: either names the pair; the header says which ids were taken). The full id, the id the client has (vLLM's external id, e.g. cmpl-b87f43787b48b7e7) or a unique prefix of one."),
     cause: Optional[int] = typer.Option(None, "--cause", metavar="N", help="Only the findings of root cause N ('cause N' in check's text; the N-th in the report's and markdown's list of causes), each in full."),
     what_if: Optional[str] = typer.Option(None, "--what-if", metavar="RULE", help="Replay the recorded block lists through a corrected rule: fixed-trim."),

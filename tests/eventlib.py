@@ -92,13 +92,15 @@ def lookahead_scenario(b: EventBuilder | None = None, *, prompt_len: int = 16, b
                        group_kinds=None, lookahead: int = 1, fixed: bool = False, d_cached_blocks: int = 0,
                        req: str = "r1", d_req: str | None = None, p_first_block: int = 10,
                        d_first_block: int = 50, step: int = 3, d_side: bool = True,
-                       trim: bool = True, read: bool = True) -> EventBuilder:
+                       trim: bool = True, read: bool = True, steps: bool = False) -> EventBuilder:
     """P prefills ``req`` with ``lookahead`` spec slots; D pulls it.
 
     P allocates ceil((prompt_len + lookahead) / B) blocks per attention group (one state
     block per Mamba group) and reports all of them (``fixed=False``) or the blocks covering
     ``prompt_len`` (``fixed=True``). D allocates the blocks covering the prompt minus
     ``d_cached_blocks`` prefix-cache hits, then end-trims as ``_apply_prefix_caching`` does.
+    ``steps``: also the scheduler's steps that read the KV (P's prefill, D's allocation and first decode
+    step), which the KV invariant (kv-invariant) judges; without them it is "not checked".
     """
     b = b or EventBuilder()
     kinds = list(group_kinds) if group_kinds is not None else ["FullAttentionSpec"] * len(block_sizes)
@@ -134,11 +136,21 @@ def lookahead_scenario(b: EventBuilder | None = None, *, prompt_len: int = 16, b
           num_computed_tokens=0, num_new_tokens=prompt_len, num_lookahead_tokens=lookahead,
           sched_lookahead_tokens=lookahead, num_external_computed_tokens=0, num_new_computed_tokens=0,
           delay_cache_blocks=False, prompt_len=prompt_len)
+    if steps:
+        b.add("sched.step", inst="P", step=step - 1, num_reqs=1, num_tokens=prompt_len, tokens={req: prompt_len})
     b.add("nixl.request_finished", inst="P", req=req, step=step, side="P", allocated_block_ids=p_blocks,
           arg_block_ids=p_blocks, block_ids=reported, remote_num_tokens=prompt_len,
           num_computed_tokens=prompt_len, prompt_len=prompt_len, delay_free=True)
     if not d_side:
         return b
+    ext = prompt_len - d_cached_blocks * block_sizes[0]
+    if steps:
+        b.add("req.add", inst="D", req=d_req, step=step, prompt_len=prompt_len, prompt_hash="h",
+              kv={"do_remote_prefill": True, "remote_request_id": req, "remote_engine_id": "P0"})
+        b.add("sched.alloc", inst="D", req=d_req, step=step + 1, ok=True, block_ids=d_full, new_block_ids=d_full,
+              num_computed_tokens=0, num_new_tokens=0, num_lookahead_tokens=0, sched_lookahead_tokens=0,
+              num_external_computed_tokens=ext, num_new_computed_tokens=prompt_len - ext, delay_cache_blocks=True,
+              prompt_len=prompt_len)
     b.add("nixl.remote_alloc", inst="D", req=d_req, step=step + 1, local_block_ids=d_full,
           remote_block_ids=reported, remote_num_tokens=prompt_len,
           num_external_tokens=prompt_len - d_cached_blocks * block_sizes[0], remote_req=req, remote_engine="P0")
@@ -153,6 +165,8 @@ def lookahead_scenario(b: EventBuilder | None = None, *, prompt_len: int = 16, b
         b.add("nixl.read", inst="D", req=d_req, step=step + 1, local_block_ids=local_out,
               remote_block_ids=remote_out, bytes=0, handle="h1", remote_engine="P0", remote_req=req)
         b.add("nixl.read_done", inst="D", req=d_req, step=step + 2, status="DONE", handle="h1")
+    if steps:
+        b.add("sched.step", inst="D", step=step + 3, num_reqs=1, num_tokens=1, tokens={d_req: 1})
     return b
 
 

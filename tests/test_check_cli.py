@@ -29,7 +29,7 @@ def buggy(tmp_path):
 
 @pytest.fixture
 def clean(tmp_path):
-    b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True)
+    b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True, steps=True)
     E.metadata_scenario(b, fixed=True)
     E.window_scenario(b, fixed=True)  # every class applying to this (non-hybrid) setup has its events
     return b.write(tmp_path / "clean.jsonl")
@@ -51,7 +51,8 @@ def test_clean_but_partial_trace_exit_4(tmp_path):
     b = E.lookahead_scenario(prompt_len=16, lookahead=1, fixed=True)  # no worker events at all
     r = _run("check", b.write(tmp_path / "p.jsonl"))
     assert r.exit_code == 4, r.output
-    assert "no findings in the classes checked; 2 bug class(es) not checked" in r.output
+    assert "no findings in the classes checked; 3 bug class(es) not checked" in r.output
+    assert "kv-invariant                               not checked: the trace has no sched.step events" in r.output
     assert "connector-metadata-cleared-before-drafter  not checked: the trace has no drafter spec.phase" in r.output
 
 
@@ -97,8 +98,10 @@ def test_json_stable_shape_and_filters(buggy):
     assert w["groups"][0]["recorded"] == [[50, 11]] and w["groups"][0]["fixed"] == [[50, 10]]
     # the worker classes have no events in this trace: listed as not checked
     full = json.loads(_run("check", buggy, "--format", "json").output)
+    # (and the KV invariant: this synthetic trace has no scheduler steps, so no read to judge)
     assert full["summary"]["not_checked"] == ["connector-metadata-cleared-before-drafter",
-                                             "drafter-window-outside-allocation"]
+                                             "drafter-window-outside-allocation", "kv-invariant"]
+    assert "no sched.step events" in full["coverage"]["kv-invariant"]["reason"]
     # a request id the trace does not hold is a usage error (a typo must not read as "no findings")
     # (cli.main prints a PdtraceError as one line and exits 2: tests/test_cli_errors.py)
     from pdtrace.errors import PdtraceError

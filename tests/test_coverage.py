@@ -27,7 +27,7 @@ KV = "kv-load-failure-recovery"
 
 
 def _full(b=None, **kw):
-    b = E.lookahead_scenario(b, prompt_len=16, lookahead=1, fixed=True, **kw)
+    b = E.lookahead_scenario(b, prompt_len=16, lookahead=1, fixed=True, steps=True, **kw)
     E.metadata_scenario(b, fixed=True)
     E.window_scenario(b, fixed=True)
     return b
@@ -40,7 +40,8 @@ def _status(events, footer=None):
 def test_full_trace_is_checked_or_not_applicable():
     st = _status(_full().events)
     assert st == {LOOKAHEAD_MISALIGNMENT: CHECKED, META: CHECKED, WINDOW: CHECKED,
-                  STALE_ACCEPTED_COUNT_READ: NOT_APPLICABLE, KV: CHECKED, "kv-never-crossed": CHECKED}
+                  STALE_ACCEPTED_COUNT_READ: NOT_APPLICABLE, KV: CHECKED, "kv-never-crossed": CHECKED,
+                  "kv-invariant": CHECKED}
 
 
 def test_hook_error_makes_its_classes_not_checked():
@@ -129,7 +130,9 @@ def test_v2_runner_without_spec_decode_does_not_apply():
     b = E.EventBuilder()
     b.config("P", num_spec_tokens=0, spec_method="", lookahead=0)
     b.add("runner", inst="P", runner="v2", cls="vllm.v1.worker.gpu.model_runner.GPUModelRunner")
-    assert set(_status(b.events).values()) == {NOT_APPLICABLE}
+    # (the KV invariant holds for any KV cache: no configuration rules it out; with no step, nothing was read)
+    st = _status(b.events)
+    assert {v for k, v in st.items() if k != "kv-invariant"} == {NOT_APPLICABLE} and st["kv-invariant"] == NOT_CHECKED
 
 
 def test_runner_table_says_does_not_apply(monkeypatch):
@@ -155,7 +158,7 @@ def test_config_rules_need_every_scheduler():
     b.config("P", num_spec_tokens=0, spec_method="", lookahead=0)
     b.config("D", num_spec_tokens=0, spec_method="", lookahead=0)
     st = _status(b.events)
-    assert {v for k, v in st.items() if k not in (KV, "kv-never-crossed")} == {NOT_APPLICABLE}
+    assert {v for k, v in st.items() if k not in (KV, "kv-never-crossed", "kv-invariant")} == {NOT_APPLICABLE}
     # D loads KV whatever the spec config; this synthetic trace has no hooks.status saying the
     # KV-load hooks were applied
     assert st[KV] == NOT_CHECKED
@@ -203,7 +206,7 @@ def test_findings_still_exit_1_when_classes_are_not_checked(tmp_path):
     b = E.lookahead_scenario(prompt_len=16, lookahead=1)  # buggy, no worker events
     path = b.write(tmp_path / "b.jsonl")
     r = runner.invoke(app, ["check", path], catch_exceptions=False)
-    assert r.exit_code == 1 and "1 finding(s)" in r.output and "2 bug class(es) not checked" in r.output
+    assert r.exit_code == 1 and "1 finding(s)" in r.output and "3 bug class(es) not checked" in r.output
     tr = load(path)
     assert coverage(tr.events, tr.header, tr.footer)[LOOKAHEAD_MISALIGNMENT].status == CHECKED
 

@@ -95,7 +95,8 @@ def test_check_is_clean_with_three_classes_checked(trace):
                    "connector-metadata-cleared-before-drafter": "checked",
                    "drafter-window-outside-allocation": "checked",
                    "stale-accepted-count-read": "not-applicable",
-                   "kv-load-failure-recovery": "not-checked", "kv-never-crossed": "checked"}
+                   "kv-load-failure-recovery": "not-checked", "kv-never-crossed": "checked",
+                   "kv-invariant": "checked"}  # (every block read judged: D's reads and P are in the trace)
 
 
 HV2 = ROOT / "sample_traces" / "live_gpu_hybrid_ngram_v2.jsonl.zst"

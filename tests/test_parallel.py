@@ -29,7 +29,7 @@ HEADER = {"ev": "trace.header", "schema": "pdtrace", "schema_version": 2, "pdtra
 
 
 def _outcome(res: stream.Result) -> tuple:
-    cov = coverage_of(res.summary, res.footer, incomplete=incomplete_reason(res.footer, res.problems))
+    cov = coverage_of(res.summary, res.footer, incomplete=incomplete_reason(res.footer, res.problems), notes=res.notes)
     return ([f.to_dict() for f in res.findings], {k: c.to_dict() for k, c in cov.items()}, res.n_events,
             res.header, res.footer, [str(p) for p in res.problems], sorted(map(str, res.summary.runner_values())))
 

@@ -32,7 +32,7 @@ def _whole(path: str, lenient: bool = False) -> tuple[list, dict]:
 
 def _streamed(path: str, size: int, lenient: bool = False) -> tuple[list, dict, stream.Result]:
     res = stream.run(path, size=size, lenient=lenient)
-    cov = coverage_of(res.summary, res.footer, incomplete=incomplete_reason(res.footer, res.problems))
+    cov = coverage_of(res.summary, res.footer, incomplete=incomplete_reason(res.footer, res.problems), notes=res.notes)
     return [f.to_dict() for f in res.findings], {k: c.to_dict() for k, c in cov.items()}, res
 
 

@@ -18,9 +18,8 @@ answers that per bug class with one of three statuses:
   that rules the class out there (``ClassSpec.na_when``), or its events are simply not
   there; ``reason`` says which. Never reported clean.
 
-Everything class-specific sits in the ``CLASSES`` table (event kinds that feed a class,
-hook-name patterns, configuration rules and per-runner exclusions); the code below only
-evaluates it. Pure Python over loaded events: no vLLM / torch import.
+Everything class-specific sits in the ``CLASSES`` table; the code below only evaluates it. Pure Python over
+loaded events: no vLLM / torch import. (The KV invariant's reads it could not judge: ``kv_invariant.coverage``.)
 """
 
 from __future__ import annotations
@@ -41,7 +40,9 @@ from .base import (
 )
 # (re-exported: what a damaged trace lacks is the trace file's business, said once for every command)
 from ..tracefile.damage import damaged_lines, footer_damage, incomplete_reason  # noqa: F401
-from .index import build, is_attention_group
+from .coverage_rules import (LOADING_ROLES, NO_KV_DRAFTERS, SAVING_ROLES, _no_connector, _no_kv_drafter,  # noqa: F401
+                             _no_lookahead, _no_spec, _no_state_group, _not_loading, _not_saving)
+from .index import build
 
 Event = dict[str, Any]
 
@@ -49,10 +50,6 @@ CHECKED = "checked"
 NOT_APPLICABLE = "not-applicable"
 NOT_CHECKED = "not-checked"
 
-# spec methods whose drafter has no KV cache of its own (vLLM 0.32.0 accepted_counts.NO_KV_METHODS)
-NO_KV_DRAFTERS = frozenset({"", "ngram", "ngram_gpu", "suffix", "medusa", "extract_hidden_states"})
-SAVING_ROLES = frozenset({"kv_producer", "kv_both"})
-LOADING_ROLES = frozenset({"kv_consumer", "kv_both"})
 # worker events that may name their model runner (``runner``: "v1" | "v2"; absent = unknown);
 # ``runner`` (hooks/runner.py) is the one every worker emits when it builds its runner
 RUNNER_KINDS = ("runner", "kvmeta.bind", "spec.phase", "d2h.issue", "acc.read", "batch.add", "acc.device")
@@ -98,34 +95,6 @@ class ClassSpec:
     applied: tuple[str, ...] = ()
     # (hook, what does not run without it): a rule of the class that needs a hook the trace was recorded without
     partial: tuple[tuple[str, str], ...] = ()
-
-
-def _no_spec(c: Event) -> bool:
-    return not c.get("num_spec_tokens")
-
-
-def _no_lookahead(c: Event) -> bool:
-    return not c.get("num_lookahead_tokens")
-
-
-def _no_connector(c: Event) -> bool:
-    return not c.get("connector") and not c.get("kv_role")
-
-
-def _no_kv_drafter(c: Event) -> bool:
-    return _no_spec(c) or (c.get("spec_method") or "") in NO_KV_DRAFTERS
-
-
-def _not_saving(c: Event) -> bool:
-    return (c.get("kv_role") or "") not in SAVING_ROLES
-
-
-def _not_loading(c: Event) -> bool:
-    return (c.get("kv_role") or "") not in LOADING_ROLES
-
-
-def _no_state_group(c: Event) -> bool:
-    return all(is_attention_group(k) for k in (c.get("group_kinds") or []))
 
 
 _SCHED_HOOKS = ("scheduler.init", "scheduler.<import>")
@@ -428,15 +397,10 @@ def coverage(events: list[Event], header: dict | None = None, footer: dict | Non
     events that would give a finding; nor "does not apply": the configs read may not be all (a
     trace cut at 90 of 160 lines said the stale-read class did not apply, from P's and D's first
     configs, where the whole trace has 17 findings of it after a later D config)."""
-    judged = None
-    if not kinds or KV_INVARIANT in kinds:  # (what the invariant could judge is its stream's: one pass over events)
-        from .index import feed_all
-        from .kv_invariant import Stream
+    from .kv_invariant import judged  # (what the invariant could judge is its stream's: one pass over the events)
 
-        st = Stream()
-        feed_all(st, events)
-        judged = {KV_INVARIANT: st.notes()}
-    return coverage_of(IndexFacts(build(events)), footer, kinds, incomplete, notes=judged)
+    notes = judged(events) if not kinds or KV_INVARIANT in kinds else None
+    return coverage_of(IndexFacts(build(events)), footer, kinds, incomplete, notes=notes)
 
 
 def coverage_of(idx: Any, footer: dict | None = None, kinds: tuple[str, ...] | list[str] = (),
@@ -447,9 +411,9 @@ def coverage_of(idx: Any, footer: dict | None = None, kinds: tuple[str, ...] | l
     facts = _facts(idx, footer)
     out = {k: _one(k, spec, idx, facts, incomplete) for k, spec in CLASSES.items() if not kinds or k in kinds}
     if notes:
-        from .kv_invariant import coverage as judged
+        from .kv_invariant import coverage as with_judged
 
-        out = judged(out, notes)
+        out = with_judged(out, notes)
     if incomplete:
         for k, c in out.items():
             if c.status == CHECKED:

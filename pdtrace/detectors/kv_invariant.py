@@ -264,5 +264,12 @@ def coverage(cov: dict[str, Any], notes: dict[str, list]) -> dict[str, Any]:
     return out
 
 
+def judged(events: list[Event]) -> dict[str, list]:
+    """The stream's facts over a loaded event list (``coverage.coverage``): what it judged and could not."""
+    st = Stream()
+    feed_all(st, events)
+    return {KV_INVARIANT: st.notes()}
+
+
 def detect(events: list[Event], header: dict | None = None) -> list[Finding]:
     return feed_all(Stream(header), events)
