@@ -37,7 +37,7 @@ fi
 if [ -n "$EXPECTED" ]; then
     grep -qF -- "$EXPECTED" <<<"$screen" && { echo "tmux_view_check: OK, '$EXPECTED' shown"; exit 0; }
 else
-    grep -qE "lookahead-block-misalignment|connector-metadata-cleared-before-drafter|drafter-window-outside-allocation|stale-accepted-count-read" <<<"$screen" \
+    grep -qE "lookahead-block-misalignment|connector-metadata-cleared-before-drafter|drafter-window-outside-allocation|stale-accepted-count-read|kv-load-failure-recovery|kv-never-crossed|kv-invariant" <<<"$screen" \
         && { echo "tmux_view_check: OK, a finding is shown"; exit 0; }
 fi
 echo "tmux_view_check: FAILED: expected finding not on screen"

@@ -36,8 +36,9 @@ from .kv_transfers import KEPT_P, Transfers
 
 Event = dict[str, Any]
 Report = Callable[..., None]
+KEPT_SCHEDS = 64  # schedulers kept once replaced in their process (vLLM's own tests build hundreds)
 
-KINDS = ("req.add", "sched.alloc", "sched.step", "sched.free", "nixl.request_finished", "nixl.remote_alloc", "nixl.read",
+KINDS = ("sched.config", "req.add", "sched.alloc", "sched.step", "sched.free", "nixl.request_finished", "nixl.remote_alloc", "nixl.read",
          "nixl.read_done", "nixl.lease_expired", "kvload.handled", "kvload.request", "kvload.output", "spec.window")
 __all__ = ["AWAITING", "FAILED", "PENDING", "UNWRITTEN", "KINDS", "Block", "Model", "Req", "Sched"]
 
@@ -50,7 +51,8 @@ class Model(Transfers):
     def __init__(self, report: Report) -> None:
         self.report = report
         self.configs: Any = None
-        self.scheds: dict[tuple, Sched] = {}
+        self.scheds: dict[tuple, Sched] = {}  # (pid, instance, its sched.config's id) -> its state
+        self.current: dict[tuple, Sched] = {}  # (pid, instance) -> the scheduler its events are now of
         self.by_engine: dict[str, tuple] = {}
         self.p_of: dict[str, tuple] = {}  # P's request id -> (its scheduler, its prompt) for D's reads
         self.uf: dict[Any, Any] = {}  # label -> the label it was found to equal (prefix-cache hits)
@@ -75,24 +77,38 @@ class Model(Transfers):
 
     # --- schedulers -------------------------------------------------------------------------
     def sched(self, e: Event) -> Sched:
-        key = (e.get("pid"), e.get("inst"))
-        s = self.scheds.get(key)
+        """The scheduler that emitted ``e``: the latest one its process built for that instance (vLLM's own
+        tests build many in one process, reusing request and block ids: each is a KV cache of its own)."""
+        where = (e.get("pid"), e.get("inst"))
+        s = self.current.get(where)
         if s is None:
             cfg = (self.configs.config_of(e) if self.configs is not None else None) or {}
-            s = self.scheds[key] = Sched(key, str(e.get("inst") or ""), cfg)
-            if cfg.get("engine"):
-                self.by_engine.setdefault(str(cfg["engine"]), key)
+            s = self._new(where, cfg)
         return s
 
+    def _new(self, where: tuple, cfg: dict) -> Sched:
+        key = (*where, cfg.get("id"))
+        s = self.scheds[key] = self.current[where] = Sched(key, str(where[1] or ""), cfg)
+        if len(self.scheds) > KEPT_SCHEDS:  # (schedulers replaced long ago: the oldest go first)
+            live = set(map(id, self.current.values()))
+            for k in [k for k, v in self.scheds.items() if id(v) not in live][:len(self.scheds) - KEPT_SCHEDS]:
+                del self.scheds[k]
+        if cfg.get("engine"):
+            self.by_engine[str(cfg["engine"])] = key  # (the latest scheduler of that engine id)
+        return s
+
+    def _sched_config(self, e: Event) -> None:
+        self._new((e.get("pid"), e.get("inst")), e)
+
     def req_of(self, e: Event) -> Req | None:
-        """The request an event names, on its own scheduler or (a worker's event) on the
+        """The request an event names, on its own scheduler or (a worker's event) on the latest
         scheduler of its instance that holds a request of that id."""
-        s = self.scheds.get((e.get("pid"), e.get("inst")))
+        s = self.current.get((e.get("pid"), e.get("inst")))
         r = s.reqs.get(str(e.get("req"))) if s is not None else None
         if r is not None:
             return r
         rid, inst = str(e.get("req")), e.get("inst")
-        for s in self.scheds.values():
+        for s in reversed(list(self.current.values())):
             if s.inst == inst and rid in s.reqs:
                 return s.reqs[rid]
         return None

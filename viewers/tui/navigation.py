@@ -26,6 +26,7 @@ PANE_OF_KIND = {
     "stale-accepted-count-read": "acc",
     "kv-load-failure-recovery": "blocks",  # the request's blocks, where the failed ones sit
     "kv-never-crossed": "raw",  # its req.add (no params) and first allocation (nothing loaded): no block map to show
+    "kv-invariant": "blocks",  # the block it read, what it held and the pairs that filled it (the drafter's write: window)
 }
 
 
@@ -33,8 +34,11 @@ def pane_of(f: Any) -> str:
     """The pane a finding is best seen in: its kind's, but a drafter group that never got its KV (kv-never-crossed)
     shows on the Block map, which says per group what the load brought, and so does a read of blocks P had
     released (the finding, with its explanation, heads the pairs that look right)."""
-    if (getattr(f, "data", None) or {}).get("mechanism") in ("drafter-group", "expired-lease"):
+    mech = (getattr(f, "data", None) or {}).get("mechanism")
+    if mech in ("drafter-group", "expired-lease"):
         return "blocks"  # (its pairs look right: the finding above them says what they read)
+    if mech in ("write-outside", "in-flight"):  # (kv-invariant: the drafter's write window; the step's events)
+        return "window" if mech == "write-outside" else "raw"
     return PANE_OF_KIND.get(f.kind, "raw")
 
 
