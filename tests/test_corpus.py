@@ -122,10 +122,7 @@ def test_reused_ids_do_not_cross_join(corpus):
         assert t.p_finished["engine"] == t.d_alloc["remote_engine"] == t.config["engine"]
         assert t.config["pid"] == t.p_finished["pid"] and t.config["sched"] == t.p_finished["sched"]
     assert sorted(t.config["block_sizes"][0] for t in trs) == [16, 32]
-    (f,) = [f for f in findings if f.kind == "lookahead-block-misalignment"]
-    (inv,) = [f for f in findings if f.kind == "kv-invariant"]  # the invariant: pair 1's D request, and no other
-    assert inv.req == inv.data["p_req"] == f.req == "id-1" and inv.data["mechanism"] in ("shifted", "p-unwritten")
-    assert 16 * inv.data["index"] <= inv.data["positions"][0] < 16 * (inv.data["index"] + 1)  # pair 1's block size
+    (f,) = findings  # (the KV invariant: not checked here, two schedulers per instance in one process)
     facts = sc.provenance["facts"]["pair1"]
     assert f.severity == "error" and f.data["groups"][0]["block_size"] == 16
     assert f.data["groups"][0]["reported"] == facts["p_reported"][0]
@@ -200,8 +197,9 @@ def test_2p2d_findings_name_exactly_the_shifted_transfers(corpus):
     sc, findings = corpus["two_p_two_d_buggy"]
     facts = sc.provenance["facts"]
     assert facts["shifted"] == ["P2->D1", "P2->D2"]
-    assert sorted({f.req for f in findings if f.kind == "lookahead-block-misalignment"}) == facts["p_requests_shifted"]
-    assert sorted({f.req for f in findings if f.kind == "kv-invariant"}) == facts["d_requests_shifted"]
+    assert sorted({f.req for f in findings}) == facts["p_requests_shifted"]
+    assert coverage(sc.events)["kv-invariant"].status == NOT_CHECKED and "two schedulers of one instance" in \
+        coverage(sc.events)["kv-invariant"].reason
     assert corpus["two_p_two_d_fixed"][1] == []
 
 

@@ -53,6 +53,7 @@ class Model(Transfers):
         self.configs: Any = None
         self.scheds: dict[tuple, Sched] = {}  # (pid, instance, its sched.config's id) -> its state
         self.current: dict[tuple, Sched] = {}  # (pid, instance) -> the scheduler its events are now of
+        self.ambiguous: set[tuple] = set()  # (pid, instance) whose events may be of several schedulers
         self.by_engine: dict[str, tuple] = {}
         self.p_of: dict[str, tuple] = {}  # P's request id -> (its scheduler, its prompt) for D's reads
         self.uf: dict[Any, Any] = {}  # label -> the label it was found to equal (prefix-cache hits)
@@ -87,6 +88,11 @@ class Model(Transfers):
         return s
 
     def _new(self, where: tuple, cfg: dict) -> Sched:
+        old = self.current.get(where)
+        if old is not None and not old.used:
+            # two schedulers of one instance built in one process before either ran a request (a test harness's
+            # P/D pairs): its scheduler events do not name their scheduler, so which one emitted them is not known
+            self.ambiguous.add(where)
         key = (*where, cfg.get("id"))
         s = self.scheds[key] = self.current[where] = Sched(key, str(where[1] or ""), cfg)
         if len(self.scheds) > KEPT_SCHEDS:  # (schedulers replaced long ago: the oldest go first)
@@ -123,6 +129,7 @@ class Model(Transfers):
     def _req_add(self, e: Event) -> None:
         s = self.sched(e)
         rid = str(e.get("req"))
+        s.used = True
         r = s.reqs[rid] = Req(rid, s.key, e.get("prompt_hash"), int(e.get("prompt_len") or 0))
         r.ids["add"] = e.get("id")
         kv = e.get("kv") or {}
@@ -330,6 +337,9 @@ class Model(Transfers):
                 ul, _how, _ev, _src, ulo, uhi = blk.under
                 parts = [(ul, ulo, uhi, lo, min(hi, blk.lo)), *parts]
             why = next((w for w in (_unjudged(s, r, x[0]) for x in parts) if w), "")
+            if s.key[:2] in self.ambiguous or (blk.src and blk.src.get("ambiguous")):
+                why = ("two schedulers of one instance in one process, built before either ran a request: the "
+                       "scheduler events do not say which emitted them")
             if not why and r.key is None:
                 why = "no req.add: the request's prompt is not in the trace"
             if why:

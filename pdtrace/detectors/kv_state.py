@@ -63,7 +63,7 @@ class Req:
 class Sched:
     """One scheduler's blocks, requests and configuration."""
 
-    __slots__ = ("key", "inst", "cfg", "blocks", "reqs", "holders", "failed", "reads_seen")
+    __slots__ = ("key", "inst", "cfg", "blocks", "reqs", "holders", "failed", "reads_seen", "used")
 
     def __init__(self, key: tuple, inst: str, cfg: dict) -> None:
         self.key, self.inst, self.cfg = key, inst, cfg
@@ -72,6 +72,7 @@ class Sched:
         self.holders: dict[int, dict[str, tuple]] = {}  # block -> {request: (group, index)}
         self.failed: dict[int, tuple] = {}  # rollback step -> (failed block ids, kvload.handled id)
         self.reads_seen = False  # a worker of this instance recorded a NIXL read
+        self.used = False  # a request was added to it
 
 
 def _unjudged(s: Sched, r: Req, label: Any) -> str:

@@ -53,7 +53,8 @@ class Transfers:
                 pairs.append((lb, rb, pb.state() if pb is not None else None))
         self.counts["transfers"] += 1
         self.xfers[(e.get("pid"), rid)] = {"read": e, "pairs": pairs, "p": ps.inst if ps else None,
-                                           "p_req": p_req, "landed": None}
+                                           "p_req": p_req, "landed": None,
+                                           "ambiguous": ps is not None and ps.key[:2] in self.ambiguous}
 
     def _nixl_read_done(self, e: Event) -> None:
         x = self.xfers.get((e.get("pid"), str(e.get("req"))))
@@ -71,7 +72,8 @@ class Transfers:
             blk = s.blocks.get(lb)
             if blk is None:
                 blk = s.blocks[lb] = Block()
-            src = {"inst": x["p"], "req": x["p_req"], "block": rb, "read": read.get("id"), "p": p}
+            src = {"inst": x["p"], "req": x["p_req"], "block": rb, "read": read.get("id"), "p": p,
+                   "ambiguous": x.get("ambiguous", False)}
             if not ok:
                 self._set(blk, FAILED, 0, 0, f"NIXL read {e.get('status')}", e, src)
             elif p is None:
