@@ -72,7 +72,12 @@ def test_check_flags_exactly_the_reads_vllms_log_names(lease):
     assert garbled <= {f.data["p_req"] for f in found}
     (c,) = group(found)
     assert c.mechanism == "never-crossed/expired-lease" and any("52234" in u for u in c.upstream)
-    assert not [f.title for f in lease["findings"] if f.kind != "kv-never-crossed"]
+    # the KV invariant, with no rule for it: exactly the requests whose tokens P's local decode says are garbled
+    # (a read after the expiry of blocks P had not handed on yet read the right KV: the rule's, not the invariant's)
+    inv = [f for f in lease["findings"] if f.kind == "kv-invariant"]
+    assert {f.data["p_req"] for f in inv} == garbled, [f.title for f in inv]
+    assert not [f.title for f in lease["findings"] if f.kind not in ("kv-never-crossed", "kv-invariant")]
+    assert len(group(lease["findings"])) == 1  # the invariant's findings join the lease's cause
     # the merge's clock fit no longer takes an expired request's send_done (P's expiry, seconds before D's read)
     # for the end of D's read: it shifted D's clock by about a second before (one host, one clock)
     off = re.search(r"offset (-?[0-9.]+) ms", lease["merge"]["stderr"])

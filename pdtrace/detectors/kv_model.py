@@ -324,6 +324,13 @@ class Model(Transfers):
             if i * bs >= c:
                 continue  # not read yet: stays dirty
             del r.dirty[(g, b)]
+            if not win and ("SlidingWindow" in kind or "ChunkedLocal" in kind):
+                # which positions its attention reads is the window's, not recorded (before sched.config.windows):
+                # blocks before it are freed and handed on by vLLM itself
+                self.counts["unjudged"] += 1
+                self.report("unjudged", s, r, e=e, why=f"{kind} group without its window recorded (sched.config "
+                                                       f"windows: recorded by pdtrace since its per-group facts)")
+                continue
             if (i + 1) * bs <= start:
                 continue  # out of the window: never read again
             lo, hi = max(start - i * bs, 0), min(c - i * bs, bs)
