@@ -178,7 +178,8 @@ class Stream:
         label = p["label"]
         m = self.model
         if p.get("ev") is not None:
-            chain.append({"what": f"P's block held {_words(label, m, r)} ({p['how'] or 'state'} at event {p['ev']}"
+            by = f" of {p['owner']}" if p.get("owner") and p["owner"] != src.get("req") else ""
+            chain.append({"what": f"P's block held {_words(label, m, r)} ({p['how'] or 'state'}{by} at event {p['ev']}"
                                   f"{', step ' + str(p['step']) if p.get('step') is not None else ''})", "ev": p["ev"]})
         elif p.get("owner") is not None:
             chain.append({"what": f"P had handed that block to {p['owner']} (event {p['own_ev']}), which never wrote it",
