@@ -196,9 +196,7 @@ class Model(Transfers):
                 if b == 0 or (i < n and prev[i] == b):
                     continue
                 s.holders.setdefault(b, {})[r.req] = (g, i)
-                blk = s.blocks.get(b)
-                if blk is None:
-                    blk = s.blocks[b] = Block()
+                blk = s.block(b)
                 if blk.owner != r.req:
                     blk.owner, blk.own_ev = r.req, ev
                 if attn and not (self.same(blk.label, (r.key, g, i)) and blk.lo == 0
@@ -288,9 +286,7 @@ class Model(Transfers):
             r.computed, r.upto = c + n - d, max(c, r.upto) + n  # (no draft accepted .. all) until its next allocation
 
     def _write(self, s: Sched, b: int, label: tuple, lo: int, hi: int, r: Req, e: Event) -> None:
-        blk = s.blocks.get(b)
-        if blk is None:
-            blk = s.blocks[b] = Block()
+        blk = s.block(b)
         if self.same(blk.label, label) and blk.lo <= lo <= blk.hi:
             blk.hi = max(blk.hi, hi)
             blk.ev, blk.step, blk.w = e.get("id"), e.get("step"), e.get("w")

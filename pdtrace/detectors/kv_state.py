@@ -74,6 +74,13 @@ class Sched:
         self.reads_seen = False  # a worker of this instance recorded a NIXL read
         self.used = False  # a request was added to it
 
+    def block(self, b: int) -> Block:
+        """Block ``b``'s state, made on first sight."""
+        blk = self.blocks.get(b)
+        if blk is None:
+            blk = self.blocks[b] = Block()
+        return blk
+
 
 def _unjudged(s: Sched, r: Req, label: Any) -> str:
     """Why a read of a block that holds ``label`` cannot be judged ('' when it can)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .index import is_attention_group
-from .kv_state import AWAITING, FAILED, PENDING, Block, block_size
+from .kv_state import AWAITING, FAILED, PENDING, block_size
 from .transfer_lists import load_list
 
 Event = dict[str, Any]
@@ -69,9 +69,7 @@ class Transfers:
         x["landed"], x["landed_step"] = e.get("status"), e.get("step")
         read = x["read"]
         for lb, rb, p in x["pairs"]:
-            blk = s.blocks.get(lb)
-            if blk is None:
-                blk = s.blocks[lb] = Block()
+            blk = s.block(lb)
             src = {"inst": x["p"], "req": x["p_req"], "block": rb, "read": read.get("id"), "p": p,
                    "ambiguous": x.get("ambiguous", False)}
             if not ok:
@@ -115,9 +113,7 @@ class Transfers:
             return
         s = self.sched(e)
         for b in bids:
-            blk = s.blocks.get(b)
-            if blk is None:
-                blk = s.blocks[b] = Block()
+            blk = s.block(b)
             self._set(blk, FAILED, 0, 0, "reported failed to load (invalid_block_ids)", e)
             self._changed(s, b, blk, None)
         s.failed[e.get("step")] = (set(bids), e.get("id"))
