@@ -16,6 +16,7 @@ placeholders so the recompute is scheduled past the request). Returns a summary 
 from __future__ import annotations
 
 import math
+from collections import deque
 import os
 import random
 import sys
@@ -30,6 +31,7 @@ from pdtrace.tracefile.trace import make_header  # noqa: E402
 from pdtrace.tracefile.typecheck import Signer  # noqa: E402
 
 B = 16
+NUM_BLOCKS = 100_000  # each instance's pool (sched.config num_blocks)
 LAYERS_T = [f"model.layers.{i}.self_attn.attn" for i in range(8)]
 LAYERS_D = ["drafter.layers.0.self_attn.attn"]
 
@@ -79,12 +81,18 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
         emit("sched.config", inst, "engine-core", pid, block_sizes=[B], group_kinds=["FullAttentionSpec"],
              num_lookahead_tokens=3 if inst == "P" else 0, num_spec_tokens=3, spec_method="eagle3",
              kv_role="kv_producer" if inst == "P" else "kv_consumer", connector="NixlConnector",
-             async_scheduling=True, num_blocks=100000)
+             async_scheduling=True, num_blocks=NUM_BLOCKS)
     emit("hooks.status", "D", "engine-core", DE, vllm="0.32.0",
          applied=["kv_load.invalid_blocks", "kv_load.failed_recving"], skipped={})
     step = 0
     rolled: dict[str, int] = {}  # D request -> tokens its next step schedules after a KV load rollback
-    next_block = 1
+    # each instance's block pool as vLLM keeps it: num_blocks ids, allocated from the front of the free queue,
+    # freed to its end (so memory that follows the pool stays bounded on a 10M-event trace, as on a real one)
+    pools = {inst: deque(range(1, NUM_BLOCKS)) for inst in ("P", "D")}
+
+    def take(inst: str, k: int) -> list[int]:
+        pool = pools[inst]
+        return [pool.popleft() for _ in range(k)]
     rid = 0
     live_d: list[str] = []  # D requests decoding, in row order
     d_blocks: dict[str, list[int]] = {}
@@ -103,8 +111,7 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
         p_blocks = {}
         for r, plen, bug_la in new:  # (as vLLM's schedule() records them: the allocations, then the step)
             nb = math.ceil((plen + 3) / B)
-            blocks = p_blocks[r] = list(range(next_block, next_block + nb))
-            next_block += nb
+            blocks = p_blocks[r] = take("P", nb)
             emit("req.add", "P", "engine-core", PE, req=r, step=step, prompt_len=plen,
                  prompt_hash=f"{int(r.split('-')[1]):016x}", kv={"do_remote_prefill": False, "do_remote_decode": True})
             emit("sched.alloc", "P", "engine-core", PE, req=r, step=step, ok=True, block_ids=[blocks],
@@ -123,8 +130,7 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
             emit("nixl.request_finished", "P", "engine-core", PE, req=r, step=step, side="P",
                  allocated_block_ids=[blocks], arg_block_ids=[blocks], block_ids=[reported],
                  remote_num_tokens=plen, num_computed_tokens=plen, prompt_len=plen, delay_free=True)
-            local = list(range(next_block, next_block + needed))
-            next_block += needed
+            local = take("D", needed)
             # D's side of it: the request with P's params (a dropped-params one without: kv-never-crossed)
             bug_x = inject_bugs and n >= next_bug["crossed"]
             if bug_x:
@@ -153,6 +159,7 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
                  num_computed_tokens=plen, num_output_tokens=1)
             # P frees the blocks once they are sent (NIXL's delay_free), as the live traces record
             emit("sched.free", "P", "engine-core", PE, req=r, step=step, block_ids=[blocks])
+            pools["P"].extend(blocks)
             d_blocks[r] = local
             d_start[r] = step
             d_len[r] = plen
@@ -187,7 +194,9 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
             emit("batch.remove", "D", "worker", DW, req=r, step=step, row=0)
             emit("req.finish", "D", "engine-core", DE, req=r, step=step, status="FINISHED_LENGTH_CAPPED",
                  num_computed_tokens=d_len[r], num_output_tokens=4 * (step - d_start.pop(r)))
-            emit("sched.free", "D", "engine-core", DE, req=r, step=step, block_ids=[d_blocks.pop(r)])
+            freed = d_blocks.pop(r)
+            emit("sched.free", "D", "engine-core", DE, req=r, step=step, block_ids=[freed])
+            pools["D"].extend(freed)
             if live_d:
                 emit("batch.condense", "D", "worker", DW, step=step,
                      moves=[[q, i + 1, i] for i, q in enumerate(live_d)])
@@ -198,8 +207,7 @@ def generate(path: str, n_events: int, seed: int = 0, inject_bugs: bool = True) 
             d_len[r] += 4
             need = math.ceil((d_len[r] + 3) / B)
             if need > len(d_blocks[r]):
-                nb_ = list(range(next_block, next_block + need - len(d_blocks[r])))
-                next_block += len(nb_)
+                nb_ = take("D", need - len(d_blocks[r]))
                 d_blocks[r] = d_blocks[r] + nb_
             else:
                 nb_ = []

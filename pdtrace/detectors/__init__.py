@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterable
 
 from pdtrace.tracefile.trace import EventList, derive_block_lists
 
-from . import crossed, drafter_window, kv_invariant, kv_load, lookahead, metadata, ringcut, stale_read
+from . import (crossed, drafter_window, kv_invariant, kv_load, lease_verdict, lookahead, metadata, ringcut,
+               stale_read)
 from .base import (
     ALL_KINDS,
     DRAFTER_WINDOW_OUTSIDE_ALLOCATION,
@@ -26,7 +27,7 @@ from .base import (
     STALE_ACCEPTED_COUNT_READ,
     Finding,
 )
-from .index import build
+from .index import build, feed_all
 
 DetectorFn = Callable[[list[dict[str, Any]], dict], list[Finding]]
 
@@ -89,13 +90,20 @@ def run_all(events: list[dict[str, Any]], header: dict | None = None, only: Iter
         # schema v2 sched.alloc without block_ids: a no-op for a list trace.load already
         # derived; other lists are walked through their sched.alloc group only
         derive_block_lists(events if isinstance(events, EventList) else build(events).kind("sched.alloc"))
+        notes: dict[str, list] = {}
         for kind, fn in DETECTORS.items():
             if only and kind not in only:
+                continue
+            if kind == KV_INVARIANT:  # (its notes settle the expired-lease findings: lease_verdict)
+                st = kv_invariant.Stream(header)
+                findings.extend(feed_all(st, events))
+                notes[kind] = st.notes()
                 continue
             findings.extend(fn(events, header))
     finally:
         if was_enabled:
             gc.enable()
+    findings = lease_verdict.reconcile(findings, notes, header, ran=only or DETECTORS)
     findings = ringcut.mark(findings, events, header)  # flight-recorder traces: cut beginnings
     if request is not None:
         findings = [f for f in findings if _about(f, request)]

@@ -47,6 +47,10 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "lookahead/past-p": (
         "D's blocks to load reach past the tokens P computed (local > remote), and the end-trim pairs them "
         "with the wrong P blocks", ("nixl.trim", "nixl.remote_alloc"), ("50558",)),
+    "lookahead/not-reported": (
+        "D read P blocks that P did not report for the request: the transfer's remote block ids are another "
+        "request's or out of range, and the read succeeds", ("nixl.remote_alloc", "nixl.request_finished"),
+        ("52234",)),
     "lookahead/uneven-trim": (
         "D's trim paired block lists of different lengths (a chunked-local group with nothing to load), "
         "which _read_blocks asserts against", ("nixl.trim", "nixl.read"), ()),
@@ -178,6 +182,8 @@ def mechanism(f: Any) -> tuple[str, dict[str, str]]:
         sev = _get(f, "severity")
         if "uneven_trim" in d:
             return "lookahead/uneven-trim", {}
+        if d.get("not_reported"):
+            return "lookahead/not-reported", {}
         if sev == "inconclusive":
             return "lookahead/inconclusive", {}
         if sev == "warning":

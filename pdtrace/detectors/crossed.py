@@ -286,7 +286,7 @@ class Stream:
             f"default; D's heartbeats extend it only for requests D has already received), and it ran out with "
             f"{got} read-completion notice(s) from D counted (nixl.lease_expired: _reap_expired_send_leases; P's log: "
             f"\"Releasing expired KV blocks for request {p_req} which were retrieved by {got} remote worker(s)\"), "
-            f"so P's scheduler freed the blocks and handed them to other requests.{when} D's read of them ended "
+            f"so P's scheduler freed the blocks for other requests.{when} D's read of them ended "
             f"after the release" + ("" if gap and gap > 0 else " (or its notice was still on its way: a read that "
                                     "ended just before the release is flagged too)") + f", and vLLM does not fail "
             f"it: P only logs "

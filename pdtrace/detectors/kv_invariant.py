@@ -32,6 +32,7 @@ invariant's finding joins that cause (one bug, one headline); else it stands und
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from .base import KV_INVARIANT, SEVERITY_ERROR, Finding
@@ -54,7 +55,8 @@ class Stream:
     KINDS = KINDS
 
     def __init__(self, header: dict | None = None):
-        self.model = Model(self._report)
+        me = weakref.ref(self)  # (no cycle through the model: freed by refcount, not by a full GC pass over it)
+        self.model = Model(lambda *a, **k: me()._report(*a, **k))  # type: ignore[union-attr]
         self.findings: list[Finding] = []
         self.flagged: dict[tuple, None] = {}
         self.unjudged: dict[str, int] = {}  # why -> reads not judged
@@ -69,7 +71,8 @@ class Stream:
     def notes(self) -> list[dict]:
         c = self.model.counts
         return [{"reads_checked": c["reads"], "transfers": c["transfers"], "unjudged": c["unjudged"],
-                 "unjudged_why": dict(self.unjudged), "drafter_windows": c["windows"], "window_edge_null": c["edge"]}]
+                 "unjudged_why": dict(self.unjudged), "drafter_windows": c["windows"], "window_edge_null": c["edge"],
+                 "lease_intact": self.model.lease_intact()}]
 
     # --- the model's reports ------------------------------------------------------------------
     def _report(self, what: str, s: Any, r: Any, **kw: Any) -> None:
@@ -164,9 +167,12 @@ class Stream:
             chain.append({"what": f"{r.req}'s own forward wrote it only from position {i * bs + blk.lo} on "
                                   f"(event {blk.ev})", "ev": blk.ev})
         if src is not None:  # a NIXL read: D's block took what P's block held
-            p = src.get("p")
-            chain.append({"what": f"D's NIXL read {src.get('read')} filled it from {src.get('inst') or 'P'}'s "
-                                  f"block {src.get('block')} of {src.get('req')}", "ev": src.get("read")})
+            p = src.p
+            chain.append({"what": f"D's NIXL read {src.read} filled it from {src.inst or 'P'}'s "
+                                  f"block {src.block} of {src.req}", "ev": src.read})
+            if src.not_its is not None:
+                chain.append({"what": f"P never gave block {src.block} to {src.req} (its blocks: {src.not_its}): D's "
+                                      f"transfer named a block that is not the request's", "ev": src.read})
             if how.startswith("NIXL read") and how != "NIXL read":
                 return "failed-load", f"a failed load ({how})", chain
             if p is None:
@@ -174,18 +180,18 @@ class Stream:
             return self._from_p(r, g, i, lo, hi, p, src, chain, bs)
         return self._local(r, g, i, lo, hi, label, how, blk, chain, bs)
 
-    def _from_p(self, r: Any, g: int, i: int, lo: int, hi: int, p: dict, src: dict, chain: list, bs: int) -> tuple:
-        label = p["label"]
+    def _from_p(self, r: Any, g: int, i: int, lo: int, hi: int, p: Any, src: Any, chain: list, bs: int) -> tuple:
+        label = p.label
         m = self.model
-        if p.get("ev") is not None:
-            by = f" of {p['owner']}" if p.get("owner") and p["owner"] != src.get("req") else ""
-            chain.append({"what": f"P's block held {_words(label, m, r)} ({p['how'] or 'state'}{by} at event {p['ev']}"
-                                  f"{', step ' + str(p['step']) if p.get('step') is not None else ''})", "ev": p["ev"]})
-        elif p.get("owner") is not None:
-            chain.append({"what": f"P had handed that block to {p['owner']} (event {p['own_ev']}), which never wrote it",
-                          "ev": p.get("own_ev")})
-        freed = p.get("freed")
-        p_req = src.get("req")
+        if p.ev is not None:
+            by = f" of {p.owner}" if p.owner and p.owner != src.req else ""
+            chain.append({"what": f"P's block held {_words(label, m, r)} ({p.how or 'state'}{by} at event {p.ev}"
+                                  f"{', step ' + str(p.step) if p.step is not None else ''})", "ev": p.ev})
+        elif p.owner is not None:
+            chain.append({"what": f"P had handed that block to {p.owner} (event {p.own_ev}), which never wrote it",
+                          "ev": p.own_ev})
+        freed = p.freed
+        p_req = src.req
         lease = m.expired.get(str(p_req)) if p_req else None
         if lease is not None:
             chain.append({"what": f"P's lease on {p_req} ran out (event {lease})", "ev": lease})
@@ -194,7 +200,7 @@ class Stream:
         if type(label) is not tuple:
             return "p-unwritten", f"nothing P wrote for that prompt ({label} on P)", chain
         if m.same(label, (r.key, g, i)):
-            return "short", f"positions {i * bs + p['lo']}-{i * bs + p['hi'] - 1} only", chain
+            return "short", f"positions {i * bs + p.lo}-{i * bs + p.hi - 1} only", chain
         if label[0] is not None and m.same((label[0], g, label[2]), (r.key, g, label[2])) or label[0] == r.key:
             return "shifted", f"token block {label[2]} of the same prompt", chain
         if lease is not None or (freed is not None and freed[0] == p_req):

@@ -55,9 +55,12 @@ class Model(Transfers):
         self.current: dict[tuple, Sched] = {}  # (pid, instance) -> the scheduler its events are now of
         self.ambiguous: set[tuple] = set()  # (pid, instance) whose events may be of several schedulers
         self.by_engine: dict[str, tuple] = {}
+        self.via: dict[Any, Sched] = {}  # instance -> the scheduler a worker's event last named a request of
         self.p_of: dict[str, tuple] = {}  # P's request id -> (its scheduler, its prompt) for D's reads
         self.uf: dict[Any, Any] = {}  # label -> the label it was found to equal (prefix-cache hits)
-        self.xfers: dict[tuple, dict] = {}  # (D pid, D request) -> the read in flight or last landed
+        self.xfers: dict[tuple, dict] = {}  # (D pid, D request) -> the read in flight
+        self.landed: dict[tuple, dict] = {}  # ... and the last few that landed
+        self.p_ok: dict[str, None] = {}  # P requests whose blocks D read and found its own (lately)
         self.expired: dict[str, int] = {}  # P's request id -> its nixl.lease_expired id
         self.counts = {"reads": 0, "transfers": 0, "unjudged": 0, "windows": 0, "edge": 0}
         self.gone: dict[tuple, Req] = {}  # (instance, request) -> a request freed lately (the drafter's
@@ -94,6 +97,7 @@ class Model(Transfers):
             # P/D pairs): its scheduler events do not name their scheduler, so which one emitted them is not known
             self.ambiguous.add(where)
         key = (*where, cfg.get("id"))
+        self.via.clear()
         s = self.scheds[key] = self.current[where] = Sched(key, str(where[1] or ""), cfg)
         if len(self.scheds) > KEPT_SCHEDS:  # (schedulers replaced long ago: the oldest go first)
             live = set(map(id, self.current.values()))
@@ -114,8 +118,12 @@ class Model(Transfers):
         if r is not None:
             return r
         rid, inst = str(e.get("req")), e.get("inst")
+        s = self.via.get(inst)  # (the scheduler a worker's last event was found on)
+        if s is not None and rid in s.reqs:
+            return s.reqs[rid]
         for s in reversed(list(self.current.values())):
             if s.inst == inst and rid in s.reqs:
+                self.via[inst] = s
                 return s.reqs[rid]
         return None
 
@@ -131,6 +139,7 @@ class Model(Transfers):
         rid = str(e.get("req"))
         s.used = True
         r = s.reqs[rid] = Req(rid, s.key, e.get("prompt_hash"), int(e.get("prompt_len") or 0))
+        self.via.clear()  # (a newer scheduler may hold that id now)
         r.ids["add"] = e.get("id")
         kv = e.get("kv") or {}
         r.remote = (kv.get("remote_request_id"), kv.get("remote_engine_id"))
@@ -158,6 +167,7 @@ class Model(Transfers):
         r = s.reqs.get(rid)
         if r is None:  # no req.add (a ring trace's cut beginning): no prompt to compare with
             r = s.reqs[rid] = Req(rid, s.key, None, int(e.get("prompt_len") or 0))
+            self.via.clear()
         r.ids.setdefault("alloc", e.get("id"))
         new = e.get("block_ids")
         if new is None:
@@ -165,17 +175,18 @@ class Model(Transfers):
         c = e.get("num_computed_tokens")
         first = "num_external_computed_tokens" in e and "block_ids" in e and not e.get("from_output")
         old = r.blocks
-        self._hold(s, r, new, e)
+        if new != old:  # (a running request's step that needed no new block: nothing changes hands)
+            self._hold(s, r, new, e)
         if c is not None:
             r.computed = r.upto = int(c)
-        if first:
+        if first and (e.get("num_new_computed_tokens") or e.get("num_external_computed_tokens")):
             self._admit(s, r, e, old)
 
     def _hold(self, s: Sched, r: Req, new: list[list[int]], e: Event) -> None:
         """``r`` holds the lists ``new`` from now on: blocks it no longer lists lose it as a
         holder, blocks it gains are handed to it (dirty unless they already hold its content)."""
-        kinds = s.cfg.get("group_kinds") or []
         ev = e.get("id")
+        uf, blocks, holders, rid, key = self.uf, s.blocks, s.holders, r.req, r.key
         for g, lst in enumerate(new):
             prev = r.blocks[g] if g < len(r.blocks) else []
             n = len(prev)
@@ -190,25 +201,35 @@ class Model(Transfers):
                     if h is not None:
                         h.pop(r.req, None)
                     r.dirty.pop((g, b), None)
-            attn = is_attention_group(kinds[g] if g < len(kinds) else None)
+            attn, bs = s.group(g)[:2]
             for i in range(start, len(lst)):
                 b = lst[i]
                 if b == 0 or (i < n and prev[i] == b):
                     continue
-                s.holders.setdefault(b, {})[r.req] = (g, i)
-                blk = s.block(b)
-                if blk.owner != r.req:
-                    blk.owner, blk.own_ev = r.req, ev
-                if attn and not (self.same(blk.label, (r.key, g, i)) and blk.lo == 0
-                                 and blk.hi >= block_size(s.cfg, g)):
-                    r.dirty[(g, b)] = i
-        r.blocks = [list(x) for x in new]
+                h = holders.get(b)
+                if h is None:
+                    holders[b] = {rid: (g, i)}
+                else:
+                    h[rid] = (g, i)
+                blk = blocks.get(b)
+                if blk is None:
+                    blk = blocks[b] = Block()
+                if blk.owner != rid:
+                    blk.owner, blk.own_ev = rid, ev
+                if attn:
+                    lab = blk.label
+                    if not ((lab == (key, g, i) or (uf and self.same(lab, (key, g, i)))) and blk.lo == 0
+                            and blk.hi >= bs):
+                        r.dirty[(g, b)] = i
+        r.blocks = new  # (the event's own lists: nothing changes them)
 
     def _admit(self, s: Sched, r: Req, e: Event, old: list) -> None:
         """A request's first allocation: its prefix-cache hit (the blocks vLLM matched by hash hold
         its content: one label from now on) and the blocks it waits to load from P."""
         hit = int(e.get("num_new_computed_tokens") or 0)
         ext = int(e.get("num_external_computed_tokens") or 0)
+        if hit + ext == 0:
+            return  # (no hit, nothing to load: every allocation of a running request carries these fields)
         if hit + ext > int(e.get("num_computed_tokens") or 0):
             # what the request starts from once its load lands (vLLM recomputes a prompt's last token when
             # everything is loaded: num_computed_tokens set again after the load, not recorded)
@@ -227,8 +248,9 @@ class Model(Transfers):
                     if (r.key, g, i) not in self.uf and self.find((pk, g, i)) != (r.key, g, i):
                         self.uf[(r.key, g, i)] = self.find((pk, g, i))
                         r.unions.append((r.key, g, i))
-            for i, b in enumerate(lst):
-                if b == 0 or i * bs >= hit + ext:
+            for i in range(min(-(-(hit + ext) // bs), len(lst))):
+                b = lst[i]
+                if b == 0:
                     continue
                 blk = s.blocks[b]
                 if (i + 1) * bs <= hit:
@@ -257,9 +279,9 @@ class Model(Transfers):
         s = self.sched(e)
         tokens = e.get("tokens") or {}
         spec = e.get("spec") or {}
-        kinds = s.cfg.get("group_kinds") or []
-        step = e.get("step")
+        step, ev, w = e.get("step"), e.get("id"), e.get("w")
         plan = []
+        group, blocks = s.group, s.blocks
         for rid, n in tokens.items():
             r = s.reqs.get(rid)
             if r is None or r.computed is None:
@@ -270,13 +292,23 @@ class Model(Transfers):
             w0, w1 = min(c, r.upto), max(c, r.upto) + n
             plan.append((r, c, n))
             for g, lst in enumerate(r.blocks):  # ... in every attention group
-                if not is_attention_group(kinds[g] if g < len(kinds) else None):
+                attn, bs = group(g)[:2]
+                if not attn:
                     continue
-                bs = block_size(s.cfg, g)
                 for i in range(max(w0 // bs, 0), min((w1 - 1) // bs + 1 if w1 > w0 else w0 // bs, len(lst))):
-                    if lst[i] == 0:
+                    b = lst[i]
+                    if b == 0:
                         continue
-                    self._write(s, lst[i], (r.key, g, i), max(w0 - i * bs, 0), min(w1 - i * bs, bs), r, e)
+                    label, lo, hi = (r.key, g, i), max(w0 - i * bs, 0), min(w1 - i * bs, bs)
+                    blk = blocks.get(b)
+                    if blk is not None and blk.label == label and blk.lo <= lo <= blk.hi:  # (its own next positions)
+                        if hi > blk.hi:
+                            blk.hi = hi
+                        blk.ev, blk.step, blk.w = ev, step, w
+                        if blk.lo == 0 and r.dirty:
+                            r.dirty.pop((g, b), None)
+                        continue
+                    self._write(s, b, label, lo, hi, r, e)
         for r, c, n in plan:  # then each step reads what its attention covers (written layer by layer first)
             self.reads(s, r, c, e)
             r.last[step] = c
@@ -286,8 +318,11 @@ class Model(Transfers):
             r.computed, r.upto = c + n - d, max(c, r.upto) + n  # (no draft accepted .. all) until its next allocation
 
     def _write(self, s: Sched, b: int, label: tuple, lo: int, hi: int, r: Req, e: Event) -> None:
-        blk = s.block(b)
-        if self.same(blk.label, label) and blk.lo <= lo <= blk.hi:
+        blk = s.blocks.get(b)
+        if blk is None:
+            blk = s.blocks[b] = Block()
+        lab = blk.label
+        if (lab == label or (self.uf and self.same(lab, label))) and blk.lo <= lo <= blk.hi:
             blk.hi = max(blk.hi, hi)
             blk.ev, blk.step, blk.w = e.get("id"), e.get("step"), e.get("w")
             if blk.lo == 0:
@@ -302,14 +337,11 @@ class Model(Transfers):
         """Step ``e`` reads positions before ``c`` of request ``r``: check its dirty blocks."""
         if not r.dirty or c <= 0:
             return
-        kinds = s.cfg.get("group_kinds") or []
-        wins = s.cfg.get("windows") or []
         bad = []
+        group = s.group
         for (g, b), i in list(r.dirty.items()):
-            bs = block_size(s.cfg, g)
-            win = wins[g] if g < len(wins) else 0
-            kind = str(kinds[g] if g < len(kinds) else "")
-            if not is_attention_group(kind or None):
+            attn, bs, win, kind = group(g)
+            if not attn:
                 del r.dirty[(g, b)]  # a state group's block is not token-indexed (one block id pool: another
                 continue             # group's write may land on a block id this one held before)
             start = 0
@@ -339,8 +371,13 @@ class Model(Transfers):
             if lo < blk.lo and blk.under is not None:  # the positions below a write that began mid-block
                 ul, _how, _ev, _src, ulo, uhi = blk.under
                 parts = [(ul, ulo, uhi, lo, min(hi, blk.lo)), *parts]
-            why = next((w for w in (_unjudged(s, r, x[0]) for x in parts) if w), "")
-            if s.key[:2] in self.ambiguous or (blk.src and blk.src.get("ambiguous")):
+            why = ""
+            for x in parts:
+                if type(x[0]) is not tuple:
+                    why = _unjudged(s, r, x[0])
+                    if why:
+                        break
+            if (self.ambiguous and s.key[:2] in self.ambiguous) or (blk.src is not None and blk.src.ambiguous):
                 why = ("two schedulers of one instance in one process, built before either ran a request: the "
                        "scheduler events do not say which emitted them")
             if not why and r.key is None:
@@ -351,14 +388,14 @@ class Model(Transfers):
                 continue
             exp = (r.key, g, i)
             if all(self.same(lab, exp) and blo <= a and bhi >= z for lab, blo, bhi, a, z in parts if a < z):
+                if blk.src is not None:
+                    self._read_own(blk.src)
                 continue
             bad.append((g, b, i, lo, hi, blk))
         for g, lst in enumerate(r.blocks):  # a window's positions vLLM pruned to its null block while still read
-            win = wins[g] if g < len(wins) else 0
+            _attn, bs, win, kind = group(g)
             if not win or not lst:
                 continue
-            bs = block_size(s.cfg, g)
-            kind = str(kinds[g] if g < len(kinds) else "")
             hi_c = max(c, r.upto)  # (the window's start by the most tokens the request may have computed)
             start = c - c % win if "Chunked" in kind else max(0, hi_c - win + 1)
             i0, i1 = start // bs, min((c - 1) // bs, len(lst) - 1)
@@ -387,6 +424,7 @@ class Model(Transfers):
             self.gone[(s.inst, rid)] = r
             if len(self.gone) > 4096:
                 del self.gone[next(iter(self.gone))]
+        freed = (rid, ev, e.get("w"))
         for lst in (e.get("block_ids") or (r.blocks if r else [])):
             for b in lst:
                 if b == 0:
@@ -398,4 +436,4 @@ class Model(Transfers):
                         del s.holders[b]
                 blk = s.blocks.get(b)
                 if blk is not None:
-                    blk.freed = (rid, ev, e.get("w"))
+                    blk.freed = freed

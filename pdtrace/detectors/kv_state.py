@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .index import is_attention_group
+
 AWAITING, PENDING, FAILED, UNWRITTEN = "awaiting", "pending", "failed", "unwritten"
 
 
@@ -31,13 +33,27 @@ class Block:
         self.owner: str | None = None  # the request it was last handed to
         self.own_ev: int | None = None
         self.freed: tuple | None = None  # (request, event id) of the last free
-        self.src: dict | None = None  # a transfer's source: P's instance, request, block and its state
+        self.src: Src | None = None  # a transfer's source: P's instance, request, block and its state
         self.under: tuple | None = None  # what a write that began mid-block left below it (label, how, ev, src)
 
-    def state(self) -> dict[str, Any]:
-        return {"label": self.label, "lo": self.lo, "hi": self.hi, "how": self.how, "ev": self.ev,
-                "step": self.step, "w": self.w, "owner": self.owner, "own_ev": self.own_ev, "freed": self.freed,
-                "src": self.src}
+    def snapshot(self) -> Block:
+        """A copy of what it is now (P's block as D's read found it)."""
+        c = Block.__new__(Block)
+        c.label, c.lo, c.hi, c.how, c.ev, c.step, c.w = self.label, self.lo, self.hi, self.how, self.ev, self.step, self.w
+        c.owner, c.own_ev, c.freed, c.src, c.under = self.owner, self.own_ev, self.freed, self.src, self.under
+        return c
+
+
+class Src:
+    """Where a NIXL read's block came from: P's instance, request, block, D's read event, P's block
+    as it was when D issued the read (a ``Block`` snapshot; None: not in the trace)."""
+
+    __slots__ = ("inst", "req", "block", "read", "p", "ambiguous", "not_its")
+
+    def __init__(self, inst: str | None, req: Any, block: int, read: Any, p: Block | None, ambiguous: bool,
+                 not_its: list | None = None) -> None:
+        self.inst, self.req, self.block, self.read, self.p, self.ambiguous = inst, req, block, read, p, ambiguous
+        self.not_its = not_its  # P's request's own lists, where ``block`` is not among them
 
 
 class Req:
@@ -63,7 +79,7 @@ class Req:
 class Sched:
     """One scheduler's blocks, requests and configuration."""
 
-    __slots__ = ("key", "inst", "cfg", "blocks", "reqs", "holders", "failed", "reads_seen", "used")
+    __slots__ = ("key", "inst", "cfg", "blocks", "reqs", "holders", "failed", "reads_seen", "used", "groups")
 
     def __init__(self, key: tuple, inst: str, cfg: dict) -> None:
         self.key, self.inst, self.cfg = key, inst, cfg
@@ -73,6 +89,17 @@ class Sched:
         self.failed: dict[int, tuple] = {}  # rollback step -> (failed block ids, kvload.handled id)
         self.reads_seen = False  # a worker of this instance recorded a NIXL read
         self.used = False  # a request was added to it
+        self.groups: dict[int, tuple] = {}  # group -> (token-indexed attention?, block size, window, kind)
+
+    def group(self, g: int) -> tuple:
+        """Group ``g``'s (attention?, block size, window, kind) from the config, read once."""
+        t = self.groups.get(g)
+        if t is None:
+            kinds, wins = self.cfg.get("group_kinds") or [], self.cfg.get("windows") or []
+            kind = kinds[g] if g < len(kinds) else None
+            t = self.groups[g] = (is_attention_group(kind), block_size(self.cfg, g), wins[g] if g < len(wins) else 0,
+                                  str(kind or ""))
+        return t
 
     def block(self, b: int) -> Block:
         """Block ``b``'s state, made on first sight."""

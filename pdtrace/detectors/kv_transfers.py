@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from .index import is_attention_group
-from .kv_state import AWAITING, FAILED, PENDING, block_size
+from .kv_state import AWAITING, FAILED, PENDING, Block, Src, block_size
 from .transfer_lists import load_list
 
 Event = dict[str, Any]
 KEPT_P = 1 << 15  # P request ids remembered for the scheduler D reads from (the oldest go first)
+KEPT_LANDED = 1 << 10  # reads that landed, kept for a second record of the same landing (0.32: DONE and ERR)
 
 
 class Transfers:
@@ -46,20 +47,35 @@ class Transfers:
         for ds in self.scheds.values():
             if ds.inst == e.get("inst"):
                 ds.reads_seen = True
+        # P's request's own lists (a block D reads outside them is not the request's, whatever it holds)
+        preq = (ps.reqs.get(str(p_req)) or self.gone.get((ps.inst, str(p_req)))) if ps is not None and p_req else None
+        mine = {b for lst in preq.blocks for b in lst} if preq is not None and preq.blocks else None
         pairs = []
         for lg, rg in zip(e.get("local_block_ids") or [], e.get("remote_block_ids") or []):
             for lb, rb in zip(lg, rg):
                 pb = ps.blocks.get(rb) if ps is not None else None
-                pairs.append((lb, rb, pb.state() if pb is not None else None))
+                if mine is not None and rb not in mine:  # (never seen on P: nothing P wrote in the trace)
+                    pairs.append((lb, rb, pb.snapshot() if pb is not None else Block(), preq.blocks))
+                else:
+                    pairs.append((lb, rb, pb.snapshot() if pb is not None else None, None))
         self.counts["transfers"] += 1
-        self.xfers[(e.get("pid"), rid)] = {"read": e, "pairs": pairs, "p": ps.inst if ps else None,
-                                           "p_req": p_req, "landed": None,
-                                           "ambiguous": ps is not None and ps.key[:2] in self.ambiguous}
+        key = (e.get("pid"), rid)
+        self.landed.pop(key, None)
+        self.xfers[key] = {"read": e, "pairs": pairs, "p": ps.inst if ps else None,
+                           "p_req": p_req, "landed": None, "ambiguous": ps is not None and ps.key[:2] in self.ambiguous}
+        if len(self.xfers) > KEPT_P:  # (reads that never landed: the oldest go first)
+            del self.xfers[next(iter(self.xfers))]
 
     def _nixl_read_done(self, e: Event) -> None:
-        x = self.xfers.get((e.get("pid"), str(e.get("req"))))
+        key = (e.get("pid"), str(e.get("req")))
+        x = self.xfers.pop(key, None) or self.landed.get(key)
+        if x is None:
+            return
+        self.landed[key] = x  # (landed reads: a few are kept for a second record of the same landing)
+        if len(self.landed) > KEPT_LANDED:
+            del self.landed[next(iter(self.landed))]
         r = self.req_of(e)
-        if x is None or r is None:
+        if r is None:
             return
         s = self.scheds[r.sched]
         ok = e.get("status") == "DONE"
@@ -68,17 +84,28 @@ class Transfers:
                 return  # (vLLM 0.32 puts a failed load in finished_recving too: DONE after ERR is no load)
         x["landed"], x["landed_step"] = e.get("status"), e.get("step")
         read = x["read"]
-        for lb, rb, p in x["pairs"]:
+        for lb, rb, p, not_its in x["pairs"]:
             blk = s.block(lb)
-            src = {"inst": x["p"], "req": x["p_req"], "block": rb, "read": read.get("id"), "p": p,
-                   "ambiguous": x.get("ambiguous", False)}
+            src = Src(x["p"], x["p_req"], rb, read.get("id"), p, x.get("ambiguous", False), not_its)
             if not ok:
                 self._set(blk, FAILED, 0, 0, f"NIXL read {e.get('status')}", e, src)
             elif p is None:
                 self._set(blk, "unknown", 0, 0, "NIXL read from a P block not in the trace", e, src)
             else:
-                self._set(blk, p["label"], p["lo"], p["hi"], "NIXL read", e, src)
+                self._set(blk, p.label, p.lo, p.hi, "NIXL read", e, src)
             self._changed(s, lb, blk, None)
+
+    def _read_own(self, src: Src) -> None:
+        """A block D loaded from P's ``src.req`` read as D's own content (what the lease verdict asks)."""
+        po, p_req = self.p_ok, str(src.req)
+        if p_req not in po:
+            po[p_req] = None
+            if len(po) > KEPT_P:
+                del po[next(iter(po))]
+
+    def lease_intact(self) -> list[str]:
+        """P requests whose lease ran out and whose loaded blocks D read as its own (the KV intact)."""
+        return sorted(p for p in self.expired if p in self.p_ok)
 
     def _nixl_lease_expired(self, e: Event) -> None:
         self.expired[str(e.get("req"))] = e.get("id")
@@ -95,13 +122,13 @@ class Transfers:
         if s is None:
             return
         self.counts["windows"] += 1
-        kinds = s.cfg.get("group_kinds") or []
         g0 = e.get("group")
         end = int(e.get("end") or 0)
         for g, lst in enumerate(r.blocks):
-            if (g0 is not None and g != g0) or not is_attention_group(kinds[g] if g < len(kinds) else None):
+            attn, bs = s.group(g)[:2]
+            if (g0 is not None and g != g0) or not attn:
                 continue
-            cap = len(lst) * block_size(s.cfg, g)
+            cap = len(lst) * bs
             if end > cap:
                 self.report("window", s, r, e=e, group=g, cap=cap)
                 return

@@ -215,6 +215,9 @@ def judge(idx: Any, p: Event | None, a: Event | None, ctx: tuple) -> Finding | N
     if bad:
         step_ev = (tr.reads[0] if tr.reads else tr.trim or tr.d_alloc) or {}
         g0 = bad[0]
+        foreign = [p for p in g0["pairs"] if p["remote"] not in g0["reported"]]
+        if foreign:  # D read blocks P never reported for the request: its params name other blocks
+            return _not_reported(tr, g0, foreign, step_ev, len(bad), data)
         if not g0["extra_blocks"]:  # nothing of P's lookahead: D's list is off P's tokens (#50558)
             return _past_p(tr, g0, step_ev, len(bad), data)
         wrong = [p for p in g0["pairs"] if not p["ok"]]
@@ -263,6 +266,27 @@ def judge(idx: Any, p: Event | None, a: Event | None, ctx: tuple) -> Finding | N
             kind=LOOKAHEAD_MISALIGNMENT, severity=SEVERITY_WARNING, req=tr.req,
             step=p.get("step"), inst=p.get("inst"), event_ids=tr.event_ids(),
             title=title, explanation=expl, data=data)
+
+
+def _not_reported(tr: Transfer, g0: dict, foreign: list, step_ev: Event, n_bad: int, data: dict) -> Finding:
+    """D read P blocks that are not in the list P reported for the request: the transfer's remote block ids are
+    another request's, or out of range (vLLM #52234's table: params that name blocks P never gave the request).
+    What D's lists and P's hold, not how many: the two lists may be of one length."""
+    ids = [p["remote"] for p in foreign]
+    title = (f"request {tr.req}: D read P block(s) {ids[:6]}{' ...' if len(ids) > 6 else ''}, which P did not report "
+             f"for it (P reported {g0['reported']}, group {g0['group']})")
+    expl = (f"P reported block(s) {g0['reported']} for {tr.p_req or 'the request'} ({tr.remote_num_tokens} tokens, "
+            f"group {g0['group']}), but D's transfer read "
+            + "; ".join(f"D block {p['local']} (tokens {p['tokens'][0]}-{p['tokens'][1] - 1}) <- P block {p['remote']}"
+                        for p in foreign[:4])
+            + (f" (and {len(foreign) - 4} more)" if len(foreign) > 4 else "")
+            + ": block ids P never gave that request. The transfer parameters D received (remote_block_ids) are "
+              "not the ones P returned, so D loaded whatever those P blocks held (another request's KV, or "
+              "nothing), and NIXL's read succeeds all the same: HTTP 200 on KV of other tokens. Whatever carried "
+              f"the params from P to D (a router, a cache of params) is where they changed. {n_bad} group(s) affected.")
+    return Finding(kind=LOOKAHEAD_MISALIGNMENT, severity=SEVERITY_ERROR, req=tr.req, step=step_ev.get("step"),
+                   inst=step_ev.get("inst", "D"), event_ids=tr.event_ids(), title=title, explanation=expl,
+                   data={**data, "not_reported": ids})
 
 
 def _past_p(tr: Transfer, g0: dict, step_ev: Event, n_bad: int, data: dict) -> Finding:

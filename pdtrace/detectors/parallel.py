@@ -12,9 +12,13 @@ summarized by exactly one part, so the merged summary counts every event once.
 The parts, by ``jobs`` (``UNITS`` in order; the last part takes the rest, and the kinds no
 detector reads, by reading every line that is not another part's):
 
-- 2: drafter-window | stale-read + lookahead + metadata (+ the rest)
-- 3: drafter-window | stale-read | lookahead + metadata (+ the rest)
-- 4: each alone (metadata with the rest)
+- 2: kv-invariant | the six rules (+ the rest)
+- 3: kv-invariant | drafter-window | the other five (+ the rest)
+- 4: kv-invariant | drafter-window | stale-read | the other four (+ the rest)
+- ... up to 7: each alone (kv-never-crossed with the rest)
+
+The KV invariant's model goes first: its loop costs about what the six rules' loops cost
+together (bench/invariant.py), so at the default two processes each takes half.
 
 Whatever the fast path cannot judge alone (a damaged line, no digest match, a line that
 does not start the writer's way, an event without its id) sends the whole check back to
@@ -39,16 +43,17 @@ from ..tracefile.compress import is_zstd
 from ..tracefile.reading import SEGMENT, Rescan, Unfiltered
 from ..tracefile.segments import LineFilter
 from ..tracefile.trace import ProgressFn, read_header
-from . import crossed, drafter_window, kv_invariant, kv_load, lookahead, metadata, sort_key, stale_read
+from . import (crossed, drafter_window, kv_invariant, kv_load, lease_verdict, lookahead, metadata, sort_key,
+               stale_read)
 from .index import Index
 from .stream import STREAMS, Result, _run
 from .stream import run as run_serial
 
 # the units of work, heaviest first: a part runs one or more units' detectors
 UNITS = (
+    (kv_invariant.KV_INVARIANT,),
     (drafter_window.DRAFTER_WINDOW_OUTSIDE_ALLOCATION,),
     (stale_read.STALE_ACCEPTED_COUNT_READ,),
-    (kv_invariant.KV_INVARIANT,),
     (lookahead.LOOKAHEAD_MISALIGNMENT,),
     (metadata.METADATA_CLEARED_BEFORE_DRAFTER,),
     (kv_load.KV_LOAD_FAILURE_RECOVERY,),
@@ -237,7 +242,7 @@ def _merge(results: list[Result]) -> Result:
         mine.notes.update(other.notes)
         if mine.request is not None and other.request is not None:
             mine.request.merge(other.request)
-    found = [f for r in results for f in r.findings]
+    found = lease_verdict.reconcile([f for r in results for f in r.findings], mine.notes, mine.header)
     if mine.request is not None and mine.request.request is not None:
         from . import _about
 

@@ -29,7 +29,8 @@ from typing import Any, Callable
 from .. import schema
 from ..tracefile.reading import SEGMENT, Rescan, fast_segments, scan_segments
 from ..tracefile.trace import Problem, ProgressFn, _derive, is_complete
-from . import DETECTORS, crossed, drafter_window, kv_invariant, kv_load, lookahead, metadata, sort_key, stale_read
+from . import (DETECTORS, crossed, drafter_window, kv_invariant, kv_load, lease_verdict, lookahead, metadata, sort_key,
+               stale_read)
 from .base import Finding
 from .coverage import CLASSES, RUNNER_KINDS, WHOLE_KINDS, matching
 from .index import Configs, Index
@@ -297,6 +298,8 @@ def _run(path: str, only: Any, request: str | None, lenient: bool, progress: Pro
         res.findings.extend(st.finish())
         if hasattr(st, "notes"):
             res.notes[kind] = st.notes()
+    if part is None:  # (a part's: once merged, parallel._merge)
+        res.findings = lease_verdict.reconcile(res.findings, res.notes, res.header)
     if request is not None and part is None:  # (a part's findings are filtered once merged: ``pair``
         from . import _about                  # may be learnt in another part)
         res.findings = [f for f in res.findings if _about(f, res.request.wanted())]

@@ -1,0 +1,105 @@
+"""A block handed to a KV load while a step in flight still writes it (vLLM #37285, fixed by PR #45357), through
+vLLM's real scheduler on CPU, in EngineCore's order under async scheduling (issue 59, must show 3).
+
+EngineCore's ``step_with_batch_queue`` (async scheduling: a batch queue of two) schedules step n+1 before it
+processes step n's output. When step n's output finishes a request A (its last token), step n+1 is already in flight
+and writes A's next position into A's last block. Releases before PR #45357 (0.19-0.23) free A's blocks at once in
+``update_from_output``; the next ``schedule()`` may hand them to a request B that loads its KV from P (a KV consumer
+under P/D). B's NIXL read lands by RDMA, unordered against the compute stream, and step n+1's write of A's KV can land
+after it: B decodes on a block that holds A's KV (GSM8K 0.11-0.48 against 0.85 in vLLM #37285). 0.24+ defers the
+return of A's blocks to the pool until the newest step in flight when A was freed has had its output processed
+(``deferred_frees``, the fence): B cannot get them while step n+1 is in flight.
+
+What is real: D's ``AsyncScheduler`` with the NIXL connector's scheduler side (``pd_harness``), its KV cache manager
+and block pool (a pool of few blocks, so the next allocation takes the blocks just freed, as under load), P's
+scheduler for B's prefill, and ``update_from_output`` freeing (or deferring) A's blocks. What is simulated: the
+engine core's loop order (schedule, then process the oldest output, as ``step_with_batch_queue`` does) and the
+sampled tokens. The GPU write itself does not run here.
+
+The oracle is vLLM's own objects, never the KV model: the in-flight step's ``SchedulerOutput`` (A scheduled in it)
+and A's block ids when that step was scheduled (``kv_cache_manager.get_block_ids``), B's block ids when it was
+allocated, and which steps' outputs had been processed by then: the blocks B got that the unprocessed step writes
+for A.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+from pdtrace.hooks.scheduler import sched_step  # the step the schedule hook numbered
+
+from .kv_load_sim import run_events
+from .pd_harness import PDConfig, make_pair, recording
+from .pd_steps import _make_request, _mro, p_prefill
+
+
+@dataclasses.dataclass
+class Reown:
+    events: list[dict]
+    a_req: str  # the request that finished while its next step was in flight
+    b_req: str  # the request that loads its KV from P
+    in_flight_step: int  # the step scheduled before A's finish was processed (writes A's blocks)
+    b_step: int  # the step whose schedule() allocated B's blocks
+    reowned: list[int]  # oracle: blocks B got that the unprocessed in-flight step writes for A
+    vllm: str
+
+
+def reown_in_flight(*, prompt_len: int = 40, max_tokens: int = 3, block_size: int = 16, tag: str = "reown") -> Reown:
+    """D runs request A (prefilled on D) to its last token in the engine's order; the moment A's finish is processed
+    (step n+1 in flight), request B arrives with P's kv_transfer_params; D runs on until B is allocated."""
+    import vllm
+
+    n_a = -(-(prompt_len + max_tokens + 1) // block_size)  # A's blocks, its in-flight position included
+    # the pool: vLLM's null block, A's blocks, nothing more: B's allocation takes what A frees (as under load)
+    cfg = PDConfig(spec_method="", async_scheduling=True, block_size=block_size, num_blocks=n_a + 1,
+                   max_model_len=n_a * block_size, max_num_batched_tokens=n_a * block_size)
+    pair = make_pair(cfg)
+    rec, d = pair.rec, pair.d
+    a_req, p_req, b_req = f"{tag}-A", f"{tag}-P", f"{tag}-B"
+    rec.flush()
+    start = len(rec.events or [])
+    a_blocks: dict[int, set[int]] = {}  # step -> A's block ids when it was scheduled (vLLM's own lists)
+    processed: set[int] = set()
+    in_flight = b_step = -1
+    reowned: list[int] = []
+    with recording(rec):
+        rec.emit("mark", label="scenario", sim=True, detail=f"reown_in_flight vllm={vllm.__version__} (engine order)")
+        a = _make_request(a_req, [700 + i for i in range(prompt_len)], max_tokens, None, block_size)
+        d.add_request(a)
+        queue: collections.deque = collections.deque()  # (scheduler output, its step), newest first
+        b_added = False
+        for _ in range(4 * (max_tokens + 4)):
+            if d.has_requests():
+                out = d.schedule()
+                step = sched_step(d)
+                queue.appendleft((out, step))
+                if a_req in out.num_scheduled_tokens and a_req in d.requests:
+                    a_blocks[step] = {b for g in d.kv_cache_manager.get_block_ids(a_req) for b in g}
+                if b_added and b_step < 0 and b_req in d.requests and d.kv_cache_manager.get_block_ids(b_req)[0]:
+                    b_step = step
+                    got = {b for g in d.kv_cache_manager.get_block_ids(b_req) for b in g}
+                    pending = [s for _o, s in queue if s not in processed and s in a_blocks]
+                    reowned = sorted(got & set().union(*(a_blocks[s] for s in pending))) if pending else []
+                    if pending:
+                        in_flight = max(pending)
+                    break
+                if len(queue) < 2:
+                    continue
+            if not queue:
+                break
+            old, step = queue.pop()
+            toks = {a_req: [900 + step]} if a_req in old.num_scheduled_tokens else {}
+            d.update_from_output(old, _mro(old, toks))
+            processed.add(step)
+            if not b_added and (a_req not in d.requests or a.is_finished()):
+                if in_flight < 0 and queue:
+                    in_flight = queue[-1][1]  # the step scheduled before A's finish was processed
+                params = p_prefill(pair.p, p_req, [1700 + i for i in range(prompt_len)], block_size)
+                d.add_request(_make_request(b_req, [1700 + i for i in range(prompt_len)], 8, dict(params),
+                                            block_size))
+                b_added = True
+        rec.emit("mark", label="scenario-end", sim=True)
+    rec.flush()
+    return Reown(run_events(pair, start), a_req, b_req, in_flight, b_step, reowned, vllm.__version__)
