@@ -11,8 +11,9 @@ Scheduler side (engine-core process), ``vllm.v1.core.sched.scheduler.Scheduler``
   ``running`` and those waiting on a remote load (``kv_holding_waiting``; ``skipped_waiting``
   in 0.19), read before and after the call; the arguments pass through untouched.
 
-- ``update_from_output(scheduler_output, ...)``, only while a request rolled back by the
-  above is followed (else the wrapper skips it) -> ``kvload.output``: what one step's output
+- ``update_from_output(scheduler_output, ...)`` -> ``sched.output`` (the step whose output the scheduler just
+  processed: a step scheduled before it was in flight until then; the KV model's in-flight writes, vLLM #37285),
+  and, while a request rolled back by the above is followed, ``kvload.output``: what one step's output
   appended to that request, and whether the step was scheduled before the rollback.
 
 Worker side (D's NIXL worker; a GPU worker in production):
@@ -135,9 +136,13 @@ def _output_after(rec: Any, _result: Any, self: Any, scheduler_output: Any, *a: 
     rollback (in flight when the failure was handled, under async scheduling) ran on the KV that
     failed to load. Followed until the output of a step scheduled after the rollback (or the
     request's end); ``_pdtrace_outs`` (hooks/scheduler.py) maps the SchedulerOutput to its step."""
-    follow = self._pdtrace_rolled
     sid = id(scheduler_output)
     out_step = next((s for i, s in reversed(getattr(self, "_pdtrace_outs", ())) if i == sid), None)
+    if out_step is not None and scheduler_output.total_num_scheduled_tokens:  # (an empty step writes nothing)
+        rec.put("sched.output", None, out_step, {"inst": sched_inst(self)})
+    follow = getattr(self, "_pdtrace_rolled", None)
+    if not follow:
+        return
     scheduled = scheduler_output.num_scheduled_tokens
     for rid, f in list(follow.items()):
         rstep, req, n_before, seen = f
@@ -155,9 +160,10 @@ def _output_after(rec: Any, _result: Any, self: Any, scheduler_output: Any, *a: 
 
 
 register("kv_load.output", SCHED_MOD, "Scheduler.update_from_output", ("scheduler_output",),
-         after("kv_load.output", _output_after, skip="not getattr(self, '_pdtrace_rolled', None)"),
-         doc="kvload.output (after a rollback: the tokens a step's output appended, and whether that step "
-             "was in flight at the rollback)")
+         after("kv_load.output", _output_after),
+         doc="sched.output (the step whose output was processed: in flight until then) and kvload.output "
+             "(after a rollback: the tokens a step's output appended, and whether that step was in flight at the "
+             "rollback)")
 
 
 # --- worker side ------------------------------------------------------------------------------

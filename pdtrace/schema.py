@@ -181,6 +181,10 @@ _KINDS: tuple[Kind, ...] = (
         F("spec", "dict[str,int]", "request id -> draft tokens scheduled for verification", required=False),
         F("finished", "list[str]", "requests finished since the previous step", required=False),
     ), hook="scheduler"),
+    Kind("sched.output", "Scheduler.update_from_output processed one step's output (step: that step). Under async "
+                         "scheduling a step is scheduled before the previous one's output is processed: its forward "
+                         "writes KV until then (the KV model's in-flight writes, vLLM #37285). Not emitted for a step "
+                         "that scheduled no token.", (), hook="kv_load"),
     Kind("req.add", "A request entered the scheduler.", (
         F("prompt_len", "int", "number of prompt tokens"),
         F("prompt_hash", "str", "blake2b-64 (16 hex digits) of CPython's hash of the prompt token ids as a tuple, as 8 little-endian bytes (redact.token_hash; redacted form)"),

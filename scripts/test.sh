@@ -81,9 +81,11 @@ if [ "$RELEASES" != 0 ]; then
     ( PYTHONPATH="$PWD" VLLM_TARGET_DEVICE=cpu "$PYBIN" -m pytest -q -p no:cacheprovider tests/test_real_releases.py "$@" ) \
       || rc=$?
   done
-  VENV=.venv bash scripts/real_bugs.sh 0.32.0 >/dev/null || rc=$?
+  # (their output is the suites' above; a failure says where to look)
+  said() { echo "real_bugs $1 exited $2 (real_bugs/$1.log, its last lines:)"; tail -5 "real_bugs/$1.log" 2>/dev/null; }
+  r=0; VENV=.venv bash scripts/real_bugs.sh 0.32.0 >/dev/null || { r=$?; rc=$r; said 0.32.0 $r; }
   if [ "${PDTRACE_SECOND_VLLM:-1}" != 0 ]; then
-    VENV=.venv-vllm033 bash scripts/real_bugs.sh 0.33.0 >/dev/null || rc=$?
+    r=0; VENV=.venv-vllm033 bash scripts/real_bugs.sh 0.33.0 >/dev/null || { r=$?; rc=$r; said 0.33.0 $r; }
   fi
   if [ -z "${PDTRACE_RELEASES:-}" ]; then  # the whole set ran: the matrix must match it
     phase "the support matrix against the runs"

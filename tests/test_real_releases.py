@@ -61,6 +61,11 @@ ROUTER_FAULT = {"kv-never-crossed"}
 # multi-group requests whole (#50388); 0.32.0+ refuse block-level failures of multi-group models by
 # design (RuntimeError, #56855, which vLLM's own tests expect: not a bug of the release).
 HYBRID_RAISES = (((0, 0, 0), (0, 30, 0)),)  # [from, to) ranges
+# vLLM #37285: under async scheduling a request's blocks are freed at once when its output finishes it, while its
+# next step is in flight; a KV consumer can hand them to a request loading from P. PR #45357 defers the pool return to
+# the fence step's output (Scheduler.deferred_frees / _drain_deferred_frees): absent from scheduler.py in 0.19.1,
+# 0.20.0, 0.22.1 and 0.23.0, present from 0.24.0 (read in each release's sources; issue 59, must show 3).
+REOWN_FIXED_FROM = (0, 24, 0)
 
 
 def _hybrid_raises(version: str) -> bool:
@@ -90,6 +95,7 @@ def _carries(version: str) -> set[str]:
     hybrid = {"kv-load-hybrid"} if _hybrid_raises(version) else set()
     hybrid |= {"kv-load-shared"} if _v(version) >= SHARED_FROM else set()
     hybrid |= ROUTER_FAULT
+    hybrid |= {"kv-reown-in-flight"} if _v(version) < REOWN_FIXED_FROM else set()
     if tuple(int(x) for x in version.split(".")[:3]) >= FIXED_FROM:
         return set(OPEN) | hybrid
     if version not in CARRIES:

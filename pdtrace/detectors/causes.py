@@ -149,6 +149,11 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "kv-invariant/in-flight": (
         "KV read that is not the request's own: a step in flight at a failed load read the failed blocks and its "
         "token was kept", ("kv_load.invalid_blocks", "kv_load.output"), ()),
+    "kv-invariant/in-flight-write": (
+        "KV load into blocks a step in flight still writes: a request finished while its next step was in flight "
+        "(async scheduling), its blocks were freed at once and handed to a request loading KV from P, whose NIXL read "
+        "is not ordered against that step's write (vLLM #37285, fixed by PR #45357 in 0.24)",
+        ("scheduler.free", "scheduler.allocate_slots", "kv_load.output"), ("37285",)),
     "kv-invariant/write-outside": (
         "the {method} drafter wrote KV past the blocks the request holds (into blocks that are not its own)",
         ("accepted_counts.window", "scheduler.allocate_slots"), ()),

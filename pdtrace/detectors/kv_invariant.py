@@ -88,6 +88,8 @@ class Stream:
             del self.flagged[next(iter(self.flagged))]
         if what == "in-flight":
             self._in_flight(s, r, kw["e"], kw["held"], kw["handled"])
+        elif what == "in-flight-write":
+            self._in_flight_write(s, r, kw["e"], kw["hazards"])
         elif what == "window":
             self._window(s, r, kw["e"], kw["group"], kw["cap"])
         else:
@@ -132,6 +134,38 @@ class Stream:
             f"Step {e.get('step')} was scheduled before the failed load of block {b} (group {g}, token block {i}) was "
             f"reported; it read the block as the load left it, and its sampled token was appended to "
             f"{r.req}'s output after the rollback.", data))
+
+    def _in_flight_write(self, s: Any, r: Any, e: Event, hazards: list) -> None:
+        """``r``'s blocks to load from P were handed to it while a step still in flight writes another request's
+        KV into them, at offsets the load fills: the NIXL read lands by RDMA, unordered against that forward."""
+        g, i, b, loaded, stale, freed = hazards[0]
+        step, wreq, lo, hi, sev, wi = stale[0]
+        bs = block_size(s.cfg, g)
+        chain = [{"what": f"step {step} (event {sev}) was scheduled to write {wreq}'s positions at offsets {lo}-{hi - 1} "
+                          f"of block {b}; its output was not processed yet", "ev": sev}]
+        if freed is not None and freed[0] == wreq:
+            chain.append({"what": f"{wreq} was freed (event {freed[1]}) while step {step} was in flight", "ev": freed[1]})
+        chain.append({"what": f"handed to {r.req} to load {loaded} position(s) from P (event {e.get('id')}), offsets "
+                              f"0-{loaded - 1}: the NIXL read lands there, unordered against step {step}'s write",
+                      "ev": e.get("id")})
+        data = {"mechanism": "in-flight-write", "group": g, "group_kind": _kind(s, g), "block": b, "index": i,
+                "positions": [i * bs + lo, i * bs + min(hi, loaded) - 1], "writer": wreq, "in_flight_step": step,
+                "bad_blocks": [[x[0], x[2], x[1]] for x in hazards], "group_ids": sorted({x[0] for x in hazards}),
+                "chain": chain}
+        if r.remote[0]:
+            data["p_req"] = r.remote[0]
+        ids = sorted({x for x in [sev, freed[1] if freed else None, e.get("id")] if isinstance(x, int)})
+        more = f" (and {len(hazards) - 1} more block(s))" if len(hazards) > 1 else ""
+        self.findings.append(Finding(
+            KV_INVARIANT, SEVERITY_ERROR, r.req, e.get("step"), s.inst, ids,
+            f"{r.req} loads KV from P into block {b}, which step {step}, still in flight, writes for {wreq}{more}",
+            f"{wreq}'s blocks were freed and handed to {r.req} while step {step}, scheduled before {wreq} finished "
+            f"(async scheduling), was still in flight: its forward writes {wreq}'s KV for its positions "
+            f"{wi * bs + lo}-{wi * bs + hi - 1} into offsets {lo}-{hi - 1} of block {b} (group {g}, {_kind(s, g)}), "
+            f"which in {r.req} are token positions "
+            f"{i * bs + lo}-{i * bs + min(hi, loaded) - 1} of the KV it loads from P. The NIXL read lands by RDMA, not "
+            f"ordered against the compute stream, so the stale write can land after it: {r.req} then decodes on "
+            f"{wreq}'s KV there. How it came to: " + "; ".join(c["what"] for c in chain) + ".", data))
 
     def _window(self, s: Any, r: Any, e: Event, g: int, cap: int) -> None:
         a, z = int(e.get("start") or 0), int(e.get("end") or 0)

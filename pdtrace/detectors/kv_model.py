@@ -31,19 +31,22 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .index import is_attention_group, kind_code
-from .kv_state import AWAITING, FAILED, PENDING, UNWRITTEN, Block, Req, Sched, _unjudged, block_size
+from .kv_state import AWAITING, FAILED, PENDING, UNWRITTEN, Block, Req, Sched, block_size
+from .kv_reads import Reads
 from .kv_transfers import KEPT_P, Transfers
 
 Event = dict[str, Any]
 Report = Callable[..., None]
 KEPT_SCHEDS = 64  # schedulers kept once replaced in their process (vLLM's own tests build hundreds)
 
-KINDS = ("sched.config", "req.add", "sched.alloc", "sched.step", "sched.free", "nixl.request_finished", "nixl.remote_alloc", "nixl.read",
-         "nixl.read_done", "nixl.lease_expired", "kvload.handled", "kvload.request", "kvload.output", "spec.window")
+KINDS = ("sched.config", "req.add", "sched.alloc", "sched.step", "sched.output", "sched.free", "nixl.request_finished",
+         "nixl.remote_alloc", "nixl.read", "nixl.read_done", "nixl.lease_expired", "kvload.handled", "kvload.request",
+         "kvload.output", "spec.window")
+KEPT_PENDING = 16  # steps whose output is awaited, per scheduler (async scheduling keeps one or two in flight)
 __all__ = ["AWAITING", "FAILED", "PENDING", "UNWRITTEN", "KINDS", "Block", "Model", "Req", "Sched"]
 
 
-class Model(Transfers):
+class Model(Transfers, Reads):
     """The shadow KV cache. ``report(kind, sched, req, **facts)`` is called for each read that
     breaks the invariant (``kind``: "read"), for reads it cannot judge ("unjudged") and for a
     step in flight at a failed load whose token was kept ("in-flight")."""
@@ -61,6 +64,7 @@ class Model(Transfers):
         self.xfers: dict[tuple, dict] = {}  # (D pid, D request) -> the read in flight
         self.landed: dict[tuple, dict] = {}  # ... and the last few that landed
         self.p_ok: dict[str, None] = {}  # P requests whose blocks D read and found its own (lately)
+        self.track = False  # the trace records sched.output: each step's writes are in flight until it
         self.expired: dict[str, int] = {}  # P's request id -> its nixl.lease_expired id
         self.counts = {"reads": 0, "transfers": 0, "unjudged": 0, "windows": 0, "edge": 0}
         self.gone: dict[tuple, Req] = {}  # (instance, request) -> a request freed lately (the drafter's
@@ -130,6 +134,8 @@ class Model(Transfers):
     # --- feeding ------------------------------------------------------------------------------
     def feed(self, idx: Any) -> None:
         self.configs = idx.configs
+        if not self.track and idx.by_kind.get("sched.output"):
+            self.track = True
         codes = {kind_code(k): getattr(self, "_" + k.replace(".", "_")) for k in KINDS}
         for e, k in zip(*idx.ordered_codes(KINDS)):
             codes[k](e)
@@ -236,6 +242,7 @@ class Model(Transfers):
             r.computed = min(hit + ext, max(r.plen - 1, 0)) if r.plen else hit + ext
             r.upto = hit + ext
         kinds = s.cfg.get("group_kinds") or []
+        hazards: list[tuple] = []
         # the tokens it loads are P's prompt's: a proxy may hand D P's prompt plus P's first token (vLLM PR
         # #50559), so D's prompt hash is not P's; the loaded token blocks are P's request's content all the same
         pk = (self.p_of.get(str(r.remote[0])) or (None, None))[1] if ext and r.remote[0] else None
@@ -262,6 +269,12 @@ class Model(Transfers):
                 elif ext and i * bs >= hit - hit % bs:
                     self._set(blk, AWAITING, 0, 0, "allocated for a KV load", e)
                     r.dirty[(g, b)] = i
+                    loaded = min(bs, hit + ext - i * bs)
+                    stale = [x for x in s.inflight.get(b, ()) if x[1] != r.req and x[2] < loaded]
+                    if stale:  # a step in flight still writes another request's KV where the load will land
+                        hazards.append((g, i, b, loaded, stale, blk.freed))
+        if hazards:
+            self.report("in-flight-write", s, r, e=e, hazards=hazards)
 
     def _set(self, blk: Block, label: Any, lo: int, hi: int, how: str, e: Event, src: dict | None = None) -> None:
         blk.under = None
@@ -282,6 +295,11 @@ class Model(Transfers):
         step, ev, w = e.get("step"), e.get("id"), e.get("w")
         plan = []
         group, blocks = s.group, s.blocks
+        track = self.track
+        if track:
+            written = s.pending[step] = []
+            if len(s.pending) > KEPT_PENDING:  # (outputs not recorded for those: forget them)
+                self._processed(s, next(iter(s.pending)))
         for rid, n in tokens.items():
             r = s.reqs.get(rid)
             if r is None or r.computed is None:
@@ -300,6 +318,9 @@ class Model(Transfers):
                     if b == 0:
                         continue
                     label, lo, hi = (r.key, g, i), max(w0 - i * bs, 0), min(w1 - i * bs, bs)
+                    if track:
+                        s.inflight.setdefault(b, []).append((step, r.req, lo, hi, ev, i))
+                        written.append(b)
                     blk = blocks.get(b)
                     if blk is not None and blk.label == label and blk.lo <= lo <= blk.hi:  # (its own next positions)
                         if hi > blk.hi:
@@ -317,6 +338,21 @@ class Model(Transfers):
             d = int(spec.get(r.req) or 0)
             r.computed, r.upto = c + n - d, max(c, r.upto) + n  # (no draft accepted .. all) until its next allocation
 
+    def _sched_output(self, e: Event) -> None:
+        """Step ``e.step``'s output was processed: its forward's writes are done."""
+        s = self.sched(e)
+        step = e.get("step")
+        for st in [k for k in s.pending if k is not None and step is not None and k <= step]:
+            self._processed(s, st)
+
+    def _processed(self, s: Sched, st: Any) -> None:
+        for b in s.pending.pop(st, ()):
+            lst = s.inflight.get(b)
+            if lst is not None:
+                lst[:] = [x for x in lst if x[0] != st]
+                if not lst:
+                    del s.inflight[b]
+
     def _write(self, s: Sched, b: int, label: tuple, lo: int, hi: int, r: Req, e: Event) -> None:
         blk = s.blocks.get(b)
         if blk is None:
@@ -332,85 +368,6 @@ class Model(Transfers):
         self._set(blk, label, lo, hi, "forward", e)
         blk.under = under
         self._changed(s, b, blk, r.req)
-
-    def reads(self, s: Sched, r: Req, c: int, e: Event) -> None:
-        """Step ``e`` reads positions before ``c`` of request ``r``: check its dirty blocks."""
-        if not r.dirty or c <= 0:
-            return
-        bad = []
-        group = s.group
-        for (g, b), i in list(r.dirty.items()):
-            attn, bs, win, kind = group(g)
-            if not attn:
-                del r.dirty[(g, b)]  # a state group's block is not token-indexed (one block id pool: another
-                continue             # group's write may land on a block id this one held before)
-            start = 0
-            if win and "Chunked" in kind:
-                start = c - c % win
-            elif win:
-                start = max(0, c - win + 1)
-            if i * bs >= c:
-                continue  # not read yet: stays dirty
-            del r.dirty[(g, b)]
-            if not win and ("SlidingWindow" in kind or "ChunkedLocal" in kind):
-                # which positions its attention reads is the window's, not recorded (before sched.config.windows):
-                # blocks before it are freed and handed on by vLLM itself
-                self.counts["unjudged"] += 1
-                self.report("unjudged", s, r, e=e, why=f"{kind} group without its window recorded (sched.config "
-                                                       f"windows: recorded by pdtrace since its per-group facts)")
-                continue
-            if (i + 1) * bs <= start:
-                continue  # out of the window: never read again
-            lo, hi = max(start - i * bs, 0), min(c - i * bs, bs)
-            blk = s.blocks.get(b)
-            self.counts["reads"] += 1
-            if blk is None:
-                self.counts["unjudged"] += 1
-                continue
-            parts = [(blk.label, blk.lo, blk.hi, max(lo, blk.lo), hi)]
-            if lo < blk.lo and blk.under is not None:  # the positions below a write that began mid-block
-                ul, _how, _ev, _src, ulo, uhi = blk.under
-                parts = [(ul, ulo, uhi, lo, min(hi, blk.lo)), *parts]
-            why = ""
-            for x in parts:
-                if type(x[0]) is not tuple:
-                    why = _unjudged(s, r, x[0])
-                    if why:
-                        break
-            if (self.ambiguous and s.key[:2] in self.ambiguous) or (blk.src is not None and blk.src.ambiguous):
-                why = ("two schedulers of one instance in one process, built before either ran a request: the "
-                       "scheduler events do not say which emitted them")
-            if not why and r.key is None:
-                why = "no req.add: the request's prompt is not in the trace"
-            if why:
-                self.counts["unjudged"] += 1
-                self.report("unjudged", s, r, e=e, why=why)
-                continue
-            exp = (r.key, g, i)
-            if all(self.same(lab, exp) and blo <= a and bhi >= z for lab, blo, bhi, a, z in parts if a < z):
-                if blk.src is not None:
-                    self._read_own(blk.src)
-                continue
-            bad.append((g, b, i, lo, hi, blk))
-        for g, lst in enumerate(r.blocks):  # a window's positions vLLM pruned to its null block while still read
-            _attn, bs, win, kind = group(g)
-            if not win or not lst:
-                continue
-            hi_c = max(c, r.upto)  # (the window's start by the most tokens the request may have computed)
-            start = c - c % win if "Chunked" in kind else max(0, hi_c - win + 1)
-            i0, i1 = start // bs, min((c - 1) // bs, len(lst) - 1)
-            if i0 <= i1 and 0 in lst[i0:i1 + 1]:
-                i = lst.index(0, i0, i1 + 1)
-                self.counts["reads"] += 1
-                if i == i0 and 0 not in lst[i0 + 1:i1 + 1] and (i0 + 1) * bs - start <= 1:
-                    # one position at the window's leading edge: vLLM pruned by the count before it recomputes a
-                    # fully loaded prompt's last token (num_computed_tokens - 1). By vLLM's own window rule the
-                    # recomputed token reads it; whether the kernel's window reaches it is the backend's: a fact
-                    self.counts["edge"] += 1
-                    continue
-                bad.append((g, 0, i, max(start - i * bs, 0), min(c - i * bs, bs), None))
-        if bad:
-            self.report("read", s, r, e=e, bad=bad, computed=c)
 
     def _sched_free(self, e: Event) -> None:
         s = self.sched(e)

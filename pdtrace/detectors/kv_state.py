@@ -79,7 +79,8 @@ class Req:
 class Sched:
     """One scheduler's blocks, requests and configuration."""
 
-    __slots__ = ("key", "inst", "cfg", "blocks", "reqs", "holders", "failed", "reads_seen", "used", "groups")
+    __slots__ = ("key", "inst", "cfg", "blocks", "reqs", "holders", "failed", "reads_seen", "used", "groups",
+                 "inflight", "pending")
 
     def __init__(self, key: tuple, inst: str, cfg: dict) -> None:
         self.key, self.inst, self.cfg = key, inst, cfg
@@ -90,6 +91,11 @@ class Sched:
         self.reads_seen = False  # a worker of this instance recorded a NIXL read
         self.used = False  # a request was added to it
         self.groups: dict[int, tuple] = {}  # group -> (token-indexed attention?, block size, window, kind)
+        # writes of steps whose output is not processed yet (sched.output; only where the trace records it):
+        # block -> [(step, request, first offset, end offset, sched.step id, its token-block index)], and step ->
+        # the blocks it writes
+        self.inflight: dict[int, list[tuple]] = {}
+        self.pending: dict[Any, list[int]] = {}
 
     def group(self, g: int) -> tuple:
         """Group ``g``'s (attention?, block size, window, kind) from the config, read once."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .index import is_attention_group
 from .kv_state import AWAITING, FAILED, PENDING, Block, Src, block_size
 from .transfer_lists import load_list
 

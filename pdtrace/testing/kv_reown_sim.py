@@ -42,31 +42,59 @@ class Reown:
     b_req: str  # the request that loads its KV from P
     in_flight_step: int  # the step scheduled before A's finish was processed (writes A's blocks)
     b_step: int  # the step whose schedule() allocated B's blocks
-    reowned: list[int]  # oracle: blocks B got that the unprocessed in-flight step writes for A
+    reowned: list[int]  # oracle: B's blocks where the unprocessed step writes A's KV at offsets B loads from P
+    written: dict  # oracle: step -> the (block, offset) its forward writes for A (vLLM's own lists and counts)
     vllm: str
 
 
-def reown_in_flight(*, prompt_len: int = 40, max_tokens: int = 3, block_size: int = 16, tag: str = "reown") -> Reown:
-    """D runs request A (prefilled on D) to its last token in the engine's order; the moment A's finish is processed
-    (step n+1 in flight), request B arrives with P's kv_transfer_params; D runs on until B is allocated."""
+STOP = 9999  # the token A's third output samples: a stop token (EOS), which no scheduler sees coming
+
+
+def _stopping_request(rid: str, prompt: list[int], block_size: int) -> Any:
+    """``pd_steps._make_request``'s request, but one that a sampled ``STOP`` finishes (FINISHED_STOPPED), as an EOS
+    does: the async scheduler has scheduled its next step by then (a max_tokens end it sees coming)."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    sp = SamplingParams(max_tokens=32, stop_token_ids=[STOP])
+    sp.update_from_generation_config({}, 2)
+    return Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=sp, pooling_params=None,
+                   mm_features=None, block_hasher=get_request_block_hasher(block_size, sha256))
+
+
+def reown_in_flight(*, prompt_len: int = 40, b_prompt_len: int = 40, stop_at: int = 3, block_size: int = 16,
+                    revert_fix: bool = False, tag: str = "reown") -> Reown:
+    """D runs request A (prefilled on D) in the engine's order; its ``stop_at``-th output token is a stop token, so
+    A finishes when that output is processed, with its next step in flight; request B (``b_prompt_len`` tokens to
+    load) arrives then with P's kv_transfer_params; D runs on until B is allocated. ``revert_fix``: a LABELLED FAULT
+    (on a release with PR #45357: 0.24+) that turns its deferred frees off (``defer_block_free``), as 0.19-0.23 are."""
     import vllm
 
+    max_tokens = stop_at + 2  # (the positions A may write: its steps in flight past the stop included)
     n_a = -(-(prompt_len + max_tokens + 1) // block_size)  # A's blocks, its in-flight position included
     # the pool: vLLM's null block, A's blocks, nothing more: B's allocation takes what A frees (as under load)
     cfg = PDConfig(spec_method="", async_scheduling=True, block_size=block_size, num_blocks=n_a + 1,
-                   max_model_len=n_a * block_size, max_num_batched_tokens=n_a * block_size)
+                   max_model_len=n_a * block_size, max_num_seqs=4, max_num_batched_tokens=max(n_a * block_size, 64))
     pair = make_pair(cfg)
     rec, d = pair.rec, pair.d
+    fault = revert_fix and hasattr(d, "defer_block_free")
+    if fault:
+        d.defer_block_free = False
     a_req, p_req, b_req = f"{tag}-A", f"{tag}-P", f"{tag}-B"
     rec.flush()
     start = len(rec.events or [])
-    a_blocks: dict[int, set[int]] = {}  # step -> A's block ids when it was scheduled (vLLM's own lists)
+    a_writes: dict[int, set[tuple[int, int]]] = {}  # step -> (block, offset) its forward writes for A
     processed: set[int] = set()
     in_flight = b_step = -1
     reowned: list[int] = []
     with recording(rec):
-        rec.emit("mark", label="scenario", sim=True, detail=f"reown_in_flight vllm={vllm.__version__} (engine order)")
-        a = _make_request(a_req, [700 + i for i in range(prompt_len)], max_tokens, None, block_size)
+        rec.emit("mark", label="scenario", sim=True, detail=f"reown_in_flight vllm={vllm.__version__} (engine order)"
+                 + (": LABELLED FAULT, PR #45357 reverted (Scheduler.defer_block_free = False)" if fault else ""))
+        a = _stopping_request(a_req, [700 + i for i in range(prompt_len)], block_size)
+        n_out = 0
         d.add_request(a)
         queue: collections.deque = collections.deque()  # (scheduler output, its step), newest first
         b_added = False
@@ -76,30 +104,38 @@ def reown_in_flight(*, prompt_len: int = 40, max_tokens: int = 3, block_size: in
                 step = sched_step(d)
                 queue.appendleft((out, step))
                 if a_req in out.num_scheduled_tokens and a_req in d.requests:
-                    a_blocks[step] = {b for g in d.kv_cache_manager.get_block_ids(a_req) for b in g}
+                    # positions this step writes: the tokens it scheduled, below A's num_computed_tokens (which
+                    # schedule() has already advanced past them); where: A's own block list (group 0)
+                    n, c = out.num_scheduled_tokens[a_req], a.num_computed_tokens
+                    ids = d.kv_cache_manager.get_block_ids(a_req)[0]
+                    a_writes[step] = {(ids[p // block_size], p % block_size) for p in range(c - n, c)}
                 if b_added and b_step < 0 and b_req in d.requests and d.kv_cache_manager.get_block_ids(b_req)[0]:
                     b_step = step
-                    got = {b for g in d.kv_cache_manager.get_block_ids(b_req) for b in g}
-                    pending = [s for _o, s in queue if s not in processed and s in a_blocks]
-                    reowned = sorted(got & set().union(*(a_blocks[s] for s in pending))) if pending else []
-                    if pending:
-                        in_flight = max(pending)
+                    b_ids = d.kv_cache_manager.get_block_ids(b_req)[0]
+                    n_load = len(d.requests[b_req].prompt_token_ids)  # the prompt P computed, loaded by NIXL
+                    loads = {(b_ids[p // block_size], p % block_size) for p in range(n_load)}
+                    pending = [s for _o, s in queue if s not in processed and s in a_writes]
+                    hit = loads & set().union(*(a_writes[s] for s in pending)) if pending else set()
+                    reowned = sorted({blk for blk, _off in hit})
                     break
                 if len(queue) < 2:
                     continue
             if not queue:
                 break
             old, step = queue.pop()
-            toks = {a_req: [900 + step]} if a_req in old.num_scheduled_tokens else {}
+            toks = {}
+            if a_req in old.num_scheduled_tokens and a_req in d.requests:
+                n_out += 1
+                toks = {a_req: [STOP if n_out == stop_at else 900 + step]}
             d.update_from_output(old, _mro(old, toks))
             processed.add(step)
             if not b_added and (a_req not in d.requests or a.is_finished()):
                 if in_flight < 0 and queue:
                     in_flight = queue[-1][1]  # the step scheduled before A's finish was processed
-                params = p_prefill(pair.p, p_req, [1700 + i for i in range(prompt_len)], block_size)
-                d.add_request(_make_request(b_req, [1700 + i for i in range(prompt_len)], 8, dict(params),
-                                            block_size))
+                b_prompt = [1700 + i for i in range(b_prompt_len)]
+                params = p_prefill(pair.p, p_req, b_prompt, block_size)
+                d.add_request(_make_request(b_req, b_prompt, 8, dict(params), block_size))
                 b_added = True
         rec.emit("mark", label="scenario-end", sim=True)
     rec.flush()
-    return Reown(run_events(pair, start), a_req, b_req, in_flight, b_step, reowned, vllm.__version__)
+    return Reown(run_events(pair, start), a_req, b_req, in_flight, b_step, reowned, a_writes, vllm.__version__)

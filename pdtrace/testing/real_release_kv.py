@@ -100,6 +100,25 @@ def kv_load_shared_family() -> tuple[list[dict], list[dict]]:
     return events, cases
 
 
+def kv_reown_in_flight_family() -> tuple[list[dict], list[dict]]:
+    """Issue 59, must show 3 (vLLM #37285, fixed by PR #45357 in 0.24): a request stops while its next step is in
+    flight under async scheduling, and a request that loads its KV from P gets its blocks; that step writes the first
+    request's KV where the load lands (a 40-token load) or past it (an 8-token load: nothing B loads is written)
+    (``kv_reown_sim``). Oracle: vLLM's objects: the in-flight step's scheduled tokens, the requests' block lists and
+    computed tokens, which outputs the engine order had processed."""
+    from pdtrace.testing.kv_reown_sim import reown_in_flight
+
+    events: list[dict] = []
+    cases = []
+    for i, n in enumerate((40, 8)):
+        r = reown_in_flight(b_prompt_len=n, tag=f"reown{i}")
+        events += r.events  # (write_scenario_trace drops their ids)
+        cases.append({"family": "kv-reown-in-flight", "req": r.b_req, "wrong": bool(r.reowned),
+                      "facts": {"loads": n, "in_flight_step": r.in_flight_step, "b_step": r.b_step,
+                                "reowned": r.reowned, "finished": r.a_req}})
+    return events, cases
+
+
 def kv_never_crossed_family() -> tuple[list[dict], list[dict]]:
     """Issue 51: prompts P prefilled for a remote decode on the release's own P and D schedulers,
     two of six handed to D without P's params (the router's labelled fault; ``crossed_sim``). The
