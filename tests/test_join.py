@@ -75,9 +75,10 @@ def test_p_engine_must_match_and_p_must_finish_first():
 def test_shift_text_never_says_none():
     b = E.lookahead_scenario(prompt_len=16, lookahead=1)
     rd = next(e for e in b.events if e["ev"] == "nixl.read")
-    rd["remote_block_ids"] = [[999]]  # a block P never reported
+    rd["remote_block_ids"] = [[999]]  # a block P never reported: its own mechanism (issue 59), no shift
     (f,) = [f for f in run_all(b.events) if f.kind == LOOKAHEAD_MISALIGNMENT]
-    assert "None" not in f.title + f.explanation and "not a shift of P's blocks" in f.title
+    assert "None" not in f.title + f.explanation and "did not report" in f.title and "[999]" in f.title
+    assert f.data["not_reported"] == [999] and "shift" not in f.title
 
 
 def test_fresh_row_after_batch_growth_is_not_stale():

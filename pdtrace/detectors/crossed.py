@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from .request_ids import base_id
 from .base import KV_NEVER_CROSSED, SEVERITY_ERROR, SEVERITY_WARNING, Finding
 from .crossed_groups import add as add_groups
 from .crossed_groups import groups_of, per_group
@@ -168,6 +169,8 @@ class Stream:
         else:
             q = self.p_by_prompt.get(d["prompt"]) or ()
             req = q[0] if q else None
+        if req is not None and req not in self.p_reqs:  # (P's own id where D's params name the router's)
+            req = next((k for k in self.p_reqs if base_id(k) == base_id(req)), req) if base_id(req) == req else req
         p = self.p_reqs.get(req) if req is not None else None
         if p is None or p["inst"] == d["inst"]:
             return None  # (same instance: kv_both everywhere, no --instance: the sides are not told apart)
@@ -262,16 +265,18 @@ class Stream:
         if not p_req:
             return
         mine, other = (self.expired, self.reads) if expired else (self.reads, self.expired)
-        if p_req in mine:
+        key = base_id(p_req)  # (D may name P's request by the router's id: request_ids)
+        if key in mine:
             return  # (D reads a request once per TP rank / region: the first says it)
-        match = other.pop(p_req, None)
+        match = other.pop(key, None)
         if match is None:
             if len(mine) >= KEPT:
                 mine.pop(next(iter(mine)))
-            mine[p_req] = {x: e.get(x) for x in ("id", "inst", "req", "step", "remote_block_ids", "retrieved",
+            mine[key] = {x: e.get(x) for x in ("id", "inst", "req", "step", "remote_block_ids", "retrieved",
                                                  "remote_engine", "engine", "w")}
             return
         exp, rd = (e, match) if expired else (match, e)
+        p_req = str(exp.get("req") or p_req)  # (P's own id)
         blocks = [b for g in rd.get("remote_block_ids") or [] for b in g]
         gap = (rd["w"] - exp["w"]) / 1e9 if isinstance(rd.get("w"), int) and isinstance(exp.get("w"), int) else None
         when = (f" D's read was issued {gap:.2f} s after P's lease ran out (by the trace's clocks)." if gap and gap > 0

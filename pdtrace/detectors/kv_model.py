@@ -33,6 +33,7 @@ from typing import Any, Callable
 from .index import is_attention_group, kind_code
 from .kv_state import AWAITING, FAILED, PENDING, UNWRITTEN, Block, Req, Sched, block_size
 from .kv_reads import Reads
+from .request_ids import BaseIndex
 from .kv_transfers import KEPT_P, Transfers
 
 Event = dict[str, Any]
@@ -60,6 +61,7 @@ class Model(Transfers, Reads):
         self.by_engine: dict[str, tuple] = {}
         self.via: dict[Any, Sched] = {}  # instance -> the scheduler a worker's event last named a request of
         self.p_of: dict[str, tuple] = {}  # P's request id -> (its scheduler, its prompt) for D's reads
+        self.p_ids = BaseIndex(KEPT_P)  # ... by base id (D may name P's request by the router's id)
         self.uf: dict[Any, Any] = {}  # label -> the label it was found to equal (prefix-cache hits)
         self.xfers: dict[tuple, dict] = {}  # (D pid, D request) -> the read in flight
         self.landed: dict[tuple, dict] = {}  # ... and the last few that landed
@@ -154,6 +156,7 @@ class Model(Transfers, Reads):
 
     def _p_request(self, rid: str, key: tuple, prompt: Any) -> None:
         self.p_of[rid] = (key, prompt if prompt is not None else (self.p_of.get(rid) or (None, None))[1])
+        self.p_ids.add(rid)
         if len(self.p_of) > KEPT_P:
             del self.p_of[next(iter(self.p_of))]
 
@@ -245,7 +248,8 @@ class Model(Transfers, Reads):
         hazards: list[tuple] = []
         # the tokens it loads are P's prompt's: a proxy may hand D P's prompt plus P's first token (vLLM PR
         # #50559), so D's prompt hash is not P's; the loaded token blocks are P's request's content all the same
-        pk = (self.p_of.get(str(r.remote[0])) or (None, None))[1] if ext and r.remote[0] else None
+        pk = (self.p_of.get(self.p_ids.match(str(r.remote[0]), self.p_of) or "") or (None, None))[1] \
+            if ext and r.remote[0] else None
         for g, lst in enumerate(r.blocks):
             if not is_attention_group(kinds[g] if g < len(kinds) else None):
                 continue

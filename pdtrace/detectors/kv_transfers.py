@@ -40,6 +40,8 @@ class Transfers:
         rid = str(e.get("req"))
         p_key = self.by_engine.get(str(e.get("remote_engine"))) if e.get("remote_engine") else None
         p_req = e.get("remote_req") or (r.remote[0] if r is not None else None)
+        if p_req is not None:  # (P's own id where D named it by the router's: request_ids)
+            p_req = self.p_ids.match(str(p_req), self.p_of) or p_req
         if p_key is None and p_req is not None:
             p_key = (self.p_of.get(str(p_req)) or (None, None))[0]
         ps = self.scheds.get(p_key) if p_key is not None else None

@@ -24,6 +24,7 @@ import dataclasses
 from typing import Any
 
 from .base import KV_INVARIANT, KV_NEVER_CROSSED, SEVERITY_ERROR, SEVERITY_WARNING, Finding
+from .request_ids import base_id
 
 
 def skew_s(header: dict) -> float | None:
@@ -58,8 +59,9 @@ def reconcile(findings: list[Finding], notes: dict[str, list], header: dict, ran
         return findings
     model_ran = not ran or KV_INVARIANT in ran
     note = (notes.get(KV_INVARIANT) or [{}])[0] if notes.get(KV_INVARIANT) else {}
-    intact = set(note.get("lease_intact") or ())
-    bad = {str((f.data or {}).get("p_req")) for f in findings if f.kind == KV_INVARIANT and (f.data or {}).get("p_req")}
+    intact = {base_id(p) for p in note.get("lease_intact") or ()}
+    bad = {base_id((f.data or {}).get("p_req")) for f in findings
+           if f.kind == KV_INVARIANT and (f.data or {}).get("p_req")}  # (by base id: D may name P by the router's)
     skew = skew_s(header)
     out = []
     for f in findings:
@@ -73,9 +75,9 @@ def reconcile(findings: list[Finding], notes: dict[str, list], header: dict, ran
         d["clock_skew_s"] = skew
         if not model_ran or not note:
             verdict = "not judged (the kv-invariant class did not run)"
-        elif p_req in bad:
+        elif base_id(p_req) in bad:
             verdict = "reused"
-        elif p_req in intact:
+        elif base_id(p_req) in intact:
             verdict = "intact"
         else:
             verdict = "not judged (D's read of those blocks was not checked by the KV model)"

@@ -275,7 +275,8 @@ def _not_reported(tr: Transfer, g0: dict, foreign: list, step_ev: Event, n_bad: 
     ids = [p["remote"] for p in foreign]
     title = (f"request {tr.req}: D read P block(s) {ids[:6]}{' ...' if len(ids) > 6 else ''}, which P did not report "
              f"for it (P reported {g0['reported']}, group {g0['group']})")
-    expl = (f"P reported block(s) {g0['reported']} for {tr.p_req or 'the request'} ({tr.remote_num_tokens} tokens, "
+    n = f"{tr.remote_num_tokens} tokens" if tr.remote_num_tokens is not None else "its token count not recorded"
+    expl = (f"P reported block(s) {g0['reported']} for {tr.p_req or 'the request'} ({n}, "
             f"group {g0['group']}), but D's transfer read "
             + "; ".join(f"D block {p['local']} (tokens {p['tokens'][0]}-{p['tokens'][1] - 1}) <- P block {p['remote']}"
                         for p in foreign[:4])

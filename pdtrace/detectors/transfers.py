@@ -27,6 +27,7 @@ import dataclasses
 from typing import Any
 
 from .index import Index, build, is_attention_group, kind_code
+from .request_ids import BaseIndex, base_id
 from .transfer_lists import (NULL_BLOCK, _TAIL_MARKERS, _kv_group, _pairs_from_reads, blocks_needed,  # noqa: F401
                              end_trim, group_block_size, group_kind, is_tail_group, load_list)
 
@@ -136,6 +137,7 @@ class Joiner:
         self.unkeyed: list[Event] = []  # trims without a request (older traces)
         self.unbound: dict[Any, list[_Open]] = {}  # P req -> open allocations that found no P report yet
         self.configs: Any = None  # the scheduler configs read so far (``index.Configs``)
+        self.p_ids, self.d_ids = BaseIndex(), BaseIndex()  # (ids paired as vLLM pairs them: request_ids)
 
     def feed(self, idx: Any) -> None:
         self.configs = idx.configs  # (not the Index: the segment is let go after the feed)
@@ -146,13 +148,14 @@ class Joiner:
             if k == FIN:
                 if e.get("side", "P") == "P":
                     self.p_by_req.setdefault(e.get("req"), []).append(e)
+                    self.p_ids.add(e.get("req"))
                     if self.unbound:
                         self._bind_late(e)
             elif k == ALLOC:
                 self._alloc(e)
             elif k == TRIM:
                 if e.get("mode") == "push" and e.get("remote_req") is not None:
-                    for op in self.by_d_req.get(e["remote_req"], ()):
+                    for op in self.by_d_req.get(self.d_ids.match(e["remote_req"], self.by_d_req), ()):
                         op.pushed.append(e)
                 elif e.get("req") is not None:
                     op = self.open.get((e.get("inst"), e["req"]))
@@ -182,6 +185,8 @@ class Joiner:
         if old is not None:
             self._close(old)
         rkey = a.get("remote_req") or a.get("req")
+        if rkey is not None and rkey not in self.p_by_req:  # (P's own id where D names the router's)
+            rkey = self.p_ids.match(rkey, self.p_by_req) or rkey
         p = _match(self.p_by_req.get(rkey), a, self.taken)
         if p is not None:
             self.taken.add(id(p))
@@ -192,6 +197,7 @@ class Joiner:
         if p is None and rkey is not None:
             self.unbound.setdefault(rkey, []).append(op)
         self.by_d_req.setdefault(key[1], []).append(op)
+        self.d_ids.add(key[1])
 
     def _bind_late(self, p: Event) -> None:
         """P's report after the D allocation that pulled it: in a merged trace the two instances' clocks can be a
@@ -199,7 +205,10 @@ class Joiner:
         is bound to the oldest open allocation of its request id (the engine too where both say) that found
         none, if stamped at most LATE_REPORT_NS after it. Only while that allocation is open: a report after
         D's request ended stays P-only."""
-        ops = self.unbound.get(p.get("req"))
+        req = p.get("req")
+        if req not in self.unbound:  # (D named it by the router's id: P's id without its suffix)
+            req = base_id(req)
+        ops = self.unbound.get(req)
         eng = p.get("engine")
         for op in ops or ():
             want = op.a.get("remote_engine")
@@ -212,7 +221,7 @@ class Joiner:
             self.pulls[id(p)] = self.pulls.get(id(p), 0) + 1
             ops.remove(op)
             if not ops:
-                del self.unbound[p.get("req")]
+                del self.unbound[req]
             return
 
     def _close(self, op: _Open) -> None:
@@ -232,7 +241,8 @@ class Joiner:
         rd = op.reads or (op.reads_p if rkey is not None and rkey != key[1] else [])
         want_eng, want_req = a.get("remote_engine"), rkey
         rd = [r for r in rd if (r.get("remote_engine") in (None, want_eng) or want_eng is None)
-              and (r.get("remote_req") is None or r.get("remote_req") in (want_req, a.get("req")))]
+              and (r.get("remote_req") is None or r.get("remote_req") in (want_req, a.get("req"))
+                   or base_id(r.get("remote_req")) == base_id(want_req))]
         tr = op.trims or op.pushed
         if op.p is not None:  # the report is let go with the last open transfer that pulled it
             pid = id(op.p)
