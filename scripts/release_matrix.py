@@ -97,6 +97,16 @@ def _zoo(res: dict) -> str:
             f"correct vLLM; {z.get('flagged', 0)} of {z.get('expected', 0)} flagged{mark}")
 
 
+def _why(why: str) -> str:
+    """A family's reason, one line, the same however the release raised it: vLLM's config validators raise
+    ValueError, which pydantic sometimes hands on wrapped in a ValidationError ("1 validation error for
+    ModelConfig / Value error, ..."; both forms seen for one release on one host): the ValueError's message."""
+    m = re.search(r"Value error, (.*?)(?: \[type=|$)", why, re.S)
+    if why.startswith("ValidationError") and m:
+        return ("ValueError: " + " ".join(m.group(1).split()))[:200]
+    return why.splitlines()[0][:200] if why else ""
+
+
 def summary(runs: list[tuple[str, dict, dict]]) -> str:
     lines = ["| vLLM | hooks: ok / required skipped / other layouts absent | classes, V1 | classes, V2 | "
              "seed 000/001 lookahead (P/D EAGLE) | seed 003 DFlash window | seed 004 accepted counts | "
@@ -159,8 +169,7 @@ def document(runs: list[tuple[str, dict, dict]]) -> str:
             parts += ["", f"Architecture zoo (engine core; `bash scripts/arch_zoo.sh --vllm {v}`): {_zoo(res)}; "
                       f"built: {', '.join(z.get('engine_core') or []) or 'none'}."]
             if z.get("not_built"):
-                parts += [""] + [f"- {fam} not built here: {why.splitlines()[0][:200]}"
-                                 for fam, why in z["not_built"].items()]
+                parts += [""] + [f"- {fam} not built here: {_why(why)}" for fam, why in z["not_built"].items()]
         if res and res.get("families"):
             parts += ["", "| scenarios of | scenarios | flagged | expected |", "| --- | --- | --- | --- |"]
             for name in FAMILIES:

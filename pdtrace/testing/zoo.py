@@ -236,7 +236,7 @@ def run_family(name: str, workdir: Path) -> dict:
         tb = traceback.extract_tb(exc.__traceback__)
         where = next((f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in reversed(tb)
                       if "vllm" in f.filename), "")
-        res.update(level="not_built", why=f"{type(exc).__name__}: {str(exc)[:300]}", where=where)
+        res.update(level="not_built", why=_reason(exc), where=where)
         return res
     groups = [type(g.kv_cache_spec).__name__ for g in kvc.kv_cache_groups]
     res["kv_cache_groups"] = [{"kind": k, "block_size": int(g.kv_cache_spec.block_size), "layers": len(g.layer_names),
@@ -395,6 +395,18 @@ def run_all(names: list[str], emit: Any = None) -> tuple[list[dict], dict]:
 
 
 OPTIONS = ("--markdown",)
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a family did not build, the same however vLLM raised it: a config validator's ValueError arrives bare or
+    wrapped in pydantic's ValidationError ("Value error, ..."), both seen for one release on one host."""
+    import re
+
+    msg = str(exc)
+    m = re.search(r"Value error, (.*?)(?: \[type=|$)", msg, re.S)
+    if type(exc).__name__ == "ValidationError" and m:
+        return ("ValueError: " + " ".join(m.group(1).split()))[:300]
+    return f"{type(exc).__name__}: {msg[:300]}"
 
 
 def families(args: list[str], options: tuple[str, ...] = OPTIONS) -> list[str] | None:
