@@ -301,7 +301,8 @@ def coverage(cov: dict[str, Any], notes: dict[str, list]) -> dict[str, Any]:
     out = dict(cov)
     out[KV_INVARIANT] = type(c)(KV_INVARIANT, "not-checked",
                                 f"{n['unjudged']} of {n.get('reads_checked', 0)} block reads could not be judged: {why}; "
-                                f"the other reads were (their findings stand)", c.events, c.hook_errors)
+                                f"the other reads were judged, and any finding on them stands", c.events,
+                                c.hook_errors)
     return out
 
 
