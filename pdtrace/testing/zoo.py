@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .zoo_models import FAMILIES
+from .zoo_models import FAMILIES, _reason
 
 PROMPTS = (20, 64, 100, 128, 200, 255)  # below and past every window, block-aligned and not
 
@@ -395,18 +395,6 @@ def run_all(names: list[str], emit: Any = None) -> tuple[list[dict], dict]:
 
 
 OPTIONS = ("--markdown",)
-
-
-def _reason(exc: BaseException) -> str:
-    """Why a family did not build, the same however vLLM raised it: a config validator's ValueError arrives bare or
-    wrapped in pydantic's ValidationError ("Value error, ..."), both seen for one release on one host."""
-    import re
-
-    msg = str(exc)
-    m = re.search(r"Value error, (.*?)(?: \[type=|$)", msg, re.S)
-    if type(exc).__name__ == "ValidationError" and m:
-        return ("ValueError: " + " ".join(m.group(1).split()))[:300]
-    return f"{type(exc).__name__}: {msg[:300]}"
 
 
 def families(args: list[str], options: tuple[str, ...] = OPTIONS) -> list[str] | None:

@@ -84,3 +84,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
                    "expand": 2},
     },
 }
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a family did not build, the same however vLLM raised it: a config validator's ValueError arrives bare or
+    wrapped in pydantic's ValidationError ("Value error, ..."), both seen for one release on one host."""
+    import re
+
+    msg = str(exc)
+    m = re.search(r"Value error, (.*?)(?: \[type=|$)", msg, re.S)
+    if type(exc).__name__ == "ValidationError" and m:
+        return ("ValueError: " + " ".join(m.group(1).split()))[:300]
+    return f"{type(exc).__name__}: {msg[:300]}"
