@@ -112,7 +112,7 @@ def test_one_bug_one_cause_the_invariant_joins_the_rules_cause():
     res = _check(SAMPLES / "lookahead_aligned16_k1_buggy.jsonl")
     causes = group(res.findings)
     assert len(causes) == 1 and causes[0].kind == "lookahead-block-misalignment" and causes[0].confirmed == 1
-    assert "the KV invariant confirms 1 read(s)" in causes[0].counts_text()
+    assert "1 kv-invariant finding(s) that confirm the reads" in causes[0].counts_text()
 
 
 def test_a_read_it_cannot_judge_leaves_the_class_not_checked():

@@ -268,7 +268,8 @@ class Cause:
                  f"steps {self.steps[0]}-{self.steps[1]}" if self.steps else "")
         return ", ".join(p for p in (*parts, f"{len(self.requests)} request(s)" if self.requests else "", steps,
                                      f"instance(s) {', '.join(self.instances)}" if self.instances else "",
-                                     f"the KV invariant confirms {self.confirmed} read(s)" if self.confirmed else "")
+                                     f"and {self.confirmed} kv-invariant finding(s) that confirm the reads"
+                                     if self.confirmed else "")
                          if p)
 
     def to_dict(self) -> dict[str, Any]:

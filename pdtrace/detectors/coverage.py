@@ -157,8 +157,9 @@ CLASSES: dict[str, ClassSpec] = {
                "nixl.lease_expired"),
         rules=((_not_loading, "no instance loads KV from another (no kv_consumer / kv_both scheduler)"),),
         side="scheduler config of an instance that loads KV (kv_consumer / kv_both)",
-        partial=(("nixl.lease_expired", "its expired-lease rule did not run: P's lease expiry is not recorded "
-                                        "(nixl.lease_expired: vLLM 0.32+, P's worker)"),),
+        partial=(("nixl.lease_expired", "its expired-lease rule did not run: this trace does not record P's lease "
+                                        "expiry (nixl.lease_expired, from P's worker on vLLM 0.32+; a trace "
+                                        "recorded by an older pdtrace, or without P's worker, lacks it)"),),
         one_side=("only D's side is in the trace: a request whose transfer params were dropped cannot be told "
                   "from one sent to D alone without P's trace (record both, pdtrace merge P.jsonl D.jsonl); "
                   "loads that fell short of what P computed are still reported"),
