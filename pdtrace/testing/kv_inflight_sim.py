@@ -27,7 +27,6 @@ The oracle is vLLM's own request object: its ``output_token_ids`` after each out
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 from typing import Any
@@ -36,7 +35,7 @@ from pdtrace.hooks.scheduler import sched_step  # the step the schedule hook num
 
 from .kv_load_sim import _queue_invalid, _worker, patched_rollback, run_events
 from .pd_harness import PDConfig, make_pair, recording
-from .pd_steps import _make_request, _mro, _step, p_prefill
+from .pd_steps import _make_request, _mro, _step, engine_order, p_prefill
 
 
 @dataclasses.dataclass
@@ -90,17 +89,10 @@ def in_flight_rollback(*, fix: bool = False, prompt_len: int = 64, failed: tuple
         d.update_from_output(out, _mro(out, {}))
         _step(d, None, 0, finished_recving={d_req})  # the load completed
         worker = _worker(str(getattr(d.connector, "engine_id", "D")))
-        queue: collections.deque = collections.deque()  # (scheduler output, its step), newest first
         rollback_step = in_flight_step = -1
-        for i in range(steps + 3):
-            if d.has_requests():
-                out = d.schedule()
-                queue.appendleft((out, sched_step(d)))
-                if len(queue) < 2:
-                    continue
-            if not queue:
-                break
-            old, step = queue.pop()
+        for i, kind, old, step, queue in engine_order(d, steps + 3):
+            if kind != "output":
+                continue
             toks = {}
             if d_req in old.num_scheduled_tokens:
                 toks = {d_req: [5000 + step]}

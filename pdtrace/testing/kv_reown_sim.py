@@ -24,15 +24,12 @@ for A.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any
 
-from pdtrace.hooks.scheduler import sched_step  # the step the schedule hook numbered
-
 from .kv_load_sim import run_events
 from .pd_harness import PDConfig, make_pair, recording
-from .pd_steps import _make_request, _mro, p_prefill
+from .pd_steps import _make_request, _mro, engine_order, p_prefill
 
 
 @dataclasses.dataclass
@@ -96,13 +93,9 @@ def reown_in_flight(*, prompt_len: int = 40, b_prompt_len: int = 40, stop_at: in
         a = _stopping_request(a_req, [700 + i for i in range(prompt_len)], block_size)
         n_out = 0
         d.add_request(a)
-        queue: collections.deque = collections.deque()  # (scheduler output, its step), newest first
         b_added = False
-        for _ in range(4 * (max_tokens + 4)):
-            if d.has_requests():
-                out = d.schedule()
-                step = sched_step(d)
-                queue.appendleft((out, step))
+        for _i, kind, out, step, queue in engine_order(d, 4 * (max_tokens + 4)):
+            if kind == "scheduled":
                 if a_req in out.num_scheduled_tokens and a_req in d.requests:
                     # positions this step writes: the tokens it scheduled, below A's num_computed_tokens (which
                     # schedule() has already advanced past them); where: A's own block list (group 0)
@@ -118,11 +111,8 @@ def reown_in_flight(*, prompt_len: int = 40, b_prompt_len: int = 40, stop_at: in
                     hit = loads & set().union(*(a_writes[s] for s in pending)) if pending else set()
                     reowned = sorted({blk for blk, _off in hit})
                     break
-                if len(queue) < 2:
-                    continue
-            if not queue:
-                break
-            old, step = queue.pop()
+                continue
+            old = out
             toks = {}
             if a_req in old.num_scheduled_tokens and a_req in d.requests:
                 n_out += 1

@@ -4,7 +4,7 @@ schedule / update-from-output loop with sampled tokens fed back through a real
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 
 def _make_request(rid: str, prompt: list[int], max_tokens: int, kv: dict | None, block_size: int) -> Any:
@@ -115,3 +115,28 @@ def _kv_params_from(eco: dict, req_id: str) -> dict | None:
             if o.request_id == req_id and o.kv_transfer_params:
                 return dict(o.kv_transfer_params)
     return None
+
+
+def engine_order(sched: Any, iterations: int) -> Iterator[tuple[int, str, Any, int, Any]]:
+    """EngineCore.step_with_batch_queue's order under async scheduling (a batch queue of two): each iteration
+    schedules a step while the scheduler has requests, then hands back the oldest scheduled step's output to be
+    processed once two are queued (or once nothing more is scheduled). Yields (iteration, "scheduled" or "output",
+    the scheduler output, its step, the queue of (output, step) newest first, the yielded output already popped);
+    the caller runs update_from_output for each "output"."""
+    import collections
+
+    from pdtrace.hooks.scheduler import sched_step
+
+    queue: collections.deque = collections.deque()
+    for i in range(iterations):
+        if sched.has_requests():
+            out = sched.schedule()
+            step = sched_step(sched)
+            queue.appendleft((out, step))
+            yield i, "scheduled", out, step, queue
+            if len(queue) < 2:
+                continue
+        if not queue:
+            return
+        old, step = queue.pop()
+        yield i, "output", old, step, queue
