@@ -205,7 +205,9 @@ class MemSampler(threading.Thread):
 
 def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block_size: int,
                load_failure_policy: str | None = None, lease: float | None = None) -> list[str]:
-    kv = {"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": KV_BUFFER,
+    # PDTRACE_LIVE_CONNECTOR=NixlPushConnector: push mode (P writes into D's blocks; vLLM 0.32+)
+    kv = {"kv_connector": os.environ.get("PDTRACE_LIVE_CONNECTOR", "NixlConnector"), "kv_role": kv_role,
+          "kv_buffer_device": KV_BUFFER,
           "kv_connector_extra_config": {"backends": ["UCX"]}}
     if lease:  # NIXL's KV lease on P's blocks for D's read (vLLM's default 30 s): live_expired_lease.py
         kv["kv_connector_extra_config"]["kv_lease_duration"] = int(lease)
