@@ -307,6 +307,19 @@ def test_an_expired_lease_whose_blocks_d_read_intact_is_a_warning_that_says_so()
     assert "intact" in f.title and "had not reused" in f.title
 
 
+def test_an_expired_lease_whose_loaded_blocks_d_never_read_is_a_warning_that_says_so():
+    """The 1P2D live run's other possible shape: D's read of an abandoned request lands, and D frees the request
+    before any step attends to the blocks (the client gone): nothing was decoded on them."""
+    evs = _lease_trace(reuse=True, read_after_ns=2_000_000)
+    last = evs.pop()  # (d_load's step for d1: gone) D frees d1 instead
+    assert last["ev"] == "sched.step"
+    evs.append(dict(last, ev="sched.free", req="d1", block_ids=[[5, 6]], id=last["id"]))
+    for k in ("tokens", "num_reqs", "num_tokens"):
+        evs[-1].pop(k)
+    (f,) = _lease_findings(evs)
+    assert (f.severity, f.data["kv"]) == ("warning", "unread") and "nothing was decoded" in f.title
+
+
 def test_a_title_never_contradicts_its_own_clocks():
     """A read issued 0.58 ms before the expiry (one host's clock) is not "ran out before D's read"; in a merge whose
     clocks agree only to 5 ms, 0.58 ms cannot order them, and 20 ms can."""

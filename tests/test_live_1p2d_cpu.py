@@ -87,14 +87,14 @@ def _clean(xpyd) -> bool:
     handshake timed out (allowed above) is abandoned by the client, yet D2 keeps the request and issues its read
     when the handshake completes, after P's 30 s lease on it ran out (2026-11-28, twice: the read came 30 s, then
     with a 300 s lease 300 s, after P's prefill). The lease rule flags that read of released blocks; the KV model
-    finds the blocks still held the prompt's KV (nothing had reused them yet), so the finding is a WARNING that
-    says so (kv: intact, pdtrace.detectors.lease_verdict), no kv-invariant finding, and no finding on any request
-    of the load."""
+    finds the blocks still held the prompt's KV (nothing had reused them yet), or that D freed the request before a
+    step read them, so the finding is a WARNING that says so (kv: intact / unread, pdtrace.detectors.lease_verdict),
+    no kv-invariant finding, and no finding on any request of the load."""
     doc = xpyd["check_doc"]
     late = [f for f in doc["findings"] if f["kind"] == "kv-never-crossed" and f["data"].get("mechanism") == "expired-lease"]
     others = [f for f in doc["findings"] if f not in late]
     return not others and len(late) <= sum(not w["ok"] for w in xpyd["warmup"]) and \
-        all(f["severity"] == "warning" and f["data"].get("kv") == "intact" for f in late) and \
+        all(f["severity"] == "warning" and f["data"].get("kv") in ("intact", "unread") for f in late) and \
         xpyd["check"]["rc"] == (1 if late else 0)
 
 

@@ -72,7 +72,7 @@ class Stream:
         c = self.model.counts
         return [{"reads_checked": c["reads"], "transfers": c["transfers"], "unjudged": c["unjudged"],
                  "unjudged_why": dict(self.unjudged), "drafter_windows": c["windows"], "window_edge_null": c["edge"],
-                 "lease_intact": self.model.lease_intact()}]
+                 "lease_intact": self.model.lease_intact(), "lease_unread": self.model.lease_unread()}]
 
     # --- the model's reports ------------------------------------------------------------------
     def _report(self, what: str, s: Any, r: Any, **kw: Any) -> None:

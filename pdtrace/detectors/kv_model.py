@@ -66,6 +66,7 @@ class Model(Transfers, Reads):
         self.xfers: dict[tuple, dict] = {}  # (D pid, D request) -> the read in flight
         self.landed: dict[tuple, dict] = {}  # ... and the last few that landed
         self.p_ok: dict[str, None] = {}  # P requests whose blocks D read and found its own (lately)
+        self.p_unread: dict[str, None] = {}  # ... whose loaded blocks D freed before any step attended to them
         self.track = False  # the trace records sched.output: each step's writes are in flight until it
         self.expired: dict[str, int] = {}  # P's request id -> its nixl.lease_expired id
         self.counts = {"reads": 0, "transfers": 0, "unjudged": 0, "windows": 0, "edge": 0}
@@ -379,6 +380,10 @@ class Model(Transfers, Reads):
         r = s.reqs.pop(rid, None)
         ev = e.get("id")
         if r is not None:
+            for (_g, b) in r.dirty:  # loaded blocks it never attended to: nothing was decoded on them
+                blk = s.blocks.get(b)
+                if blk is not None and blk.src is not None:
+                    self._never_read(blk.src)
             for lab in r.unions:  # (a later request of the same prompt makes its own)
                 self.uf.pop(lab, None)
             r.unions = []

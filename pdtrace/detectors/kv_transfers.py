@@ -104,9 +104,21 @@ class Transfers:
             if len(po) > KEPT_P:
                 del po[next(iter(po))]
 
+    def _never_read(self, src: Src) -> None:
+        """D freed a block it loaded from P's ``src.req`` before any step attended to it."""
+        pu, p_req = self.p_unread, str(src.req)
+        if p_req not in pu:
+            pu[p_req] = None
+            if len(pu) > KEPT_P:
+                del pu[next(iter(pu))]
+
     def lease_intact(self) -> list[str]:
         """P requests whose lease ran out and whose loaded blocks D read as its own (the KV intact)."""
         return sorted(p for p in self.expired if p in self.p_ok)
+
+    def lease_unread(self) -> list[str]:
+        """P requests whose lease ran out and whose loaded blocks D never attended to (freed first)."""
+        return sorted(p for p in self.expired if p in self.p_unread and p not in self.p_ok)
 
     def _nixl_lease_expired(self, e: Event) -> None:
         self.expired[str(e.get("req"))] = e.get("id")

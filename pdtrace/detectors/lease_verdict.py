@@ -8,7 +8,9 @@ trace's clocks do. This module settles both after the detectors ran, so every co
   that loaded from that P request means D read KV that was not its own (the ERROR stands, the
   invariant confirms it); the model's ``lease_intact`` note means D read every loaded block and each
   held D's own positions: P had not reused them yet, the KV is intact (a WARNING: the race was won
-  this time); neither means the model did not judge it (the rule's ERROR stands, and says so).
+  this time); its ``lease_unread`` note means D freed the request before any step attended to the loaded
+  blocks: nothing was decoded on them (a WARNING); none of these means the model did not judge it (the rule's
+  ERROR stands, and says so).
 - **The order** comes from the clocks: one host's trace orders them (every process reads one wall
   clock); a merged trace orders them only when the gap is wider than the merge's residual skew.
   The title says what the data says: "ran out before D's read" only for a read issued after the
@@ -60,6 +62,7 @@ def reconcile(findings: list[Finding], notes: dict[str, list], header: dict, ran
     model_ran = not ran or KV_INVARIANT in ran
     note = (notes.get(KV_INVARIANT) or [{}])[0] if notes.get(KV_INVARIANT) else {}
     intact = {base_id(p) for p in note.get("lease_intact") or ()}
+    unread = {base_id(p) for p in note.get("lease_unread") or ()}
     bad = {base_id((f.data or {}).get("p_req")) for f in findings
            if f.kind == KV_INVARIANT and (f.data or {}).get("p_req")}  # (by base id: D may name P by the router's)
     skew = skew_s(header)
@@ -79,6 +82,8 @@ def reconcile(findings: list[Finding], notes: dict[str, list], header: dict, ran
             verdict = "reused"
         elif base_id(p_req) in intact:
             verdict = "intact"
+        elif base_id(p_req) in unread:
+            verdict = "unread"
         else:
             verdict = "not judged (D's read of those blocks was not checked by the KV model)"
         d["kv"] = verdict
@@ -95,6 +100,12 @@ def reconcile(findings: list[Finding], notes: dict[str, list], header: dict, ran
             extra = (" The KV model followed each block D loaded from it: every one still held D's own positions "
                      "when D's steps read them, so this time nothing was read wrong; the next request that "
                      "reaches D as late may not be so lucky.")
+            sev = SEVERITY_WARNING
+        elif verdict == "unread":
+            title = (f"P's lease on {p_req} {when}; D freed the request before any step attended to the {n} block(s) "
+                     f"it loaded: nothing was decoded on them")
+            extra = (" The KV model followed the blocks D loaded from it: the request ended on D (aborted, or its "
+                     "client gone) before a step read them, so whatever they held was never used.")
             sev = SEVERITY_WARNING
         elif verdict == "reused":
             title = f"D read KV P had already released: P's lease on {p_req} {when}, and P had reused the block(s)"
