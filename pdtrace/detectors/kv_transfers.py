@@ -98,19 +98,11 @@ class Transfers:
 
     def _read_own(self, src: Src) -> None:
         """A block D loaded from P's ``src.req`` read as D's own content (what the lease verdict asks)."""
-        po, p_req = self.p_ok, str(src.req)
-        if p_req not in po:
-            po[p_req] = None
-            if len(po) > KEPT_P:
-                del po[next(iter(po))]
+        _remember(self.p_ok, str(src.req))
 
     def _never_read(self, src: Src) -> None:
         """D freed a block it loaded from P's ``src.req`` before any step attended to it."""
-        pu, p_req = self.p_unread, str(src.req)
-        if p_req not in pu:
-            pu[p_req] = None
-            if len(pu) > KEPT_P:
-                del pu[next(iter(pu))]
+        _remember(self.p_unread, str(src.req))
 
     def lease_intact(self) -> list[str]:
         """P requests whose lease ran out and whose loaded blocks D read as its own (the KV intact)."""
@@ -182,3 +174,11 @@ class Transfers:
                 if b in failed[0] and (c is None or i * block_size(s.cfg, g) < c)]
         if held:
             self.report("in-flight", s, r, e=e, held=held, handled=failed[1])
+
+
+def _remember(table: dict, key: str) -> None:
+    """``key`` in ``table`` (an ordered set), the oldest let go past KEPT_P."""
+    if key not in table:
+        table[key] = None
+        if len(table) > KEPT_P:
+            del table[next(iter(table))]
