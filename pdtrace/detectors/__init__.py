@@ -76,6 +76,13 @@ def by_severity(findings: Iterable[Any]) -> list[Any]:
 def run_all(events: list[dict[str, Any]], header: dict | None = None, only: Iterable[str] = (),
             request: str | Iterable[str] | None = None) -> list[Finding]:
     """Run the selected detectors (all when ``only`` is empty); findings sorted by (step, kind)."""
+    return run_with_notes(events, header, only, request)[0]
+
+
+def run_with_notes(events: list[dict[str, Any]], header: dict | None = None, only: Iterable[str] = (),
+                   request: str | Iterable[str] | None = None) -> tuple[list[Finding], dict[str, list]]:
+    """``run_all``'s findings, and the facts of the detectors that ran as streams here (the KV invariant's:
+    ``checking`` gathers the other detectors' facts without running the invariant twice)."""
     only = list(only or ())
     bad = unknown_kinds(only)
     if bad:
@@ -103,16 +110,16 @@ def run_all(events: list[dict[str, Any]], header: dict | None = None, only: Iter
     finally:
         if was_enabled:
             gc.enable()
-    findings = lease_verdict.reconcile(findings, notes, header, ran=only or DETECTORS)
+    findings = lease_verdict.reconcile(findings, notes, header)
     findings = ringcut.mark(findings, events, header)  # flight-recorder traces: cut beginnings
     if request is not None:
         findings = [f for f in findings if _about(f, request)]
     findings.sort(key=sort_key)
-    return findings
+    return findings, notes
 
 
 __all__ = [
-    "ALL_KINDS", "DETECTORS", "Finding", "run_all", "unknown_kinds", "sort_key", "by_severity",
+    "ALL_KINDS", "DETECTORS", "Finding", "run_all", "run_with_notes", "unknown_kinds", "sort_key", "by_severity",
     "SEVERITY_ERROR", "SEVERITY_WARNING",
     "LOOKAHEAD_MISALIGNMENT", "METADATA_CLEARED_BEFORE_DRAFTER",
     "DRAFTER_WINDOW_OUTSIDE_ALLOCATION", "STALE_ACCEPTED_COUNT_READ", "KV_LOAD_FAILURE_RECOVERY",

@@ -13,7 +13,7 @@ from typing import Any
 from ..tracefile.damage import incomplete_reason
 from ..tracefile.trace import ProgressFn, load, read_header
 from ..tracefile.zsource import is_gap
-from . import DETECTORS, Finding, parallel, run_all, stream, whatif
+from . import DETECTORS, Finding, parallel, run_with_notes, stream, whatif
 from .causes import header_vllm, locations, trace_locations
 from .index import build, feed_all
 from .coverage import Coverage, IndexFacts, coverage_of
@@ -65,8 +65,9 @@ def check_file(path: str, *, only: list[str] | tuple = (), request: str | None =
     seen = request is None or any(e.get("req") == request or e.get("remote_req") == request for e in tr.events)
     pair = set() if request is None else stream.pair_of((e for e in tr.events if e["ev"] in stream.PAIR_KINDS), request)
     wanted = None if request is None else {request, *pair}
-    notes = _notes(tr.events, tr.header, kinds)
-    return Checked(tr, after_gap(run_all(tr.events, tr.header, only=only, request=wanted), tr),
+    found, notes = run_with_notes(tr.events, tr.header, only=only, request=wanted)
+    notes = {**_notes(tr.events, tr.header, [k for k in kinds if k not in notes]), **notes}
+    return Checked(tr, after_gap(found, tr),
                    coverage_of(IndexFacts(build(tr.events)), tr.footer, kinds=kinds,
                                incomplete=incomplete_reason(tr.footer, tr.problems), notes=notes),
                    replay=whatif.run(what_if, tr.events, request) if what_if else None, request_seen=seen,

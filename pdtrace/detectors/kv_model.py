@@ -196,7 +196,7 @@ class Model(Transfers, Reads):
         """``r`` holds the lists ``new`` from now on: blocks it no longer lists lose it as a
         holder, blocks it gains are handed to it (dirty unless they already hold its content)."""
         ev = e.get("id")
-        uf, blocks, holders, rid, key = self.uf, s.blocks, s.holders, r.req, r.key
+        uf, holders, rid, key = self.uf, s.holders, r.req, r.key
         for g, lst in enumerate(new):
             prev = r.blocks[g] if g < len(r.blocks) else []
             n = len(prev)
@@ -221,9 +221,7 @@ class Model(Transfers, Reads):
                     holders[b] = {rid: (g, i)}
                 else:
                     h[rid] = (g, i)
-                blk = blocks.get(b)
-                if blk is None:
-                    blk = blocks[b] = Block()
+                blk = s.block(b)
                 if blk.owner != rid:
                     blk.owner, blk.own_ev = rid, ev
                 if attn:
@@ -359,9 +357,7 @@ class Model(Transfers, Reads):
                     del s.inflight[b]
 
     def _write(self, s: Sched, b: int, label: tuple, lo: int, hi: int, r: Req, e: Event) -> None:
-        blk = s.blocks.get(b)
-        if blk is None:
-            blk = s.blocks[b] = Block()
+        blk = s.block(b)
         lab = blk.label
         if (lab == label or (self.uf and self.same(lab, label))) and blk.lo <= lo <= blk.hi:
             blk.hi = max(blk.hi, hi)

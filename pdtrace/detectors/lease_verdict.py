@@ -52,23 +52,23 @@ def _order(gap: Any, skew: float | None) -> str:
     return "unknown"
 
 
-def reconcile(findings: list[Finding], notes: dict[str, list], header: dict, ran: Any = ()) -> list[Finding]:
+def reconcile(findings: list[Finding], notes: dict[str, list], header: dict) -> list[Finding]:
     """``findings`` with each expired-lease finding's title, severity and data settled by the KV model
-    (``notes[kv-invariant]``, when that class ran: ``ran``) and the clocks."""
+    (``notes[kv-invariant]``: absent when that class did not run) and the clocks."""
     leases = [f for f in findings if f.kind == KV_NEVER_CROSSED and (f.data or {}).get("mechanism") == "expired-lease"
               and "kv" not in f.data]  # (not one settled already)
     if not leases:
         return findings
-    model_ran = not ran or KV_INVARIANT in ran
-    note = (notes.get(KV_INVARIANT) or [{}])[0] if notes.get(KV_INVARIANT) else {}
+    note = (notes.get(KV_INVARIANT) or [{}])[0]
     intact = {base_id(p) for p in note.get("lease_intact") or ()}
     unread = {base_id(p) for p in note.get("lease_unread") or ()}
     bad = {base_id((f.data or {}).get("p_req")) for f in findings
            if f.kind == KV_INVARIANT and (f.data or {}).get("p_req")}  # (by base id: D may name P by the router's)
     skew = skew_s(header)
+    settle = {id(f) for f in leases}
     out = []
     for f in findings:
-        if f not in leases:
+        if id(f) not in settle:
             out.append(f)
             continue
         d = dict(f.data)
@@ -76,7 +76,7 @@ def reconcile(findings: list[Finding], notes: dict[str, list], header: dict, ran
         order = _order(gap, skew)
         d["order"] = order
         d["clock_skew_s"] = skew
-        if not model_ran or not note:
+        if not note:
             verdict = "not judged (the kv-invariant class did not run)"
         elif base_id(p_req) in bad:
             verdict = "reused"

@@ -10,7 +10,7 @@ pdtrace pairs the same way: the exact id first, then the base id, among the ids 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any
 
 _SUFFIX = re.compile(r"-[0-9a-f]{8}$", re.IGNORECASE)
 
@@ -38,14 +38,6 @@ class BaseIndex:
     def match(self, rid: Any, table: Any) -> str | None:
         """The id of ``table`` that pairs with ``rid``: ``rid`` itself when ``table`` holds it, else the oldest id of
         the same base id that ``table`` still holds (vLLM's order: the first registration that matches)."""
-        if rid is None:
-            return None
-        if str(rid) in table or rid in table:
-            return rid if rid in table else str(rid)
-        for cand in self.by_base.get(base_id(rid), ()):
-            if cand in table:
-                return cand
-        return None
-
-    def ids(self) -> Iterable[str]:
-        return (i for lst in self.by_base.values() for i in lst)
+        if rid is None or rid in table:
+            return rid
+        return next((c for c in self.by_base.get(base_id(rid), ()) if c in table), None)

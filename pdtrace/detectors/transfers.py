@@ -185,8 +185,7 @@ class Joiner:
         if old is not None:
             self._close(old)
         rkey = a.get("remote_req") or a.get("req")
-        if rkey is not None and rkey not in self.p_by_req:  # (P's own id where D names the router's)
-            rkey = self.p_ids.match(rkey, self.p_by_req) or rkey
+        rkey = self.p_ids.match(rkey, self.p_by_req) or rkey  # (P's own id where D names the router's)
         p = _match(self.p_by_req.get(rkey), a, self.taken)
         if p is not None:
             self.taken.add(id(p))
