@@ -433,8 +433,11 @@ def _tr_after(rec: Any, _st: Any, res: Any, self: Any, *a: Any, **kw: Any) -> No
         t0 = issued.pop(rid, None)
         extra = {"dur_ns": now - t0} if t0 is not None else {}
         rec.emit("nixl.read_done", req=rid, inst=inst, status="ERR", **extra)
+    seen = getattr(self, "_pdtrace_sent", None)  # (inside push mode's override: what it adds later)
     for rid in getattr(res, "finished_sending", None) or ():
         rec.emit("nixl.send_done", req=rid, inst=inst)
+        if seen is not None:
+            seen.add(rid)
 
 
 register("nixl.transfer_results", BASE_WORKER_MOD, "NixlBaseConnectorWorker.get_transfer_results", (),

@@ -9,6 +9,10 @@ unrecognized request" on P and D serves the tokens.
 - ``_reap_expired_send_leases(done_sending)`` -> ``nixl.lease_expired`` per request it released:
   P's request id, the notifications it had counted (``retrieved``), P's engine id.
 
+- push mode (``push_worker.NixlPushConnectorWorker.get_transfer_results``) -> ``nixl.send_done`` for each
+  request whose WRITE into D completed: the override adds them to ``finished_sending`` after the hooked
+  base method has returned, so without this hook a push trace never says P's send ended.
+
 Before 0.32 the expiry is inline in ``get_finished`` / ``get_transfer_results``: not recorded there
 (the hook is optional; ``check`` says the rule was not checked where the trace has no lease event
 kind recorded)."""
@@ -20,6 +24,7 @@ from typing import Any
 from . import around, register
 
 BASE_WORKER_MOD = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
+PUSH_WORKER_MOD = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker"
 
 
 def _before(rec: Any, self: Any, done_sending: Any, *a: Any, **kw: Any) -> Any:
@@ -44,3 +49,23 @@ def _after(rec: Any, st: Any, _res: Any, self: Any, done_sending: Any, *a: Any, 
 register("nixl.lease_expired", BASE_WORKER_MOD, "NixlBaseConnectorWorker._reap_expired_send_leases", ("done_sending",),
          around("nixl.lease_expired", _before, _after), optional=True,
          doc="nixl.lease_expired (P: a request's blocks released because no D read them before the lease ran out; 0.32+)")
+
+
+def _push_before(rec: Any, self: Any, *a: Any, **kw: Any) -> Any:
+    self._pdtrace_sent = set()  # the base method's hook notes the send_done it recorded
+    return True
+
+
+def _push_after(rec: Any, st: Any, res: Any, self: Any, *a: Any, **kw: Any) -> None:
+    seen, self._pdtrace_sent = getattr(self, "_pdtrace_sent", None) or set(), None
+    if res is None:
+        return
+    inst = getattr(self, "_pdtrace_inst", None) or rec.inst
+    for rid in getattr(res, "finished_sending", None) or ():
+        if rid not in seen:  # a push whose WRITE completed (the lease's own ends the base hook recorded)
+            rec.emit("nixl.send_done", req=str(rid), inst=inst, mode="push")
+
+
+register("nixl.push_send_done", PUSH_WORKER_MOD, "NixlPushConnectorWorker.get_transfer_results", (),
+         around("nixl.push_send_done", _push_before, _push_after), optional=True,
+         doc="nixl.send_done (P, push mode: the WRITE into D's blocks completed; 0.32+)")

@@ -284,7 +284,11 @@ _KINDS: tuple[Kind, ...] = (
         F("handle", "str", "transfer handle (repr)", required=False),
         F("dur_ns", "int", "time from issue to completion", required=False),
     ), hook="nixl"),
-    Kind("nixl.send_done", "P side: D's read of this request finished (blocks can be freed).", (), hook="nixl"),
+    Kind("nixl.send_done", "P side: D's read of this request finished (blocks can be freed); push mode: P's "
+         "WRITE into D's blocks completed.", (
+             F("mode", "str", "'push': recorded by push mode's get_transfer_results (absent: pull, or a lease's end)",
+               required=False),
+         ), hook="nixl"),
     Kind("nixl.lease_expired", "P side: the NIXL worker released the request's blocks because no decode worker "
          "read them before its KV lease ran out (_reap_expired_send_leases, vLLM 0.32+); the scheduler frees "
          "them for other requests.", (

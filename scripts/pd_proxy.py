@@ -10,6 +10,8 @@ POST /v1/completions (non-streaming):
      kv_transfer_params (remote_engine_id, remote_block_ids, remote_host, remote_port, ...);
   2. the ORIGINAL request goes to the decode instance with P's kv_transfer_params, so D
      pulls the KV over NIXL instead of recomputing it, and D's answer is returned.
+Both halves carry one X-Request-Id (vLLM builds its internal request id from it): push mode
+(NixlPushConnector) pairs P's finished request with D's registration by that id.
 GET /health answers 200 when both instances do.
 """
 
@@ -22,6 +24,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PREFILL_KV_PARAMS = {
@@ -34,9 +37,11 @@ PREFILL_KV_PARAMS = {
 }
 
 
-def post_json(url: str, body: dict, timeout: float = 300.0) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+def post_json(url: str, body: dict, timeout: float = 300.0, request_id: str | None = None) -> dict:
+    headers = {"Content-Type": "application/json"}
+    if request_id:  # vLLM's API server builds its internal id from it: "cmpl-<X-Request-Id>-<i>-<hex>"
+        headers["X-Request-Id"] = request_id
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.load(r)
 
@@ -54,13 +59,17 @@ def prefill_body(body: dict) -> dict:
 def disaggregated_completion(body: dict, prefill: str, decode: str, path: str = "/v1/completions") -> dict:
     """Run one request through P then D; return D's response (with P's kv params attached
     under "pd_proxy" for debugging)."""
-    p = post_json(prefill.rstrip("/") + path, prefill_body(body))
+    # One X-Request-Id for both halves, as vLLM's own P/D proxies send it: push mode
+    # (NixlPushConnector) pairs P's finished request with D's registration by
+    # get_base_request_id, so two unrelated ids never meet and D waits until P's lease ends.
+    rid = uuid.uuid4().hex
+    p = post_json(prefill.rstrip("/") + path, prefill_body(body), request_id=rid)
     kvp = p.get("kv_transfer_params")
     if not kvp:
         raise RuntimeError(f"prefill instance returned no kv_transfer_params: {str(p)[:300]}")
     d_body = dict(body)
     d_body["kv_transfer_params"] = kvp
-    d = post_json(decode.rstrip("/") + path, d_body)
+    d = post_json(decode.rstrip("/") + path, d_body, request_id=rid)
     d["pd_proxy"] = {"prefill_kv_transfer_params": kvp, "prefill_id": p.get("id")}
     return d
 

@@ -251,3 +251,50 @@ def test_region_trim_is_recorded_with_its_request(pd_harness):
     (trim,) = [e for e in rec.events if e["ev"] == "nixl.trim"]
     assert trim["req"] == "d-req" and trim["by_region"] is True and trim["remote_out"] == [[2, 3]]
     assert "mode" not in trim
+
+
+def test_push_mode_completed_write_is_a_send_done(pd_harness):
+    """Push mode: the REAL NixlPushConnectorWorker.get_transfer_results (and the real base method it calls, with
+    its lease reaper), on a minimal worker object holding exactly the attributes they read; the NIXL agent is a
+    stand-in whose transfer state is DONE. The override adds a request whose WRITE into D completed to
+    finished_sending after the hooked base method returned: its own hook records that send_done (mode "push"),
+    once, beside the lease's end the base hook recorded."""
+    import collections
+    import queue
+    import threading
+    import time
+    import types
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
+
+    from pdtrace import hooks
+    from pdtrace.record import recorder
+
+    status = pd_harness.install_scheduler_hooks()
+    assert status["nixl.push_send_done"] in ("applied", "ok")
+    assert hooks.check(hooks.REGISTRY["nixl.push_send_done"]) == ("ok", "")
+    w = object.__new__(NixlPushConnectorWorker)
+    w.transfer_topo, w.tp_rank, w.use_host_buffer, w._pdtrace_inst = types.SimpleNamespace(), 0, False, "P"
+    w._pending_completion_notifs, w._failed_recv_reqs, w._evict_finished_inbox = queue.Queue(), queue.Queue(), queue.Queue()
+    w._recving_transfers, w._recving_metadata, w._recv_failures, w._replicated_pcp_done_sending = {}, {}, set(), set()
+    w._reqs_to_send = {"p-req": time.perf_counter() + 100, "p-old": time.perf_counter() - 1}  # p-old's lease ran out
+    w._reqs_to_process = {"p-req", "p-old"}
+    w._sending_transfers, w._send_failures = {"p-req": ["h1"]}, set()  # p-req: one WRITE handle, DONE
+    w._sending_transfers_lock, w._push_writer_wake = threading.Lock(), threading.Event()
+    w.consumer_notification_counts_by_req = collections.defaultdict(int)
+    w.expected_consumer_notifications_by_req = {}
+    w.nixl_wrapper = types.SimpleNamespace(check_xfer_state=lambda h: "DONE", get_xfer_telemetry=lambda h: None,
+                                           release_xfer_handle=lambda h: None)
+    w.xfer_stats = types.SimpleNamespace(record_transfer=lambda r: None, record_kv_expired_req=lambda: None)
+    rec = pd_harness.new_recorder()
+    prev = recorder.set_current(rec)
+    try:
+        res = w.get_transfer_results()
+    finally:
+        recorder.set_current(prev)
+    assert res.finished_sending == {"p-req", "p-old"}  # vLLM's own answer
+    rec.flush()
+    sent = sorted((e["req"], e.get("mode")) for e in rec.events if e["ev"] == "nixl.send_done")
+    assert sent == [("p-old", None), ("p-req", "push")]
+    assert [e["req"] for e in rec.events if e["ev"] == "nixl.lease_expired"] == ["p-old"]
+    assert w._pdtrace_sent is None

@@ -155,7 +155,7 @@ class Trace:
         self.add("sched.step", inst, step=step, num_reqs=1, num_tokens=len(prompt) * 16 - hit,
                  tokens={req: len(prompt) * 16 - hit})
 
-    def d_load(self, req, p_req, prompt, local, remote, step, status="DONE"):
+    def d_load(self, req, p_req, prompt, local, remote, step, status="DONE", push=False):
         n = len(local[0]) * 16
         self.add("req.add", "D", step=step, req=req, prompt_len=n + 1, prompt_hash=prompt,
                  kv={"do_remote_prefill": True, "remote_request_id": p_req, "remote_engine_id": "eng-P"})
@@ -164,9 +164,13 @@ class Trace:
                  num_new_computed_tokens=0, delay_cache_blocks=True, prompt_len=n + 1)
         self.add("nixl.remote_alloc", "D", step=step, req=req, local_block_ids=local, remote_block_ids=remote,
                  num_external_tokens=n, load_block_ids=local, remote_req=p_req, remote_engine="eng-P")
-        self.add("nixl.read", "D", step=step, req=req, local_block_ids=local, remote_block_ids=remote, bytes=0,
-                 handle="h", remote_engine="eng-P", remote_req=p_req)
-        for s in status.split(","):
+        if push:  # P's worker pairs D's blocks (decode) with its own and WRITEs them (push_worker._xfer_blocks)
+            self.add("nixl.trim", "P", step=step, req=p_req, local_in=local, remote_in=remote, local_out=local,
+                     remote_out=remote, mode="push", remote_req=req, role="worker")
+        else:
+            self.add("nixl.read", "D", step=step, req=req, local_block_ids=local, remote_block_ids=remote, bytes=0,
+                     handle="h", remote_engine="eng-P", remote_req=p_req)
+        for s in filter(None, status.split(",")):
             self.add("nixl.read_done", "D", step=step, req=req, status=s)
         self.add("sched.step", "D", step=step + 1, num_reqs=1, num_tokens=1, tokens={req: 1})
 
@@ -190,6 +194,27 @@ def test_a_clean_transfer_passes_and_a_shifted_one_is_flagged_with_its_source():
     (f,) = t.findings()
     assert f.req == "d1" and f.data["block"] == 9 and f.data["mechanism"] == "shifted"
     assert f.data["p_req"] == "p1" and "token block 1 of the same prompt" in f.title
+
+
+def test_push_mode_p_s_write_into_d_s_blocks_is_judged_as_a_read_is():
+    """Push mode (NixlPushConnector, vLLM 0.32+): D records no read; P's worker trims D's blocks against its own
+    and WRITEs them, and D's completion (its own request id) says the write landed. The same three cases as pull:
+    right, shifted past P's lookahead block, and a write that never landed (not judged, never clean)."""
+    t = _pd()
+    t.prefill("P", "p1", "aaaa", [[1, 2, 3]], 1)
+    t.prefill("P", "p2", "bbbb", [[4, 5]], 2)
+    t.d_load("d2", "p2", "bbbb", [[7, 8]], [[4, 5]], 1, push=True)
+    t.d_load("d1", "p1", "aaaa", [[9, 10]], [[2, 3]], 3, push=True)
+    (f,) = t.findings()
+    assert f.req == "d1" and f.data["block"] == 9 and f.data["mechanism"] == "shifted"
+    assert f.data["p_req"] == "p1" and "push" in json.dumps(f.data)
+    t = _pd()
+    t.prefill("P", "p1", "aaaa", [[1, 2]], 1)
+    t.d_load("d1", "p1", "aaaa", [[5, 6]], [[1, 2]], 1, status="", push=True)  # D reads before any write landed
+    st = kv_invariant.Stream()
+    from pdtrace.detectors.index import build
+    st.feed(build(t.events))
+    assert st.finish() == [] and st.notes()[0]["unjudged"] == 2
 
 
 def test_p_reuses_its_block_before_d_reads_it_but_not_after():

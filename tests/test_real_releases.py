@@ -66,6 +66,12 @@ HYBRID_RAISES = (((0, 0, 0), (0, 30, 0)),)  # [from, to) ranges
 # the fence step's output (Scheduler.deferred_frees / _drain_deferred_frees): absent from scheduler.py in 0.19.1,
 # 0.20.0, 0.22.1 and 0.23.0, present from 0.24.0 (read in each release's sources; issue 59, must show 3).
 REOWN_FIXED_FROM = (0, 24, 0)
+# vLLM #47282: under async scheduling allocate_slots prunes a sliding window's blocks by the optimistic
+# num_computed_tokens (the tokens of the step in flight included), so the block that step still reads can go to a
+# request loading from P. PR #47728 prunes by `total_computed_tokens - request.num_in_flight_tokens`: absent from
+# kv_cache_manager.py in 0.19.1-0.25.0 (`total_computed_tokens` alone), present from 0.26.0 (read in each release's
+# wheel, 2026-11-29; issue 59, must show 3).
+PRUNE_FIXED_FROM = (0, 26, 0)
 
 
 def _hybrid_raises(version: str) -> bool:
@@ -96,6 +102,7 @@ def _carries(version: str) -> set[str]:
     hybrid |= {"kv-load-shared"} if _v(version) >= SHARED_FROM else set()
     hybrid |= ROUTER_FAULT
     hybrid |= {"kv-reown-in-flight"} if _v(version) < REOWN_FIXED_FROM else set()
+    hybrid |= {"kv-prune-in-flight"} if _v(version) < PRUNE_FIXED_FROM else set()
     if tuple(int(x) for x in version.split(".")[:3]) >= FIXED_FROM:
         return set(OPEN) | hybrid
     if version not in CARRIES:

@@ -154,6 +154,11 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "(async scheduling), its blocks were freed at once and handed to a request loading KV from P, whose NIXL read "
         "is not ordered against that step's write (vLLM #37285, fixed by PR #45357 in 0.24)",
         ("scheduler.free", "scheduler.allocate_slots", "kv_load.output"), ("37285",)),
+    "kv-invariant/in-flight-read": (
+        "KV load into a block a step in flight still reads: under async scheduling vLLM pruned a sliding-window "
+        "block by the optimistic token count while the step before still attended to it, and handed it to a "
+        "request loading KV from P (vLLM #47282, fixed by PR #47728 in 0.26)",
+        ("scheduler.allocate_slots", "scheduler.schedule", "kv_load.output"), ("47282",)),
     "kv-invariant/write-outside": (
         "the {method} drafter wrote KV past the blocks the request holds (into blocks that are not its own)",
         ("accepted_counts.window", "scheduler.allocate_slots"), ()),

@@ -39,6 +39,7 @@ from .base import KV_INVARIANT, SEVERITY_ERROR, Finding
 from .index import feed_all
 from .kv_model import AWAITING, FAILED, KINDS, PENDING, UNWRITTEN, Model
 from .kv_state import block_size
+from .kv_transfers import PUSHED, READ
 
 Event = dict[str, Any]
 KEPT = 1 << 14  # flagged requests remembered (one finding per request)
@@ -90,6 +91,8 @@ class Stream:
             self._in_flight(s, r, kw["e"], kw["held"], kw["handled"])
         elif what == "in-flight-write":
             self._in_flight_write(s, r, kw["e"], kw["hazards"])
+        elif what == "in-flight-read":
+            self._in_flight_read(s, r, kw["e"], kw["loader"], kw["hazards"])
         elif what == "window":
             self._window(s, r, kw["e"], kw["group"], kw["cap"])
         else:
@@ -167,6 +170,38 @@ class Stream:
             f"ordered against the compute stream, so the stale write can land after it: {r.req} then decodes on "
             f"{wreq}'s KV there. How it came to: " + "; ".join(c["what"] for c in chain) + ".", data))
 
+    def _in_flight_read(self, s: Any, r: Any, e: Event, loader: str, hazards: list) -> None:
+        """A block ``r``'s window still reads in a step in flight was pruned from ``r`` and handed to ``loader``'s
+        KV load: the NIXL read lands by RDMA under that step's attention (vLLM #47282)."""
+        g, i0, b, step, lo, hi, i, loaded, sev = hazards[0]
+        bs = block_size(s.cfg, g)
+        win = s.group(g)[2]
+        chain = [{"what": f"step {step} was scheduled for {r.req} with its window ({win} tokens) reaching positions "
+                          f"{i0 * bs + lo}-{i0 * bs + hi - 1} of block {b} (its token block {i0}); its output was not "
+                          f"processed yet (event {sev})", "ev": sev},
+                 {"what": f"vLLM pruned block {b} from {r.req}'s window: the block went to another request while "
+                          f"{r.req} still ran (a running request's pruning is not recorded; its list only grows in "
+                          f"the trace)", "ev": None},
+                 {"what": f"handed to {loader} to load {loaded} position(s) from P (event {e.get('id')}), offsets "
+                          f"0-{loaded - 1}: the NIXL read lands there, unordered against step {step}'s attention",
+                  "ev": e.get("id")}]
+        data = {"mechanism": "in-flight-read", "group": g, "group_kind": _kind(s, g), "block": b, "index": i0,
+                "positions": [i0 * bs + lo, i0 * bs + min(hi, loaded) - 1], "loader": loader, "in_flight_step": step,
+                "window": win, "bad_blocks": [[x[0], x[2], x[1]] for x in hazards],
+                "group_ids": sorted({x[0] for x in hazards}), "chain": chain}
+        ids = sorted({x for x in [r.ids.get("alloc"), sev, e.get("id")] if isinstance(x, int)})
+        more = f" (and {len(hazards) - 1} more)" if len(hazards) > 1 else ""
+        self.findings.append(Finding(
+            KV_INVARIANT, SEVERITY_ERROR, r.req, step, s.inst, ids,
+            f"{r.req}'s step {step}, still in flight, reads block {b}, which was handed to {loader}'s KV load{more}",
+            f"Under async scheduling vLLM pruned block {b} (group {g}, {_kind(s, g)}, {r.req}'s token block {i0}) from "
+            f"{r.req}'s sliding window while step {step}, scheduled before, still read it: that step's window reaches "
+            f"positions {i0 * bs + lo}-{i0 * bs + hi - 1}. The block went back to the pool and to {loader}, which loads "
+            f"KV from P into offsets 0-{loaded - 1}; the NIXL read lands by RDMA, not ordered against step {step}'s "
+            f"attention, so {r.req}'s token there can be computed on {loader}'s KV. vLLM #47282: 0.19-0.25 prune by "
+            f"the optimistic num_computed_tokens; 0.26 (PR #47728) by the tokens whose steps were processed. "
+            "How it came to: " + "; ".join(c["what"] for c in chain) + ".", data))
+
     def _window(self, s: Any, r: Any, e: Event, g: int, cap: int) -> None:
         a, z = int(e.get("start") or 0), int(e.get("end") or 0)
         data = {"mechanism": "write-outside", "group": g, "group_kind": _kind(s, g), "window": [a, z],
@@ -202,12 +237,13 @@ class Stream:
                                   f"(event {blk.ev})", "ev": blk.ev})
         if src is not None:  # a NIXL read: D's block took what P's block held
             p = src.p
-            chain.append({"what": f"D's NIXL read {src.read} filled it from {src.inst or 'P'}'s "
+            by = "P's NIXL write (push)" if how.startswith(PUSHED) else "D's NIXL read"
+            chain.append({"what": f"{by} {src.read} filled it from {src.inst or 'P'}'s "
                                   f"block {src.block} of {src.req}", "ev": src.read})
             if src.not_its is not None:
                 chain.append({"what": f"P never gave block {src.block} to {src.req} (its blocks: {src.not_its}): D's "
                                       f"transfer named a block that is not the request's", "ev": src.read})
-            if how.startswith("NIXL read") and how != "NIXL read":
+            if how not in (READ, PUSHED):
                 return "failed-load", f"a failed load ({how})", chain
             if p is None:
                 return "unjudged", "a P block the trace does not show", chain
@@ -287,7 +323,7 @@ def coverage(cov: dict[str, Any], notes: dict[str, list]) -> dict[str, Any]:
     if c is None or c.status != "checked" or not n:
         return cov
     if not n.get("unjudged"):  # what it judged, said beside the verdict
-        said = [f"{n.get('reads_checked', 0)} block read(s) judged", f"{n.get('transfers', 0)} NIXL read(s) followed"]
+        said = [f"{n.get('reads_checked', 0)} block read(s) judged", f"{n.get('transfers', 0)} NIXL transfer(s) followed"]
         if n.get("drafter_windows"):
             said.append(f"{n['drafter_windows']} drafter window(s)")
         if n.get("window_edge_null"):

@@ -41,7 +41,7 @@ Report = Callable[..., None]
 KEPT_SCHEDS = 64  # schedulers kept once replaced in their process (vLLM's own tests build hundreds)
 
 KINDS = ("sched.config", "req.add", "sched.alloc", "sched.step", "sched.output", "sched.free", "nixl.request_finished",
-         "nixl.remote_alloc", "nixl.read", "nixl.read_done", "nixl.lease_expired", "kvload.handled", "kvload.request",
+         "nixl.remote_alloc", "nixl.read", "nixl.trim", "nixl.read_done", "nixl.lease_expired", "kvload.handled", "kvload.request",
          "kvload.output", "spec.window")
 KEPT_PENDING = 16  # steps whose output is awaited, per scheduler (async scheduling keeps one or two in flight)
 __all__ = ["AWAITING", "FAILED", "PENDING", "UNWRITTEN", "KINDS", "Block", "Model", "Req", "Sched"]
@@ -64,6 +64,7 @@ class Model(Transfers, Reads):
         self.p_ids = BaseIndex(KEPT_P)  # ... by base id (D may name P's request by the router's id)
         self.uf: dict[Any, Any] = {}  # label -> the label it was found to equal (prefix-cache hits)
         self.xfers: dict[tuple, dict] = {}  # (D pid, D request) -> the read in flight
+        self.pushes: dict[str, dict] = {}  # D request -> P's write into its blocks in flight (push mode)
         self.landed: dict[tuple, dict] = {}  # ... and the last few that landed
         self.p_ok: dict[str, None] = {}  # P requests whose blocks D read and found its own (lately)
         self.p_unread: dict[str, None] = {}  # ... whose loaded blocks D freed before any step attended to them
@@ -245,6 +246,7 @@ class Model(Transfers, Reads):
             r.upto = hit + ext
         kinds = s.cfg.get("group_kinds") or []
         hazards: list[tuple] = []
+        readers: list[tuple] = []
         # the tokens it loads are P's prompt's: a proxy may hand D P's prompt plus P's first token (vLLM PR
         # #50559), so D's prompt hash is not P's; the loaded token blocks are P's request's content all the same
         pk = (self.p_of.get(self.p_ids.match(str(r.remote[0]), self.p_of) or "") or (None, None))[1] \
@@ -276,8 +278,38 @@ class Model(Transfers, Reads):
                     stale = [x for x in s.inflight.get(b, ()) if x[1] != r.req and x[2] < loaded]
                     if stale:  # a step in flight still writes another request's KV where the load will land
                         hazards.append((g, i, b, loaded, stale, blk.freed))
+                    if s.reading:
+                        readers.extend(self._read_in_flight(s, r, g, i, b, loaded))
         if hazards:
             self.report("in-flight-write", s, r, e=e, hazards=hazards)
+        for r0, hz in readers:
+            self.report("in-flight-read", s, r0, e=e, loader=r.req, hazards=hz)
+
+    def _read_in_flight(self, s: Sched, r: Req, g: int, i: int, b: int, loaded: int) -> list:
+        """Block ``b`` is handed to ``r``'s load while the model still has another running request holding it in a
+        window group: vLLM pruned it from that request (out of the window by the count it pruned with). Each step of
+        that request whose output is not processed yet and whose window still reads offsets the load fills: the
+        NIXL read lands under that step's attention (vLLM #47282)."""
+        out = []
+        for rid0, (g0, i0) in list((s.holders.get(b) or {}).items()):
+            r0 = s.reqs.get(rid0)
+            if rid0 == r.req or g0 != g or r0 is None:
+                continue
+            _attn, bs, win, kind = s.group(g)
+            if not win:
+                continue  # (a full-attention block leaves a running request only with the request: a free)
+            hz = []
+            for st, per in s.reading.items():
+                c0, sev = per.get(rid0) or (None, None)
+                if c0 is None:
+                    continue
+                start = c0 - c0 % win if "Chunked" in kind else max(0, c0 - win + 1)
+                lo = max(start - i0 * bs, 0)
+                if i0 * bs <= c0 and (i0 + 1) * bs > start and loaded > lo:
+                    hz.append((g, i0, b, st, lo, min(bs, c0 + 1 - i0 * bs), i, loaded, sev))
+            if hz:
+                out.append((r0, hz))
+        return out
 
     def _set(self, blk: Block, label: Any, lo: int, hi: int, how: str, e: Event, src: dict | None = None) -> None:
         blk.under = None
@@ -301,6 +333,7 @@ class Model(Transfers, Reads):
         track = self.track
         if track:
             written = s.pending[step] = []
+            reading = s.reading[step] = {}
             if len(s.pending) > KEPT_PENDING:  # (outputs not recorded for those: forget them)
                 self._processed(s, next(iter(s.pending)))
         for rid, n in tokens.items():
@@ -312,6 +345,8 @@ class Model(Transfers, Reads):
             # was not recorded, the previous step's drafts may have been accepted: up to ``upto``
             w0, w1 = min(c, r.upto), max(c, r.upto) + n
             plan.append((r, c, n))
+            if track:
+                reading[rid] = (w1 - n, ev)
             for g, lst in enumerate(r.blocks):  # ... in every attention group
                 attn, bs = group(g)[:2]
                 if not attn:
@@ -349,6 +384,7 @@ class Model(Transfers, Reads):
             self._processed(s, st)
 
     def _processed(self, s: Sched, st: Any) -> None:
+        s.reading.pop(st, None)
         for b in s.pending.pop(st, ()):
             lst = s.inflight.get(b)
             if lst is not None:

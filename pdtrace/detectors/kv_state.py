@@ -80,7 +80,7 @@ class Sched:
     """One scheduler's blocks, requests and configuration."""
 
     __slots__ = ("key", "inst", "cfg", "blocks", "reqs", "holders", "failed", "reads_seen", "used", "groups",
-                 "inflight", "pending")
+                 "inflight", "pending", "reading")
 
     def __init__(self, key: tuple, inst: str, cfg: dict) -> None:
         self.key, self.inst, self.cfg = key, inst, cfg
@@ -96,6 +96,9 @@ class Sched:
         # the blocks it writes
         self.inflight: dict[int, list[tuple]] = {}
         self.pending: dict[Any, list[int]] = {}
+        # ... and step -> {request: (the most tokens it may have computed before that step, sched.step id)}: where
+        # the step's window starts at the latest (a step in flight still reads from there)
+        self.reading: dict[Any, dict[str, tuple]] = {}
 
     def group(self, g: int) -> tuple:
         """Group ``g``'s (attention?, block size, window, kind) from the config, read once."""
@@ -122,5 +125,5 @@ def _unjudged(s: Sched, r: Req, label: Any) -> str:
     if label == AWAITING and not r.loads:
         return "no nixl.remote_alloc: which blocks D's connector loads into is not recorded"
     if label == PENDING and not s.reads_seen:
-        return "no NIXL read recorded on D's workers (the worker side is not in the trace)"
+        return "no NIXL read recorded on D's workers, nor a push-mode write from P (the worker side is not in the trace)"
     return ""

@@ -1,5 +1,5 @@
 """The KV model's transfers and failed loads (``kv_model.Model`` takes these handlers from ``Transfers``):
-D's connector's load lists, NIXL reads and their completion, P's lease running out, the drafter's write window,
+D's connector's load lists, NIXL reads (pull) and P's writes (push) and their completion, P's lease running out, the drafter's write window,
 loads reported failed and what the scheduler did after them."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from .transfer_lists import load_list
 
 Event = dict[str, Any]
 KEPT_P = 1 << 15  # P request ids remembered for the scheduler D reads from (the oldest go first)
+READ, PUSHED = "NIXL read", "NIXL write (push)"  # how a loaded block got P's KV (a failure: how + " ERR")
 KEPT_LANDED = 1 << 10  # reads that landed, kept for a second record of the same landing (0.32: DONE and ERR)
 
 
@@ -48,17 +49,7 @@ class Transfers:
         for ds in self.scheds.values():
             if ds.inst == e.get("inst"):
                 ds.reads_seen = True
-        # P's request's own lists (a block D reads outside them is not the request's, whatever it holds)
-        preq = (ps.reqs.get(str(p_req)) or self.gone.get((ps.inst, str(p_req)))) if ps is not None and p_req else None
-        mine = {b for lst in preq.blocks for b in lst} if preq is not None and preq.blocks else None
-        pairs = []
-        for lg, rg in zip(e.get("local_block_ids") or [], e.get("remote_block_ids") or []):
-            for lb, rb in zip(lg, rg):
-                pb = ps.blocks.get(rb) if ps is not None else None
-                if mine is not None and rb not in mine:  # (never seen on P: nothing P wrote in the trace)
-                    pairs.append((lb, rb, pb.snapshot() if pb is not None else Block(), preq.blocks))
-                else:
-                    pairs.append((lb, rb, pb.snapshot() if pb is not None else None, None))
+        pairs = self._pairs(ps, p_req, e.get("local_block_ids"), e.get("remote_block_ids"))
         self.counts["transfers"] += 1
         key = (e.get("pid"), rid)
         self.landed.pop(key, None)
@@ -67,9 +58,44 @@ class Transfers:
         if len(self.xfers) > KEPT_P:  # (reads that never landed: the oldest go first)
             del self.xfers[next(iter(self.xfers))]
 
+    def _pairs(self, ps: Any, p_req: Any, local: Any, remote: Any) -> list[tuple]:
+        """(D block, P block, P's block as it is now, P's lists where the block is not the request's)."""
+        # P's request's own lists (a block D reads outside them is not the request's, whatever it holds)
+        preq = (ps.reqs.get(str(p_req)) or self.gone.get((ps.inst, str(p_req)))) if ps is not None and p_req else None
+        mine = {b for lst in preq.blocks for b in lst} if preq is not None and preq.blocks else None
+        pairs = []
+        for lg, rg in zip(local or [], remote or []):
+            for lb, rb in zip(lg, rg):
+                pb = ps.blocks.get(rb) if ps is not None else None
+                if mine is not None and rb not in mine:  # (never seen on P: nothing P wrote in the trace)
+                    pairs.append((lb, rb, pb.snapshot() if pb is not None else Block(), preq.blocks))
+                else:
+                    pairs.append((lb, rb, pb.snapshot() if pb is not None else None, None))
+        return pairs
+
+    def _nixl_trim(self, e: Event) -> None:
+        """Push mode (NixlPushConnector): P's worker paired D's blocks (``local_out``) with its own
+        (``remote_out``) and WRITEs them into D; the write lands when D reports the request received
+        (D's ``nixl.read_done`` for its own id, ``remote_req`` here). Pull-mode trims are D's reads' own."""
+        if e.get("mode") != "push" or e.get("remote_req") is None:
+            return
+        p_req = str(e.get("req"))
+        p_key = (self.p_of.get(p_req) or (None, None))[0]
+        if p_key is None:
+            r = self.req_of(e)
+            p_key = r.sched if r is not None else None
+        ps = self.scheds.get(p_key) if p_key is not None else None
+        self.counts["transfers"] += 1
+        self.pushes[str(e["remote_req"])] = {
+            "read": e, "pairs": self._pairs(ps, p_req, e.get("local_out"), e.get("remote_out")),
+            "p": ps.inst if ps else None, "p_req": p_req, "landed": None, "push": True,
+            "ambiguous": ps is not None and ps.key[:2] in self.ambiguous}
+        if len(self.pushes) > KEPT_P:  # (writes that never landed: the oldest go first)
+            del self.pushes[next(iter(self.pushes))]
+
     def _nixl_read_done(self, e: Event) -> None:
         key = (e.get("pid"), str(e.get("req")))
-        x = self.xfers.pop(key, None) or self.landed.get(key)
+        x = self.xfers.pop(key, None) or self.landed.get(key) or self.pushes.pop(str(e.get("req")), None)
         if x is None:
             return
         self.landed[key] = x  # (landed reads: a few are kept for a second record of the same landing)
@@ -79,21 +105,24 @@ class Transfers:
         if r is None:
             return
         s = self.scheds[r.sched]
+        if x.get("push"):
+            s.reads_seen = True  # (D's KV came from P's write: its loads can be judged)
         ok = e.get("status") == "DONE"
         if x["landed"] is not None:
             if ok or x["landed"] != "DONE" or x["landed_step"] != e.get("step"):
                 return  # (vLLM 0.32 puts a failed load in finished_recving too: DONE after ERR is no load)
         x["landed"], x["landed_step"] = e.get("status"), e.get("step")
         read = x["read"]
+        how = PUSHED if x.get("push") else READ
         for lb, rb, p, not_its in x["pairs"]:
             blk = s.block(lb)
             src = Src(x["p"], x["p_req"], rb, read.get("id"), p, x.get("ambiguous", False), not_its)
             if not ok:
-                self._set(blk, FAILED, 0, 0, f"NIXL read {e.get('status')}", e, src)
+                self._set(blk, FAILED, 0, 0, f"{how} {e.get('status')}", e, src)
             elif p is None:
                 self._set(blk, "unknown", 0, 0, "NIXL read from a P block not in the trace", e, src)
             else:
-                self._set(blk, p.label, p.lo, p.hi, "NIXL read", e, src)
+                self._set(blk, p.label, p.lo, p.hi, how, e, src)
             self._changed(s, lb, blk, None)
 
     def _read_own(self, src: Src) -> None:

@@ -256,7 +256,7 @@ def stale_family(k: int = 3) -> tuple[list[dict], list[dict]]:
 # (async scheduling, indices of D's blocks reported failed) for a running request, policy "recompute"
 from .real_release_kv import (  # noqa: E402 - the KV families, in their own module (size)
     kv_load_family, kv_load_hybrid_family, kv_load_in_flight_family, kv_load_shared_family, kv_never_crossed_family,
-    kv_reown_in_flight_family,
+    kv_prune_in_flight_family, kv_reown_in_flight_family,
 )
 
 
@@ -270,6 +270,7 @@ FAMILIES = {
     "kv-load-shared": (kv_load_shared_family, KV_LOAD_FAILURE_RECOVERY, "kv-load/shared-block-read-early"),
     "kv-never-crossed": (kv_never_crossed_family, KV_NEVER_CROSSED),
     "kv-reown-in-flight": (kv_reown_in_flight_family, KV_INVARIANT, "kv-invariant/in-flight-write"),
+    "kv-prune-in-flight": (kv_prune_in_flight_family, KV_INVARIANT, "kv-invariant/in-flight-read"),
 }
 
 

@@ -119,6 +119,25 @@ def kv_reown_in_flight_family() -> tuple[list[dict], list[dict]]:
     return events, cases
 
 
+def kv_prune_in_flight_family() -> tuple[list[dict], list[dict]]:
+    """Issue 59, must show 3 (vLLM #47282, fixed by PR #47728 in 0.26): under async scheduling the next schedule()
+    prunes a sliding-window block a step in flight still reads, and a request that loads its KV from P gets it; the
+    load lands where that step reads (a 32-token load) or misses it (an 8-token load into the same block)
+    (``kv_prune_sim``). Oracle: vLLM's objects: each step's scheduled tokens, the requests' block lists and computed
+    tokens, which outputs the engine order had processed. The request named is the one whose window was pruned."""
+    from pdtrace.testing.kv_prune_sim import prune_in_flight
+
+    events: list[dict] = []
+    cases = []
+    for i, (n, extra) in enumerate(((32, 1), (8, 0))):
+        r = prune_in_flight(b_prompt_len=n, extra=extra, tag=f"prune{i}")
+        events += r.events  # (write_scenario_trace drops their ids)
+        cases.append({"family": "kv-prune-in-flight", "req": r.a_req, "wrong": bool(r.reowned),
+                      "facts": {"loads": n, "b_step": r.b_step, "handed": r.handed, "reowned": r.reowned,
+                                "loader": r.b_req}})
+    return events, cases
+
+
 def kv_never_crossed_family() -> tuple[list[dict], list[dict]]:
     """Issue 51: prompts P prefilled for a remote decode on the release's own P and D schedulers,
     two of six handed to D without P's params (the router's labelled fault; ``crossed_sim``). The
