@@ -231,3 +231,24 @@ def test_a_hybrid_models_failed_blocks_as_the_release_handles_them():
     else:
         assert "error" not in handled and r.computed_after == 0 and r.finished == "FINISHED_LENGTH_CAPPED"
         assert found == []
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_the_deployment_summary_says_a_failed_load_was_recomputed_only_where_it_was(policy):
+    """vLLM's real scheduler and NIXL connector with a failed read (vLLM 0.32 records it DONE and ERR at one step):
+    under "fail" the request ends FINISHED_ERROR (vLLM's own status) and nothing is recomputed, so the summary
+    says the tokens were lost, not recomputed; under "recompute" D recomputes them. Either way the loaded, lost
+    and recomputed tokens add up to what D's connector planned."""
+    from pdtrace.detectors import crossed
+
+    r = failed_load(NOSPEC, policy=policy, how="both", steps=8)
+    (n,) = [x for x in crossed.pair_notes(r.events) if x["requests"]]
+    line = crossed.summary_line(n)
+    if policy == "fail":
+        assert r.finished == "FINISHED_ERROR"
+        assert n.get("load_failed_error_tokens") and not n["load_failed_tokens"] and "recomputed" not in line
+        assert "lost to a failed load (the request ended in error" in line
+    else:
+        assert n["load_failed_tokens"] and "recomputed after a failed load" in line
+    planned = n["loaded"] + n["load_failed_tokens"] + n.get("load_failed_error_tokens", 0)
+    assert planned == n["prompt_tokens"] - n["local_hit"] - n["computed"]

@@ -256,7 +256,7 @@ def test_dropped_params_are_flagged_and_the_summary_is_ds_own_counters(live):
     # the deployment summary against D's own counters over the whole run
     m = live["d_metrics"]["D"]
     mine = [n for n in doc["kv_crossing"] if n["d_inst"] == "D"]
-    assert sum(n["loaded"] + n["load_failed_tokens"] for n in mine) == m["external_kv_transfer"]
+    assert sum(n["loaded"] + n["load_failed_tokens"] + n.get("load_failed_error_tokens", 0) for n in mine) == m["external_kv_transfer"]
     assert sum(n["local_hit"] for n in mine) == m["local_cache_hit"]
     assert sum(n["computed"] for n in mine) == m["local_compute"]
     assert sum(n["no_params"] for n in mine) == 3

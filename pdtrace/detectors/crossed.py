@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .request_ids import base_id
+from .request_ids import BaseIndex, base_id
 from .base import KV_NEVER_CROSSED, SEVERITY_ERROR, SEVERITY_WARNING, Finding
 from .crossed_groups import add as add_groups
 from .crossed_groups import groups_of, per_group
@@ -60,6 +60,7 @@ class Stream:
     def __init__(self, header: dict | None = None):
         self.configs: Any = None
         self.p_reqs: dict[str, dict] = {}  # P's request id -> {req, inst, prompt, tokens, id}: not yet claimed
+        self.p_ids = BaseIndex(KEPT)  # ... by base id (D may name P's request by the router's id)
         self.p_by_prompt: dict[tuple, deque] = {}  # (prompt hash, len) -> the ids of those of p_reqs
         self.d_open: dict[tuple, dict] = {}  # (pid, D request) -> what it arrived with, its first allocation
         self.pairs: dict[tuple, dict] = {}  # (P inst, D inst) -> token counts (notes)
@@ -123,6 +124,7 @@ class Stream:
                 if d is not None:  # where the rollback left its computed tokens: what stays loaded
                     d["failed_load"] = True
                     kept = 0 if e.get("action") == "fail" else int(e.get("computed") or 0)
+                    d["errored"] = d.get("errored") or e.get("action") == "fail"  # (vLLM ends it FINISHED_ERROR)
                     d["kept"] = kept if d.get("kept") is None else min(d["kept"], kept)
 
     def _add(self, e: Event) -> None:
@@ -135,6 +137,7 @@ class Stream:
                 return  # (a request for a remote decode on an instance that saves no KV: vLLM's own tests)
             if len(self.p_reqs) >= KEPT:
                 self._drop(next(iter(self.p_reqs)))
+            self.p_ids.add(req)
             self.p_reqs[req] = {"req": req, "inst": e.get("inst"), "prompt": prompt, "tokens": None,
                                 "id": e.get("id")}
             if prompt[0] is not None:
@@ -169,8 +172,8 @@ class Stream:
         else:
             q = self.p_by_prompt.get(d["prompt"]) or ()
             req = q[0] if q else None
-        if req is not None and req not in self.p_reqs:  # (P's own id where D's params name the router's)
-            req = next((k for k in self.p_reqs if base_id(k) == base_id(req)), req) if base_id(req) == req else req
+        if req is not None and req not in self.p_reqs and base_id(req) == req:  # (P's own id where D's params name
+            req = self.p_ids.match(req, self.p_reqs) or req                       # the router's)
         p = self.p_reqs.get(req) if req is not None else None
         if p is None or p["inst"] == d["inst"]:
             return None  # (same instance: kv_both everywhere, no --instance: the sides are not told apart)
@@ -190,7 +193,10 @@ class Stream:
         # a failed load keeps what the rollback left below its computed tokens; the rest is recomputed on D
         kept = ext if not d["failed_load"] else max(0, min(ext, int(d.get("kept") or 0) - local))
         pair["loaded"] += kept
-        pair["load_failed_tokens"] += ext - kept
+        if d.get("errored"):  # policy "fail": the request ended in error, nothing was recomputed
+            pair["load_failed_error_tokens"] = pair.get("load_failed_error_tokens", 0) + ext - kept
+        else:
+            pair["load_failed_tokens"] += ext - kept
         pair["local_hit"] += local
         pair["computed"] += computed
         pair["no_params"] += not d["params"]
@@ -327,9 +333,11 @@ class Stream:
         requests, prompt tokens, loaded from P (for a failed load, what its rollback kept),
         hit in D's prefix cache, computed on D at admission, ``drafter_unwritten`` (loaded tokens that no transfer
         put into the drafter's own KV cache group: absent when none), ``load_failed_tokens`` (planned to
-        load, lost to a failed load and recomputed on D; ``failed_load_requests``), how many
-        arrived without params, and how many were flagged. ``loaded + load_failed_tokens`` is
-        what D's connector planned at admission (vLLM's ``external_kv_transfer`` counter).
+        load, lost to a failed load and recomputed on D; ``failed_load_requests``), ``load_failed_error_tokens``
+        (lost to a failed load under kv_load_failure_policy "fail": the request ended in error; absent when
+        none), how many
+        arrived without params, and how many were flagged. ``loaded + load_failed_tokens +
+        load_failed_error_tokens`` is what D's connector planned at admission (vLLM's ``external_kv_transfer`` counter).
         ``groups``: per KV cache group of D, how many of the loaded tokens reached it
         (``crossed_groups``)."""
         return [{**p, "groups": group_notes(p.get("groups") or {})} for p in self.pairs.values()]
@@ -355,7 +363,9 @@ def summary_line(n: dict) -> str:
            f"loaded from P" + (" (not into every KV cache group: per group below)" if short else "")
            + f", {pct(n['local_hit'])} D's prefix cache, {pct(n['computed'])} computed on D"
            + (f", {pct(n['load_failed_tokens'])} recomputed after a failed load (kv-load-failure-recovery)"
-              if n.get("load_failed_tokens") else ""))
+              if n.get("load_failed_tokens") else "")
+           + (f", {pct(n['load_failed_error_tokens'])} lost to a failed load (the request ended in error: "
+              f"kv_load_failure_policy fail)" if n.get("load_failed_error_tokens") else ""))
     extra = [f"{n['no_params']} without transfer params" if n["no_params"] else "",
              f"{n['failed_load_requests']} with a failed load" if n["failed_load_requests"] else "",
              f"{n['flagged']} flagged: see the findings" if n.get("flagged") else ""]
