@@ -217,6 +217,38 @@ def test_push_mode_p_s_write_into_d_s_blocks_is_judged_as_a_read_is():
     assert st.finish() == [] and st.notes()[0]["unjudged"] == 2
 
 
+def test_push_mode_a_landing_merged_before_p_s_trim_is_not_judged_until_the_trim_comes():
+    """Two hosts merged: D's completion of a push can sort before P's trim when their clocks order them so. D's
+    step reading the blocks in between is not judged (what they received is not in the trace yet), never a false
+    error; once the trim comes, the blocks hold what P's did and later reads are judged."""
+    t = _pd()
+    (d_cfg,) = [e for e in t.events if e["ev"] == "sched.config" and e["inst"] == "D"]
+    d_cfg["connector"] = "NixlPushConnector"  # (a push-mode D: its sched.config names the push connector)
+    t.prefill("P", "p1", "aaaa", [[1, 2]], 1)
+    t.add("req.add", "D", step=1, req="d1", prompt_len=33, prompt_hash="aaaa",
+          kv={"do_remote_prefill": True, "remote_request_id": "p1", "remote_engine_id": "eng-P"})
+    t.add("sched.alloc", "D", step=1, req="d1", ok=True, block_ids=[[5, 6, 7]], new_block_ids=[[5, 6, 7]],
+          num_computed_tokens=0, num_new_tokens=0, num_lookahead_tokens=0, num_external_computed_tokens=32,
+          num_new_computed_tokens=0, delay_cache_blocks=True, prompt_len=33)
+    t.add("nixl.remote_alloc", "D", step=1, req="d1", local_block_ids=[[5, 6]], remote_block_ids=[],
+          num_external_tokens=32, load_block_ids=[[5, 6]], remote_req="p1", remote_engine="eng-P")
+    t.add("nixl.read_done", "D", step=1, req="d1", status="DONE")  # before P's trim, in the merged order
+    t.add("sched.step", "D", step=2, num_reqs=1, num_tokens=1, tokens={"d1": 1})
+    st = kv_invariant.Stream()
+    from pdtrace.detectors.index import build
+    st.feed(build(t.events))
+    assert st.finish() == [] and st.notes()[0]["unjudged"] >= 1
+    assert any("push trim not yet" in why for why in st.notes()[0]["unjudged_why"])
+    for shift in (0, 1):  # then P's trim: right, and shifted by one of P's blocks
+        u = _pd()
+        u.events = [dict(e) for e in t.events if e["ev"] != "sched.step" or e["inst"] != "D"]
+        u.add("nixl.trim", "P", step=1, req="p1", local_in=[[5, 6]], remote_in=[[1, 2]], local_out=[[5, 6]],
+              remote_out=[[1 + shift, 2 + shift]], mode="push", remote_req="d1", role="worker")
+        u.add("sched.step", "D", step=2, num_reqs=1, num_tokens=1, tokens={"d1": 1})
+        fs = u.findings()
+        assert [f.req for f in fs] == (["d1"] if shift else [])
+
+
 def test_p_reuses_its_block_before_d_reads_it_but_not_after():
     """P freed p1's blocks (its lease ran out) and wrote another prompt into them: a later read by D gets that KV;
     the same rewrite after D's read landed changes nothing D holds."""

@@ -65,6 +65,7 @@ class Model(Transfers, Reads):
         self.uf: dict[Any, Any] = {}  # label -> the label it was found to equal (prefix-cache hits)
         self.xfers: dict[tuple, dict] = {}  # (D pid, D request) -> the read in flight
         self.pushes: dict[str, dict] = {}  # D request -> P's write into its blocks in flight (push mode)
+        self.early: dict[str, dict] = {}  # D request -> its completion, seen before P's push trim
         self.landed: dict[tuple, dict] = {}  # ... and the last few that landed
         self.p_ok: dict[str, None] = {}  # P requests whose blocks D read and found its own (lately)
         self.p_unread: dict[str, None] = {}  # ... whose loaded blocks D freed before any step attended to them

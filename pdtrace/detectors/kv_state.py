@@ -121,7 +121,7 @@ class Sched:
 def _unjudged(s: Sched, r: Req, label: Any) -> str:
     """Why a read of a block that holds ``label`` cannot be judged ('' when it can)."""
     if label == "unknown":
-        return "transfer from a P instance not in the trace"
+        return "transfer whose source is not in the trace (a P instance not recorded, or P's push trim not yet)"
     if label == AWAITING and not r.loads:
         return "no nixl.remote_alloc: which blocks D's connector loads into is not recorded"
     if label == PENDING and not s.reads_seen:

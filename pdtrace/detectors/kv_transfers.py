@@ -92,11 +92,15 @@ class Transfers:
             "ambiguous": ps is not None and ps.key[:2] in self.ambiguous}
         if len(self.pushes) > KEPT_P:  # (writes that never landed: the oldest go first)
             del self.pushes[next(iter(self.pushes))]
+        done = self.early.pop(str(e["remote_req"]), None)
+        if done is not None:  # (D said it landed first: the blocks take what P's trim says now)
+            self._nixl_read_done(done)
 
     def _nixl_read_done(self, e: Event) -> None:
         key = (e.get("pid"), str(e.get("req")))
         x = self.xfers.pop(key, None) or self.landed.get(key) or self.pushes.pop(str(e.get("req")), None)
         if x is None:
+            self._landed_first(e)
             return
         self.landed[key] = x  # (landed reads: a few are kept for a second record of the same landing)
         if len(self.landed) > KEPT_LANDED:
@@ -124,6 +128,25 @@ class Transfers:
             else:
                 self._set(blk, p.label, p.lo, p.hi, how, e, src)
             self._changed(s, lb, blk, None)
+
+    def _landed_first(self, e: Event) -> None:
+        """Push mode: D says P's write landed before P's trim is in the trace (merged hosts whose clocks order them
+        the other way, or P's worker not recorded). What the blocks received is not known yet: reads of them are
+        not judged (never a finding on a block whose write the trace does not show) until P's trim comes."""
+        r = self.req_of(e)
+        if r is None or e.get("status") != "DONE":
+            return
+        s = self.scheds.get(r.sched)
+        if s is None or "Push" not in str(s.cfg.get("connector") or ""):
+            return  # (pull mode: a completion without a read is a full local prefix hit, nothing read)
+        self.early[str(e.get("req"))] = e
+        if len(self.early) > KEPT_LANDED:
+            del self.early[next(iter(self.early))]
+        for lst in r.blocks:
+            for b in lst:
+                blk = s.blocks.get(b)
+                if blk is not None and blk.label == PENDING:
+                    self._set(blk, "unknown", 0, 0, "P's push write landed; its trim is not in the trace yet", e)
 
     def _read_own(self, src: Src) -> None:
         """A block D loaded from P's ``src.req`` read as D's own content (what the lease verdict asks)."""
