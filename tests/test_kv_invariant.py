@@ -404,3 +404,51 @@ def test_the_live_expired_lease_sample_every_command_says_the_same():
         assert len(fs) == 2 and {(f.severity, f.data["kv"], f.data["order"]) for f in fs} == {("error", "reused",
                                                                                                 "after")}
     assert sorted(f.title for f in loaded) == sorted(f.title for f in streamed)
+
+
+# --- record --kv-checksum: the bytes (issue 60) ----------------------------------------------------------------------
+
+def test_a_block_digest_is_the_bytes_of_that_block_wherever_it_sits():
+    """hooks/kv_digest.digest over CPU tensors laid out as vLLM's CPU attention lays them out ([num_blocks, heads,
+    block_size, 2 * head_size], one per layer): a block copied to another id digests the same, a changed byte in
+    any layer does not, and only the group's layers count."""
+    torch = pytest.importorskip("torch")
+    from pdtrace.hooks.kv_digest import digest
+
+    a = [torch.randn(8, 2, 4, 6) for _ in range(2)]
+    b = [torch.zeros(8, 2, 4, 6) for _ in range(2)]
+    for x, y in zip(a, b):
+        y[5] = x[3]
+    layers_a = [(0, "l0", a[0]), (0, "l1", a[1]), (1, "other", torch.randn(8, 2, 4, 6))]
+    layers_b = [(0, "l0", b[0]), (0, "l1", b[1])]
+    assert digest(layers_a, 0, 3) == digest(layers_b, 0, 5) is not None
+    b[1][5, 1, 2, 3] += 1.0
+    assert digest(layers_a, 0, 3) != digest(layers_b, 0, 5)
+    assert digest(layers_a, 0, 99) is None and digest(layers_b, 1, 5) is None
+
+
+def test_digests_that_differ_on_a_block_d_read_are_an_error_that_joins_the_models_cause():
+    """P's digest of each block when its request was final against D's before its first forward, paired by D's
+    read. Equal bytes under other block ids: nothing. A block whose bytes differ where the model sees nothing wrong:
+    its own cause (digest-differs). Where the model names the mechanism (a shifted mapping), the digest finding
+    carries it (one bug, one cause)."""
+    from pdtrace.detectors.causes import group
+
+    def run(d_digest, remote=((1, 2),)):
+        t = _pd()
+        t.prefill("P", "p1", "aaaa", [[1, 2, 3]], 1)
+        t.add("kv.digest", "P", step=2, req="p1", side="P", blocks={"0": {"1": 11, "2": 22, "3": 33}}, role="worker")
+        t.d_load("d1", "p1", "aaaa", [[7, 8]], [list(remote[0])], 1)
+        # D's worker digests at the start of the step whose schedule (sched.step, the engine core's, earlier on the
+        # same host's clock) first reads the blocks
+        t.add("kv.digest", "D", step=2, req="d1", side="D", blocks={"0": d_digest}, role="worker")
+        return t.findings()
+
+    assert run({"7": 11, "8": 22}) == []
+    (f,) = run({"7": 11, "8": 99})
+    assert f.data["digest"] and f.data["mechanism"] == "digest-differs" and f.data["block"] == 8
+    assert f.data["p_block"] == 2 and f.data["p_req"] == "p1"
+    fs = run({"7": 22, "8": 33}, remote=((2, 3),))  # the shifted read: the model names it, the bytes agree with P's
+    assert [x.data["mechanism"] for x in fs] == ["shifted"]
+    fs = run({"7": 99, "8": 33}, remote=((2, 3),))
+    assert sorted(x.data["mechanism"] for x in fs) == ["shifted", "shifted"] and len(group(fs)) == 1

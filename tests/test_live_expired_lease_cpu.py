@@ -31,8 +31,15 @@ LEASE = 3
 def lease(live_scripts, tmp_path_factory):
     from pdtrace import detectors
 
-    res = served_live(live_scripts, "expired-lease", tmp_path_factory, spec="ngram", load="none",
-                      expired_lease=LEASE)
+    import live_servers
+
+    old = list(live_servers.RECORD_ARGS)
+    live_servers.RECORD_ARGS[:] = old + ["--kv-checksum"]  # (issue 60: the bytes D decoded on against P's)
+    try:
+        res = served_live(live_scripts, "expired-lease", tmp_path_factory, spec="ngram", load="none",
+                          expired_lease=LEASE)
+    finally:
+        live_servers.RECORD_ARGS[:] = old
     res["findings"] = detectors.run_all(res["events"], {})
     return res
 
@@ -82,3 +89,35 @@ def test_check_flags_exactly_the_reads_vllms_log_names(lease):
     # for the end of D's read: it shifted D's clock by about a second before (one host, one clock)
     off = re.search(r"offset (-?[0-9.]+) ms", lease["merge"]["stderr"])
     assert off is None or abs(float(off.group(1))) < 500, lease["merge"]
+
+
+def test_the_kv_digests_differ_for_exactly_the_prompts_whose_tokens_differ_from_p_s_local_decode(lease):
+    """Issue 60, must show 1 (`record --kv-checksum`): P digests each block of a request held for D when its KV is
+    final, D each loaded block before its first forward. Oracle: each prompt's tokens decoded locally on P against
+    D's, never pdtrace. The digests of the blocks D's reads paired differ for exactly the garbled prompts and agree
+    for the others (read from the recorded digests themselves), and check's digest findings name exactly those,
+    inside the lease's root cause."""
+    from pdtrace.detectors.causes import group
+
+    run = lease["expired_lease"]
+    evs = lease["events"]
+    garbled = {r["p_req"] for r in run["requests"] if r["ok"] and not r["equal_local"]}
+    intact = {r["p_req"] for r in run["requests"] if r["ok"] and r["equal_local"]}
+    p_dig = {e["req"]: {int(b): v for d in e["blocks"].values() for b, v in d.items()}
+             for e in evs if e["ev"] == "kv.digest" and e["side"] == "P"}
+    d_dig = {e["req"]: {int(b): v for d in e["blocks"].values() for b, v in d.items()}
+             for e in evs if e["ev"] == "kv.digest" and e["side"] == "D"}
+    differs = set()
+    for rd in (e for e in evs if e["ev"] == "nixl.read" and e.get("inst") == "D"):
+        p_req = rd["remote_req"]
+        pairs = [(lb, rb) for lg, rg in zip(rd["local_block_ids"], rd["remote_block_ids"]) for lb, rb in zip(lg, rg)]
+        d = d_dig.get(rd["req"]) or {}
+        compared = [(lb, rb) for lb, rb in pairs if lb in d and rb in p_dig.get(p_req, {})]
+        if p_req in garbled | intact:
+            assert compared == pairs, (p_req, pairs, compared)  # every block D's read paired was compared
+        if any(d[lb] != p_dig[p_req][rb] for lb, rb in compared):
+            differs.add(p_req)
+    assert differs == garbled and garbled, (differs, garbled)
+    dig = [f for f in lease["findings"] if f.kind == "kv-invariant" and (f.data or {}).get("digest")]
+    assert {f.data["p_req"] for f in dig} == garbled and all(f.severity == "error" for f in dig)
+    assert len(group(lease["findings"])) == 1  # the digests join the lease's root cause

@@ -98,7 +98,7 @@ def _wait_for_orphans(shard_dir: str, wait: float, flush_interval: float, exclud
 
 def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | None = None,
         keep_shards: bool = False, flush_interval: float = 0.2, orphan_wait: float = 10.0,
-        ring: float | None = None) -> int:
+        ring: float | None = None, kv_checksum: bool = False) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
@@ -129,6 +129,8 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
     env["PDTRACE_FLUSH"] = str(flush_interval)
     if instance:
         env["PDTRACE_INSTANCE"] = instance
+    if kv_checksum:  # digests of the transferred blocks on P and D (hooks/kv_digest.py; CPU KV caches)
+        env["PDTRACE_KV_CHECKSUM"] = "1"
     if ring is not None:
         env["PDTRACE_RING"] = str(ring)
         env["PDTRACE_RECORD_PID"] = str(os.getpid())  # online checks ask this process for snapshots

@@ -159,6 +159,10 @@ MECHANISMS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
         "block by the optimistic token count while the step before still attended to it, and handed it to a "
         "request loading KV from P (vLLM #47282, fixed by PR #47728 in 0.26)",
         ("scheduler.allocate_slots", "scheduler.schedule", "kv_load.output"), ("47282",)),
+    "kv-invariant/digest-differs": (
+        "the KV D decoded on differs from what P computed: the bytes of a loaded block before D's first forward are "
+        "not those P's block held when its request was final (record --kv-checksum)",
+        ("nixl.digest_layers", "nixl.read"), ()),
     "kv-invariant/write-outside": (
         "the {method} drafter wrote KV past the blocks the request holds (into blocks that are not its own)",
         ("accepted_counts.window", "scheduler.allocate_slots"), ()),

@@ -59,7 +59,8 @@ class Stream:
         me = weakref.ref(self)  # (no cycle through the model: freed by refcount, not by a full GC pass over it)
         self.model = Model(lambda *a, **k: me()._report(*a, **k))  # type: ignore[union-attr]
         self.findings: list[Finding] = []
-        self.flagged: dict[tuple, None] = {}
+        self.flagged: dict[tuple, Any] = {}  # (scheduler, request) -> the mechanism of its finding
+        self.model.mech_of = lambda s, r: (me().flagged.get((s.key, r.req)) if me() is not None else None)
         self.unjudged: dict[str, int] = {}  # why -> reads not judged
 
     def feed(self, idx: Any) -> None:
@@ -72,6 +73,7 @@ class Stream:
     def notes(self) -> list[dict]:
         c = self.model.counts
         return [{"reads_checked": c["reads"], "transfers": c["transfers"], "unjudged": c["unjudged"],
+                 "digests_compared": {str(g): n for g, n in sorted(self.model.digest_counts.items())},
                  "unjudged_why": dict(self.unjudged), "drafter_windows": c["windows"], "window_edge_null": c["edge"],
                  "lease_intact": self.model.lease_intact(), "lease_unread": self.model.lease_unread()}]
 
@@ -81,10 +83,19 @@ class Stream:
             why = kw["why"]
             self.unjudged[why] = self.unjudged.get(why, 0) + 1
             return
+        if what == "digest":
+            self._digest(s, r, kw["e"], kw["bad"], kw["p_req"], kw["p_ev"], kw["mech"])
+            return
         key = (s.key, r.req)
         if key in self.flagged:
             return
-        self.flagged[key] = None
+        self.flagged[key] = "?"
+        n = len(self.findings)
+        self._dispatch(what, s, r, kw)
+        if len(self.findings) > n:
+            self.flagged[key] = (self.findings[-1].data or {}).get("mechanism")
+
+    def _dispatch(self, what: str, s: Any, r: Any, kw: dict) -> None:
         if len(self.flagged) > KEPT:
             del self.flagged[next(iter(self.flagged))]
         if what == "in-flight":
@@ -201,6 +212,27 @@ class Stream:
             f"attention, so {r.req}'s token there can be computed on {loader}'s KV. vLLM #47282: 0.19-0.25 prune by "
             f"the optimistic num_computed_tokens; 0.26 (PR #47728) by the tokens whose steps were processed. "
             "How it came to: " + "; ".join(c["what"] for c in chain) + ".", data))
+
+    def _digest(self, s: Any, r: Any, e: Event, bad: list, p_req: Any, p_ev: Any, mech: Any) -> None:
+        """``record --kv-checksum``: the bytes D's first forward read differ from the bytes P's block held when
+        P's request was final. The mechanism the model gave the request, where it gave one (one bug, one cause)."""
+        g, lb, rb, dd, pd = bad[0]
+        data = {"mechanism": mech if mech not in (None, "?") else "digest-differs", "digest": True, "group": g,
+                "group_kind": _kind(s, g), "block": lb, "p_block": rb, "p_req": p_req, "d_digest": dd,
+                "p_digest": pd, "bad_blocks": [[x[0], x[1], None] for x in bad], "group_ids": sorted({x[0] for x in bad}),
+                "chain": [{"what": f"P's digest of block {rb} when {p_req} was final (event {p_ev})", "ev": p_ev},
+                          {"what": f"D's digest of block {lb} before its first forward read it (event {e.get('id')})",
+                           "ev": e.get("id")}]}
+        more = f" (and {len(bad) - 1} more block(s))" if len(bad) > 1 else ""
+        self.findings.append(Finding(
+            KV_INVARIANT, SEVERITY_ERROR, r.req, e.get("step"), s.inst,
+            sorted(x for x in (p_ev, e.get("id")) if isinstance(x, int)),
+            f"the KV {r.req} decoded on differs from what P computed: group {g} block {lb} (P's block {rb} of "
+            f"{p_req}){more}",
+            f"record --kv-checksum: D's digest of block {lb} (group {g}, {_kind(s, g)}) before {r.req}'s first forward "
+            f"({dd}) differs from P's digest of block {rb}, the block D's transfer read, when {p_req}'s KV was final "
+            f"({pd}): the bytes D decoded on are not the bytes P computed for this prompt."
+            + (f" The KV model names the mechanism: {mech}." if mech not in (None, "?") else ""), data))
 
     def _window(self, s: Any, r: Any, e: Event, g: int, cap: int) -> None:
         a, z = int(e.get("start") or 0), int(e.get("end") or 0)
@@ -326,6 +358,9 @@ def coverage(cov: dict[str, Any], notes: dict[str, list]) -> dict[str, Any]:
         said = [f"{n.get('reads_checked', 0)} block read(s) judged", f"{n.get('transfers', 0)} NIXL transfer(s) followed"]
         if n.get("drafter_windows"):
             said.append(f"{n['drafter_windows']} drafter window(s)")
+        if n.get("digests_compared"):
+            said.append("KV bytes compared (record --kv-checksum): " + ", ".join(
+                f"{k} block(s) in group {g}" for g, k in n["digests_compared"].items()))
         if n.get("window_edge_null"):
             said.append(f"{n['window_edge_null']} read(s) reached one position of vLLM's null block at a window's "
                         f"leading edge (a recomputed last token; a fact, see docs/kv-invariant.md)")

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from .index import is_attention_group, kind_code
 from .kv_state import AWAITING, FAILED, PENDING, UNWRITTEN, Block, Req, Sched, block_size
+from .kv_digests import Digests
 from .kv_reads import Reads
 from .request_ids import BaseIndex
 from .kv_transfers import KEPT_P, Transfers
@@ -42,12 +43,12 @@ KEPT_SCHEDS = 64  # schedulers kept once replaced in their process (vLLM's own t
 
 KINDS = ("sched.config", "req.add", "sched.alloc", "sched.step", "sched.output", "sched.free", "nixl.request_finished",
          "nixl.remote_alloc", "nixl.read", "nixl.trim", "nixl.read_done", "nixl.lease_expired", "kvload.handled", "kvload.request",
-         "kvload.output", "spec.window")
+         "kvload.output", "spec.window", "kv.digest")
 KEPT_PENDING = 16  # steps whose output is awaited, per scheduler (async scheduling keeps one or two in flight)
 __all__ = ["AWAITING", "FAILED", "PENDING", "UNWRITTEN", "KINDS", "Block", "Model", "Req", "Sched"]
 
 
-class Model(Transfers, Reads):
+class Model(Transfers, Reads, Digests):
     """The shadow KV cache. ``report(kind, sched, req, **facts)`` is called for each read that
     breaks the invariant (``kind``: "read"), for reads it cannot judge ("unjudged") and for a
     step in flight at a failed load whose token was kept ("in-flight")."""
@@ -66,6 +67,10 @@ class Model(Transfers, Reads):
         self.xfers: dict[tuple, dict] = {}  # (D pid, D request) -> the read in flight
         self.pushes: dict[str, dict] = {}  # D request -> P's write into its blocks in flight (push mode)
         self.early: dict[str, dict] = {}  # D request -> its completion, seen before P's push trim
+        self.p_digests: dict[str, tuple] = {}  # P request -> ({block: (group, digest)}, event id) (--kv-checksum)
+        self.d_waiting: dict[str, list] = {}  # P request -> D's digests waiting for P's
+        self.digest_counts: dict[int, int] = {}  # group -> loaded blocks whose bytes were compared
+        self.mech_of: Any = lambda s, r: None  # the mechanism the invariant gave a request (kv_invariant sets it)
         self.landed: dict[tuple, dict] = {}  # ... and the last few that landed
         self.p_ok: dict[str, None] = {}  # P requests whose blocks D read and found its own (lately)
         self.p_unread: dict[str, None] = {}  # ... whose loaded blocks D freed before any step attended to them

@@ -1,0 +1,68 @@
+"""The KV model's byte check (issue 60, ``pdtrace record --kv-checksum``; ``kv_model.Model`` takes
+``_kv_digest`` from ``Digests``): D's digest of a block it loaded, taken before its first forward, against P's
+digest of the block the transfer read, taken when P's request was final. A block whose bytes differ is a KV read
+that is not the request's own whatever the model says; where the model names a mechanism for that request the
+digest finding carries it (one bug, one cause), else ``digest-differs``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Event = dict[str, Any]
+KEPT = 1 << 12  # P requests' digests and D's comparisons waiting for them (the oldest go first)
+
+
+def _flat(blocks: Any) -> dict[int, tuple[int, int]]:
+    """{"group": {"block": digest}} -> {block: (group, digest)}."""
+    out = {}
+    for g, d in (blocks or {}).items():
+        for b, v in (d or {}).items():
+            out[int(b)] = (int(g), v)
+    return out
+
+
+class Digests:
+    """(a mixin of ``kv_model.Model``: it reads ``landed``, ``req_of``, ``scheds``, ``p_ids``, ``p_of``, ``counts``
+    and ``report``, and the mechanism its reads gave a request: ``mech_of``)."""
+
+    def _kv_digest(self, e: Event) -> None:
+        if e.get("side") == "P":
+            rid = str(e.get("req"))
+            self.p_digests[rid] = (_flat(e.get("blocks")), e.get("id"))
+            if len(self.p_digests) > KEPT:
+                del self.p_digests[next(iter(self.p_digests))]
+            for waiting in self.d_waiting.pop(rid, ()):
+                self._compare(*waiting)
+            return
+        x = self.landed.get((e.get("pid"), str(e.get("req"))))
+        r = self.req_of(e)
+        if x is None or r is None:  # (D's own prefix-cache hit, or its read not in the trace: nothing crossed)
+            return
+        p_req = str(x["p_req"]) if x.get("p_req") is not None else None
+        if p_req is not None and p_req not in self.p_digests:
+            p_req = self.p_ids.match(p_req, self.p_digests) or p_req
+        if p_req is None or p_req not in self.p_digests:
+            self.d_waiting.setdefault(str(p_req), []).append((r, x, _flat(e.get("blocks")), e))
+            if len(self.d_waiting) > KEPT:
+                del self.d_waiting[next(iter(self.d_waiting))]
+            return
+        self._compare(r, x, _flat(e.get("blocks")), e)
+
+    def _compare(self, r: Any, x: dict, d: dict, e: Event) -> None:
+        p, p_ev = self.p_digests.get(str(x["p_req"]), (None, None))
+        if p is None:
+            pid = self.p_ids.match(str(x["p_req"]), self.p_digests)
+            p, p_ev = self.p_digests.get(pid, (None, None)) if pid else (None, None)
+        if p is None:
+            return
+        s = self.scheds.get(r.sched)
+        bad = []
+        for lb, rb, _snap, _not_its in x["pairs"]:
+            if lb not in d or rb not in p:
+                continue
+            g = d[lb][0]
+            self.digest_counts[g] = self.digest_counts.get(g, 0) + 1
+            if d[lb][1] != p[rb][1]:
+                bad.append((g, lb, rb, d[lb][1], p[rb][1]))
+        if bad and s is not None:
+            self.report("digest", s, r, e=e, bad=bad, p_req=x["p_req"], p_ev=p_ev, mech=self.mech_of(s, r))
