@@ -140,9 +140,19 @@ def live_scripts():
 def served_live(live_scripts, name: str, tmp_path_factory, **kw) -> dict:
     """One live P/D run (``live_cpu_pd.run_live`` with ``kw``, EAGLE k=3, block 32 unless said)
     that must have served and merged: its result with the merged trace's events (``events``)."""
+    import live_servers
+
     L = live_scripts.pd
     kw = {"spec": "eagle", "num_spec": 3, "block_size": 32, "log": lambda m: None, **kw}
-    res = L.run_live(live_scripts.workdir(name, tmp_path_factory), **kw)
+    # every live run records the KV digests (issue 60): on correct vLLM every compared block must agree, and the
+    # tests' "no finding" holds that (the expired-lease test checks they differ exactly where tokens do)
+    old = list(live_servers.RECORD_ARGS)
+    if "--kv-checksum" not in old:
+        live_servers.RECORD_ARGS[:] = old + ["--kv-checksum"]
+    try:
+        res = L.run_live(live_scripts.workdir(name, tmp_path_factory), **kw)
+    finally:
+        live_servers.RECORD_ARGS[:] = old
     print(L.format_report(res))
     assert res["status"] == "served", L.format_report(res)
     assert res.get("summary"), f"no merged trace: {res.get('merge')}"

@@ -31,15 +31,9 @@ LEASE = 3
 def lease(live_scripts, tmp_path_factory):
     from pdtrace import detectors
 
-    import live_servers
-
-    old = list(live_servers.RECORD_ARGS)
-    live_servers.RECORD_ARGS[:] = old + ["--kv-checksum"]  # (issue 60: the bytes D decoded on against P's)
-    try:
-        res = served_live(live_scripts, "expired-lease", tmp_path_factory, spec="ngram", load="none",
-                          expired_lease=LEASE)
-    finally:
-        live_servers.RECORD_ARGS[:] = old
+    # (served_live records with --kv-checksum: issue 60, the bytes D decoded on against P's)
+    res = served_live(live_scripts, "expired-lease", tmp_path_factory, spec="ngram", load="none",
+                      expired_lease=LEASE)
     res["findings"] = detectors.run_all(res["events"], {})
     return res
 

@@ -9,6 +9,7 @@ vLLM's own kv_connector tests under the plugin: tests/test_upstream_vllm.py."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -70,7 +71,11 @@ def _run(pytester, *args):
 def test_off_the_plugin_changes_nothing(pytester):
     r = _run(pytester)
     r.assert_outcomes(passed=7)
-    assert "pdtrace" not in r.stdout.str()
+    out = r.stdout.str()
+    # none of the plugin's own output (its summary section, its per-test lines); paths in other tools' warnings may
+    # name a clone called pdtrace (a fresh clone's venv path did: the test failed for a new user, 2026-11-29)
+    assert not re.search(r"^=+ pdtrace =+$", out, re.M)  # the summary section
+    assert "test(s) recorded" not in out and "findings per class" not in out and "pdtrace:" not in out
 
 
 def test_on_each_test_its_trace_and_the_faults_fail(pytester, tmp_path):

@@ -36,8 +36,8 @@ class Digests:
             return
         x = self.landed.get((e.get("pid"), str(e.get("req"))))
         r = self.req_of(e)
-        if x is None or r is None:  # (D's own prefix-cache hit, or its read not in the trace: nothing crossed)
-            return
+        if x is None or r is None or x.get("landed") != "DONE":
+            return  # (D's own prefix-cache hit, its read not in the trace, or a failed load: nothing crossed whole)
         p_req = str(x["p_req"]) if x.get("p_req") is not None else None
         if p_req is not None and p_req not in self.p_digests:
             p_req = self.p_ids.match(p_req, self.p_digests) or p_req
