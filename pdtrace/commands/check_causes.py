@@ -48,7 +48,8 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
         out += line(f"cause {c.n}: {c.severity.upper()} {c.kind}: {c.title}", width, "  ", "    ")
         out += line(c.counts_text(), width, "    ", "      ")
         if c.where:
-            out += line(f"{c.where_words}: " + ", ".join(f"{w['file']}:{w['line']} {w['function'].rsplit('.', 1)[-1]}"
+            # (items apart by "; ": wrapped, a function never reads as the next file's)
+            out += line(f"{c.where_words}: " + "; ".join(f"{w['file']}:{w['line']} {w['function'].rsplit('.', 1)[-1]}"
                                                 for w in c.where), width, "    ", "      ")
         if c.upstream:
             out += line("upstream: " + ", ".join([c.upstream[0], *("#" + u.rsplit("/", 1)[-1] for u in c.upstream[1:])]),
@@ -132,3 +133,4 @@ def untagged(f: Any) -> str:
 
 def short(title: str, n: int = 110) -> str:
     return title if len(title) <= n else title[:n - 3] + "..."
+

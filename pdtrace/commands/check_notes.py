@@ -21,8 +21,8 @@ def faults_line(footer: dict | None) -> str | None:
     n = int(((footer or {}).get("counts") or {}).get("fault.inject") or 0)
     if not n:
         return None
-    return (f"LABELLED FAULT: this trace carries {n} fault.inject event(s), a fault planted on purpose (the "
-            f"sample's provenance says which): its findings are the fault's, not vLLM's as released")
+    return (f"LABELLED FAULT: {n} fault.inject event(s), planted on purpose (the sample's provenance says which): "
+            f"its findings are the fault's, not vLLM's as released")
 
 
 def kv_load_notes(notes: dict[str, list]) -> list[dict[str, Any]]:
