@@ -36,7 +36,7 @@ from ..tracefile.compress import UNREAD, ZSTD_MAGIC, seek_table
 from ..errors import TraceError
 from .blocks import frame_blocks, mmap_blocks
 from .columns import KIND_CODE, KIND_NAMES, NO_REQ, NO_STEP, UNKNOWN_KIND, ColumnQueries  # noqa: F401
-from ..tracefile.trace import _KIND_REQUIRED, Problem, _check_header
+from ..tracefile.trace import _KIND_REQUIRED, FOOTER_MISSING, Problem, _check_header
 from ..tracefile.typecheck import EventChecker
 from ..tracefile.zsource import Gap, gap_reason
 
@@ -316,7 +316,7 @@ class TraceIndex(ColumnQueries):
                 deadline = clock() + batch_time
         # no footer after a gap that ends before the file does: the trace ends early too
         if self.footer is None and (not self.stream_damaged or (self.gaps and not self._gap_at_end())):
-            self._problem(line_no + 1, "no footer: the trace ends early (recording killed, or file cut)")
+            self._problem(line_no + 1, FOOTER_MISSING)
         self.done = True
         yield self._progress(self.size, done=True)
 

@@ -27,7 +27,7 @@ from .typecheck import EventChecker
 from .eventlist import EventList, kind_code, kind_groups, select_kinds  # noqa: F401 - API
 from .writer import make_header, write_trace  # noqa: F401 - part of this module's API
 
-FOOTER_MISSING = "no footer: the trace ends early (recording killed, or file cut)"
+FOOTER_MISSING = "no footer here, after the last line: the trace ends early (recording killed, or file cut)"
 LINE_CUT = "truncated line (no newline at end of file: the writer stopped mid-line)"
 _KIND_REQUIRED = {name: schema.REQUIRED_COMMON | k.required for name, k in schema.KINDS.items()}
 
