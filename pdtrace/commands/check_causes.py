@@ -62,6 +62,8 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
         what = str(first.get("title") or "")
         if first.get("req") and what.startswith(f"request {first['req']}: "):
             what = what[len(f"request {first['req']}: "):]
+        elif first.get("req") and what.startswith(f"{first['req']} "):  # (the id once: "request X step N: read ...")
+            what = what[len(f"{first['req']} "):]
         out += line(f"first: finding [{first['index'] + 1}]" + (f", {ex}" if ex else "") + (f": {what}" if what else ""),
                     width, "    ", "      ")
         if more:  # (the command on a line of its own, never wrapped: a command cut in two cannot be pasted)
