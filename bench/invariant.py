@@ -46,6 +46,7 @@ def main() -> int:
     from gen_trace import generate
 
     d = a.keep or tempfile.mkdtemp(prefix="pdtrace-bench-inv-")
+    os.makedirs(d, exist_ok=True)  # (--keep DIR: made when it is not there yet)
     path = os.path.join(d, f"gen-{a.events}.jsonl")
     if not os.path.exists(path):
         generate(path, a.events)
