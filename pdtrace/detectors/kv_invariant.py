@@ -140,14 +140,12 @@ class Stream:
                 "chain": [{"what": "reported failed to load (kvload.handled)", "ev": handled},
                           {"what": f"step {e.get('step')}, scheduled before that, read it and its token was "
                                    f"appended after the rollback (kvload.output)", "ev": e.get("id")}]}
-        self.findings.append(Finding(
-            KV_INVARIANT, SEVERITY_ERROR, r.req, e.get("step"), s.inst,
-            sorted(x for x in (handled, e.get("id")) if isinstance(x, int)),
+        self._error(s, r, e.get("step"), (handled, e.get("id")),
             f"{r.req} read KV that is not its own: step {e.get('step')} read group {g} block {b}, which failed to "
             f"load, and its token was kept",
             f"Step {e.get('step')} was scheduled before the failed load of block {b} (group {g}, token block {i}) was "
             f"reported; it read the block as the load left it, and its sampled token was appended to "
-            f"{r.req}'s output after the rollback.", data))
+            f"{r.req}'s output after the rollback.", data)
 
     def _in_flight_write(self, s: Any, r: Any, e: Event, hazards: list) -> None:
         """``r``'s blocks to load from P were handed to it while a step still in flight writes another request's
@@ -224,15 +222,17 @@ class Stream:
                           {"what": f"D's digest of block {lb} before its first forward read it (event {e.get('id')})",
                            "ev": e.get("id")}]}
         more = f" (and {len(bad) - 1} more block(s))" if len(bad) > 1 else ""
-        self.findings.append(Finding(
-            KV_INVARIANT, SEVERITY_ERROR, r.req, e.get("step"), s.inst,
-            sorted(x for x in (p_ev, e.get("id")) if isinstance(x, int)),
+        self._error(s, r, e.get("step"), (p_ev, e.get("id")),
             f"the KV {r.req} decoded on differs from what P computed: group {g} block {lb} (P's block {rb} of "
             f"{p_req}){more}",
             f"record --kv-checksum: D's digest of block {lb} (group {g}, {_kind(s, g)}) before {r.req}'s first forward "
             f"({dd}) differs from P's digest of block {rb}, the block D's transfer read, when {p_req}'s KV was final "
             f"({pd}): the bytes D decoded on are not the bytes P computed for this prompt."
-            + (f" The KV model names the mechanism: {mech}." if mech not in (None, "?") else ""), data))
+            + (f" The KV model names the mechanism: {mech}." if mech not in (None, "?") else ""), data)
+
+    def _error(self, s: Any, r: Any, step: Any, ids: tuple, title: str, why: str, data: dict) -> None:
+        self.findings.append(Finding(KV_INVARIANT, SEVERITY_ERROR, r.req, step, s.inst,
+                                     sorted(x for x in ids if isinstance(x, int)), title, why, data))
 
     def _window(self, s: Any, r: Any, e: Event, g: int, cap: int) -> None:
         a, z = int(e.get("start") or 0), int(e.get("end") or 0)
