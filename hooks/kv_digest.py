@@ -82,7 +82,7 @@ register("nixl.digest_layers", BASE_WORKER_MOD, "NixlBaseConnectorWorker.registe
          doc="kv.digest_setup: the transfer layers a --kv-checksum digest reads")
 
 
-def _emit(rec: Any, rid: str, side: str, block_ids: Any, n_blocks: list | None, step: Any) -> None:
+def _emit(rec: Any, rid: str, side: str, block_ids: Any, n_blocks: list | None) -> None:
     layers = _STATE.get("layers")
     if not layers:
         return
@@ -110,7 +110,7 @@ def states(rec: Any, runner: Any, scheduler_output: Any) -> None:
     for rid in getattr(scheduler_output, "finished_req_ids", None) or ():
         st = reqs.get(rid)
         if rid in held and st is not None:  # P: held for a remote decode, finished
-            _emit(rec, rid, "P", getattr(st, "block_ids", None), None, None)
+            _emit(rec, rid, "P", getattr(st, "block_ids", None), None)
     ktc = getattr(getattr(w, "vllm_config", None), "kv_transfer_config", None)
     if ktc is None or not getattr(ktc, "is_kv_consumer", False):
         return
@@ -119,4 +119,4 @@ def states(rec: Any, runner: Any, scheduler_output: Any) -> None:
         c = int(getattr(nr, "num_computed_tokens", 0) or 0)
         if c > 0:  # D: its first forward reads these blocks (a NIXL read, or D's own prefix-cache hit)
             ids = getattr(nr, "block_ids", None) or ()
-            _emit(rec, nr.req_id, "D", ids, [-(-c // bs)] * len(ids), None)
+            _emit(rec, nr.req_id, "D", ids, [-(-c // bs)] * len(ids))

@@ -32,7 +32,7 @@ class Digests:
             if len(self.p_digests) > KEPT:
                 del self.p_digests[next(iter(self.p_digests))]
             for waiting in self.d_waiting.pop(rid, ()):
-                self._compare(*waiting)
+                self._compare(*waiting, rid)
             return
         x = self.landed.get((e.get("pid"), str(e.get("req"))))
         r = self.req_of(e)
@@ -46,15 +46,12 @@ class Digests:
             if len(self.d_waiting) > KEPT:
                 del self.d_waiting[next(iter(self.d_waiting))]
             return
-        self._compare(r, x, _flat(e.get("blocks")), e)
+        self._compare(r, x, _flat(e.get("blocks")), e, p_req)
 
-    def _compare(self, r: Any, x: dict, d: dict, e: Event) -> None:
-        p, p_ev = self.p_digests.get(str(x["p_req"]), (None, None))
-        if p is None:
-            pid = self.p_ids.match(str(x["p_req"]), self.p_digests)
-            p, p_ev = self.p_digests.get(pid, (None, None)) if pid else (None, None)
-        if p is None:
-            return
+    def _compare(self, r: Any, x: dict, d: dict, e: Event, p_req: str) -> None:
+        """D's digests ``d`` of the blocks its read ``x`` filled against P's digests of ``p_req`` (the id P's
+        digest event named: the exact one or its base-id match)."""
+        p, p_ev = self.p_digests[p_req]
         s = self.scheds.get(r.sched)
         bad = []
         for lb, rb, _snap, _not_its in x["pairs"]:
