@@ -28,6 +28,13 @@ if [ $# -ne 1 ] || [[ ! "$1" =~ ^0\.[0-9]+\.[0-9]+$ ]]; then
 fi
 V=$1
 OUT=real_bugs/$V
+# The two main releases: the venv CI runs them in (scripts/test.sh), when this clone has it. A --no-deps
+# release venv lacks packages those have (NIXL, a model's own deps), and the matrix CI checks then differs.
+if [ -z "${VENV:-}" ] && [ "$V" = 0.32.0 ] && [ -x .venv/bin/python ]; then VENV=.venv; fi
+if [ -z "${VENV:-}" ] && [ "$V" = 0.33.0 ] && [ -x .venv-vllm033/bin/python ]; then VENV=.venv-vllm033; fi
+if [ -z "${VENV:-}" ] && [[ "$V" =~ ^0\.3[23]\.0$ ]]; then
+  echo "real_bugs: no CI venv for $V here (scripts/test.sh --all builds it); a release venv's doctor and zoo rows may differ from CI's" >&2
+fi
 if [ -n "${VENV:-}" ]; then
   PYBIN=$VENV/bin/python
   "$PYBIN" -c "import vllm, sys; sys.exit(vllm.__version__.split('+')[0] != '$V')" 2>/dev/null || {
