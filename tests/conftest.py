@@ -160,6 +160,17 @@ def served_live(live_scripts, name: str, tmp_path_factory, **kw) -> dict:
     return res
 
 
+def said(check: dict) -> str:
+    """A live run's `pdtrace check -f json` as a failure message a CI log keeps whole: rc, then each finding's
+    kind, request, title, why and its mechanism (the run's folder is gone when CI's log is read)."""
+    out = [f"check rc {check.get('rc')}; stderr: {(check.get('stderr') or '').strip()[-300:]}"]
+    for f in check.get("findings") or []:
+        out.append(f"- {f.get('severity')} {f.get('kind')} {f.get('req')} step {f.get('step')} on {f.get('inst')}: "
+                   f"{f.get('title')}\n  why: {f.get('why')}\n  data: "
+                   + str({k: v for k, v in (f.get('data') or {}).items() if k != 'chain'})[:1500])
+    return "\n".join(out)
+
+
 def groups_follow_vllm(res: dict) -> list[dict]:
     """A live run's per-KV-cache-group facts (kv-never-crossed, issue 51) and the viewer's Block map, held to vLLM's
     own lists: D's whole list for each loaded request (``nixl.remote_alloc.local_block_ids``, the scheduler's, null

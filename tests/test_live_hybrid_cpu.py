@@ -18,7 +18,7 @@ vLLM's CPU kernels it skips with the reason; under PDTRACE_STRICT_SKIPS=1 that i
 from __future__ import annotations
 
 import pytest
-from conftest import load_live_events
+from conftest import load_live_events, said
 
 pytestmark = pytest.mark.live
 
@@ -77,4 +77,4 @@ def test_trace_complete_and_check_clean(hyb):
     exits = {e["pid"] for e in _ev(hyb, "proc.exit")}
     assert {e["pid"] for e in _ev(hyb, "d2h.issue")} <= exits
     assert {e["pid"] for e in _ev(hyb, "sched.step")} <= exits
-    assert hyb["check"].get("findings") == [], hyb["check"]
+    assert hyb["check"].get("findings") == [], said(hyb["check"])

@@ -21,7 +21,7 @@ vLLM's CPU kernels it skips with the reason; under PDTRACE_STRICT_SKIPS=1 that i
 from __future__ import annotations
 
 import pytest
-from conftest import groups_follow_vllm, served_live
+from conftest import groups_follow_vllm, said, served_live
 
 pytestmark = pytest.mark.live
 
@@ -78,7 +78,7 @@ def test_check_is_clean_as_recorded_and_as_the_previous_hooks_recorded_it(sw):
     from pdtrace import detectors
     from pdtrace.detectors.coverage import coverage
 
-    assert sw["check"]["rc"] == 0 and sw["check"].get("findings") == [], sw["check"]
+    assert sw["check"]["rc"] == 0 and sw["check"].get("findings") == [], said(sw["check"])
     cov = coverage(sw["events"])
     assert cov["lookahead-block-misalignment"].status == "checked", cov
     old = []

@@ -13,7 +13,7 @@ request served, no finding of any severity, the pairing class checked.
 from __future__ import annotations
 
 import pytest
-from conftest import groups_follow_vllm, served_live
+from conftest import groups_follow_vllm, said, served_live
 
 pytestmark = [pytest.mark.live, pytest.mark.live_extra]
 
@@ -42,7 +42,7 @@ def test_vllm_built_the_architectures_groups_and_check_is_clean(fam):
     for c in [e for e in fam["events"] if e["ev"] == "sched.config"]:
         got = {k: c["group_kinds"].count(k) for k in set(c["group_kinds"])}
         assert got == GROUPS[fam["family"]], c["group_kinds"]
-    assert fam["check"]["rc"] == 0 and fam["check"].get("findings") == [], fam["check"]
+    assert fam["check"]["rc"] == 0 and fam["check"].get("findings") == [], said(fam["check"])
     assert coverage(fam["events"])["lookahead-block-misalignment"].status == "checked"
 
 

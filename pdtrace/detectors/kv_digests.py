@@ -12,12 +12,13 @@ Event = dict[str, Any]
 KEPT = 1 << 12  # P requests' digests and D's comparisons waiting for them (the oldest go first)
 
 
-def _flat(blocks: Any) -> dict[int, tuple[int, int]]:
-    """{"group": {"block": digest}} -> {block: (group, digest)}."""
+def _flat(blocks: Any) -> dict[tuple[int, int], int]:
+    """{"group": {"block": digest}} -> {(group, block): digest}. By group: P's worker lists still name the blocks
+    vLLM pruned from a sliding window, which the pool may since have given to another group."""
     out = {}
     for g, d in (blocks or {}).items():
         for b, v in (d or {}).items():
-            out[int(b)] = (int(g), v)
+            out[(int(g), int(b))] = v
     return out
 
 
@@ -54,12 +55,16 @@ class Digests:
         p, p_ev = self.p_digests[p_req]
         s = self.scheds.get(r.sched)
         bad = []
-        for lb, rb, _snap, _not_its in x["pairs"]:
-            if lb not in d or rb not in p:
-                continue
-            g = d[lb][0]
-            self.digest_counts[g] = self.digest_counts.get(g, 0) + 1
-            if d[lb][1] != p[rb][1]:
-                bad.append((g, lb, rb, d[lb][1], p[rb][1]))
+        read = x["read"]
+        push = bool(x.get("push"))
+        local = read.get("local_out" if push else "local_block_ids") or []
+        remote = read.get("remote_out" if push else "remote_block_ids") or []
+        for g, (lg, rg) in enumerate(zip(local, remote)):
+            for lb, rb in zip(lg, rg):
+                if (g, lb) not in d or (g, rb) not in p:
+                    continue
+                self.digest_counts[g] = self.digest_counts.get(g, 0) + 1
+                if d[(g, lb)] != p[(g, rb)]:
+                    bad.append((g, lb, rb, d[(g, lb)], p[(g, rb)]))
         if bad and s is not None:
             self.report("digest", s, r, e=e, bad=bad, p_req=x["p_req"], p_ev=p_ev, mech=self.mech_of(s, r))

@@ -20,6 +20,11 @@ class Reads:
             return
         bad = []
         group = s.group
+        # the window's start by the most tokens the request may have computed: after a step with drafts and before
+        # its next allocation the trace knows only c (none accepted) .. r.upto (all); vLLM prunes by its own count,
+        # so a position only the fewest-accepted case reads is not read for certain (a live Gemma 3 + ngram run:
+        # vLLM freed a block by 2 accepted drafts and the check read it by none)
+        hi_c = max(c, r.upto)
         for (g, b), i in list(r.dirty.items()):
             attn, bs, win, kind = group(g)
             if not attn:
@@ -29,7 +34,7 @@ class Reads:
             if win and "Chunked" in kind:
                 start = c - c % win
             elif win:
-                start = max(0, c - win + 1)
+                start = max(0, hi_c - win + 1)
             if i * bs >= c:
                 continue  # not read yet: stays dirty
             del r.dirty[(g, b)]
@@ -77,7 +82,6 @@ class Reads:
             _attn, bs, win, kind = group(g)
             if not win or not lst:
                 continue
-            hi_c = max(c, r.upto)  # (the window's start by the most tokens the request may have computed)
             start = c - c % win if "Chunked" in kind else max(0, hi_c - win + 1)
             i0, i1 = start // bs, min((c - 1) // bs, len(lst) - 1)
             if i0 <= i1 and 0 in lst[i0:i1 + 1]:
