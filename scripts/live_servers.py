@@ -326,9 +326,10 @@ def decoder_names(n: int) -> list[str]:
 
 def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, block_size: int,
                record: bool, decoders: int = 1, policies: dict[str, str] | None = None,
-               lease: float | None = None) -> dict[str, tuple[Server, int]]:
+               lease: float | None = None, faults: dict[str, str] | None = None) -> dict[str, tuple[Server, int]]:
     """Start P (kv_producer) and `decoders` kv_consumer servers concurrently (1P1D by default);
-    ``policies``: a decoder's kv_load_failure_policy, by instance name (vLLM's default if absent)."""
+    ``policies``: a decoder's kv_load_failure_policy, by instance name (vLLM's default if absent);
+    ``faults``: a server's labelled faults, by instance name (live_site/labelled_faults.py)."""
     cfg = spec_config(spec, models, num_spec)
     # EAGLE drafts from the target's hidden states and has its own KV layer, so P runs the same
     # speculative config (its drafter's KV is part of what D reads). ngram has no KV: D only.
@@ -344,9 +345,12 @@ def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, 
         else:  # more servers than halves: one core each, round-robin (P idles once it has prefilled)
             half = [cpus[i % len(cpus)]] if cpus else None
         cpu = ",".join(map(str, half)) if half else None
+        env = server_env(free_port(), cpu)
+        if (faults or {}).get(name):
+            env["PDTRACE_LABELLED_FAULT"] = faults[name]
         srv = Server(name, server_cmd(models["target"], port, role, sc, block_size, (policies or {}).get(name),
                                       lease if name == "P" else None),
-                     server_env(free_port(), cpu), workdir / f"{name}.log",
+                     env, workdir / f"{name}.log",
                      workdir / f"{name}.jsonl" if record else None)
         out[name] = (srv, port)
     return out

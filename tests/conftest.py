@@ -147,8 +147,9 @@ def served_live(live_scripts, name: str, tmp_path_factory, **kw) -> dict:
     # every live run records the KV digests (issue 60): on correct vLLM every compared block must agree, and the
     # tests' "no finding" holds that (the expired-lease test checks they differ exactly where tokens do)
     old = list(live_servers.RECORD_ARGS)
+    every = kw.pop("kv_checksum_every", None)  # (record --kv-checksum-every N: one request in N)
     if "--kv-checksum" not in old:
-        live_servers.RECORD_ARGS[:] = old + ["--kv-checksum"]
+        live_servers.RECORD_ARGS[:] = old + ["--kv-checksum"] + (["--kv-checksum-every", str(every)] if every else [])
     try:
         res = L.run_live(live_scripts.workdir(name, tmp_path_factory), **kw)
     finally:

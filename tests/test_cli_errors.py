@@ -135,7 +135,8 @@ def test_cli_needs_no_click_import():
 
 def test_bad_record_options_create_nothing_and_merge_refuses_a_repeated_input(tmp_path):
     out = tmp_path / "new" / "r.jsonl"
-    for opt in (["--ring", "-1"], ["--ring", "0"], ["--flush-interval", "0"], ["--orphan-wait", "-2"]):
+    for opt in (["--ring", "-1"], ["--ring", "0"], ["--flush-interval", "0"], ["--orphan-wait", "-2"],
+                ["--kv-checksum-every", "0"]):
         r = _pdtrace("record", "-o", str(out), *opt, "--", "true")
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (opt, r.stderr)
     assert not (tmp_path / "new").exists()  # nothing created: no empty shard folder left behind

@@ -456,8 +456,8 @@ def test_a_block_digest_is_the_bytes_of_that_block_wherever_it_sits():
 
 
 def test_digests_that_differ_on_a_block_d_read_are_an_error_that_joins_the_models_cause():
-    """P's digest of each block when its request was final against D's before its first forward, paired by D's
-    read. Equal bytes under other block ids: nothing. A block whose bytes differ where the model sees nothing wrong:
+    """P's digest of each block when its request was final against D's before its first forward, paired by token
+    position in each side's own list. Equal bytes under other block ids: nothing. A block whose bytes differ where the model sees nothing wrong:
     its own cause (digest-differs). Where the model names the mechanism (a shifted mapping), the digest finding
     carries it (one bug, one cause)."""
     from pdtrace.detectors.causes import group
@@ -480,7 +480,46 @@ def test_digests_that_differ_on_a_block_d_read_are_an_error_that_joins_the_model
     (f,) = run({"7": 11, "8": 99})
     assert f.data["digest"] and f.data["mechanism"] == "digest-differs" and f.data["block"] == 8
     assert f.data["p_block"] == 2 and f.data["p_req"] == "p1"
-    fs = run({"7": 22, "8": 33}, remote=((2, 3),))  # the shifted read: the model names it, the bytes agree with P's
-    assert [x.data["mechanism"] for x in fs] == ["shifted"]
-    fs = run({"7": 99, "8": 33}, remote=((2, 3),))
+    # the shifted read: D's blocks hold what the read brought (P's blocks 2 and 3), not P's token blocks 0 and 1:
+    # the bytes are compared position by position (vLLM's own lists), so they differ, and join the model's cause
+    fs = run({"7": 22, "8": 33}, remote=((2, 3),))
     assert sorted(x.data["mechanism"] for x in fs) == ["shifted", "shifted"] and len(group(fs)) == 1
+    (d,) = [x for x in fs if x.data.get("digest")]
+    assert (d.data["block"], d.data["p_block"], d.data["read_from"]) == (7, 1, 2)
+
+
+def test_one_request_in_n_is_digested_the_same_on_p_and_d():
+    """record --kv-checksum-every N: P and D pick the same requests by the id both sides share (vLLM appends an
+    8-hex suffix per engine to the client's id), about one in N."""
+    from pdtrace.hooks.kv_digest import sampled
+
+    base = [f"cmpl-{i:032x}-0" for i in range(2000)]
+    on_p = [sampled(b + "-81998a82", 4) for b in base]
+    on_d = [sampled(b + "-9e548a81", 4) for b in base]
+    assert on_p == on_d and 350 < sum(on_p) < 650
+    assert all(sampled(b, 1) for b in base[:50])
+
+
+def test_what_the_byte_check_did_not_compare_is_said():
+    """The coverage line says the sampling, the D digests P's side never matched, and P/D pairs whose KV layouts
+    differ (another dtype, block shape or TP size: their digests mean other bytes), whose blocks are then not
+    compared and give no finding."""
+    from pdtrace.detectors import coverage as cov_mod
+    from pdtrace.detectors import kv_invariant as inv
+
+    def run(p_layout, d_layout, every=1):
+        t = _pd()
+        t.add("kv.digest_setup", "P", layers=2, groups=[0], skipped=[], every=every, layout=p_layout, role="worker")
+        t.add("kv.digest_setup", "D", layers=2, groups=[0], skipped=[], every=every, layout=d_layout, role="worker")
+        t.prefill("P", "p1", "aaaa", [[1, 2, 3]], 1)
+        t.add("kv.digest", "P", step=2, req="p1", side="P", blocks={"0": {"1": 11, "2": 22, "3": 33}}, role="worker")
+        t.d_load("d1", "p1", "aaaa", [[7, 8]], [[1, 2]], 1)
+        t.add("kv.digest", "D", step=2, req="d1", side="D", blocks={"0": {"7": 11, "8": 99}}, role="worker")
+        return t.findings(), cov_mod.coverage(t.events)[inv.KV_INVARIANT].reason, None
+
+    same = "2 layer(s), bfloat16, block [4, 16, 128], TP 1"
+    fs, reason, _ = run(same, same, every=4)
+    assert [f.data["block"] for f in fs] == [8]
+    assert "record --kv-checksum-every 4: one request in 4" in reason and "1 of 1 loaded request(s) compared" in reason
+    fs, reason, _ = run(same, same.replace("TP 1", "TP 2"))
+    assert fs == [] and "not compared, the KV layouts differ: P: " + same in reason

@@ -36,7 +36,8 @@ KV_FAILURES = {"D": "fail", "D2": "recompute"}
 
 @pytest.fixture(scope="module")
 def xpyd(live_scripts, tmp_path_factory):
-    res = served_live(live_scripts, "1p2d", tmp_path_factory, decoders=2, start_timeout=600, kv_failures=KV_FAILURES)
+    res = served_live(live_scripts, "1p2d", tmp_path_factory, decoders=2, start_timeout=600, kv_failures=KV_FAILURES,
+                      kv_checksum_every=2)
     res["check_doc"] = json.loads((Path(res["workdir"]) / "check.json").read_text())
     return res
 
@@ -196,3 +197,22 @@ def test_a_real_d_prefix_hit_is_placed_by_ds_own_block_list(xpyd):
     for d, p in zip(trim["local_out"][0], trim["remote_out"][0]):
         assert p_blocks[full.index(d)] == p  # each D block reads the P block of its own tokens
     assert _clean(xpyd), xpyd["check"]
+
+
+def test_one_request_in_two_is_digested_the_same_ones_on_p_and_both_decoders(xpyd):
+    """record --kv-checksum-every 2 (issue 60): each side digests a request by the id P and D share, so a sampled
+    request is digested on P and on its decoder, the others nowhere; check compares those and says the sampling."""
+    from pdtrace.hooks.kv_digest import sampled
+
+    dig = _ev(xpyd, "kv.digest")
+    assert dig and all(sampled(e["req"], 2) for e in dig)
+    assert {e["every"] for e in _ev(xpyd, "kv.digest_setup")} == {2}
+    p_side = {e["req"].rsplit("-", 1)[0] for e in dig if e["side"] == "P"}
+    d_side = {e["req"].rsplit("-", 1)[0] for e in dig if e["side"] == "D"}
+    done = _ev(xpyd, "nixl.read_done")
+    failed = {e["req"] for e in done if e.get("status") != "DONE"}  # (0.32 reports a failed load DONE as well)
+    loaded = {e["req"].rsplit("-", 1)[0] for e in done if e.get("status") == "DONE" and e["req"] not in failed}
+    assert d_side & loaded and d_side & loaded <= p_side
+    assert {b for b in loaded if sampled(b, 2)} <= p_side  # (P digests every sampled request it prefilled)
+    reason = xpyd["check_doc"]["coverage"]["kv-invariant"]["reason"]
+    assert "record --kv-checksum-every 2: one request in 2" in reason and "not sampled" in reason, reason

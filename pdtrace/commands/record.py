@@ -98,7 +98,7 @@ def _wait_for_orphans(shard_dir: str, wait: float, flush_interval: float, exclud
 
 def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | None = None,
         keep_shards: bool = False, flush_interval: float = 0.2, orphan_wait: float = 10.0,
-        ring: float | None = None, kv_checksum: bool = False) -> int:
+        ring: float | None = None, kv_checksum: bool = False, kv_checksum_every: int | None = None) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
@@ -107,6 +107,8 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
         raise PdtraceError(f"--ring {ring:g}: the window must be a positive number of seconds")
     if not flush_interval > 0:
         raise PdtraceError(f"--flush-interval {flush_interval:g}: must be a positive number of seconds")
+    if kv_checksum_every is not None and kv_checksum_every < 1:
+        raise PdtraceError(f"--kv-checksum-every {kv_checksum_every}: must be 1 or more (one request in N)")
     if orphan_wait < 0:
         raise PdtraceError(f"--orphan-wait {orphan_wait:g}: must be zero or more seconds")
     output = Path(output)
@@ -129,8 +131,9 @@ def run(cmd: list[str], output: Path, no_redact: bool = False, instance: str | N
     env["PDTRACE_FLUSH"] = str(flush_interval)
     if instance:
         env["PDTRACE_INSTANCE"] = instance
-    if kv_checksum:  # digests of the transferred blocks on P and D (hooks/kv_digest.py; CPU KV caches)
+    if kv_checksum or kv_checksum_every:  # digests of the transferred blocks on P and D (hooks/kv_digest.py)
         env["PDTRACE_KV_CHECKSUM"] = "1"
+        env["PDTRACE_KV_CHECKSUM_EVERY"] = str(kv_checksum_every or 1)
     if ring is not None:
         env["PDTRACE_RING"] = str(ring)
         env["PDTRACE_RECORD_PID"] = str(os.getpid())  # online checks ask this process for snapshots

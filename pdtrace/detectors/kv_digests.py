@@ -26,6 +26,24 @@ class Digests:
     """(a mixin of ``kv_model.Model``: it reads ``landed``, ``req_of``, ``scheds``, ``p_ids``, ``p_of``, ``counts``
     and ``report``, and the mechanism its reads gave a request: ``mech_of``)."""
 
+    def _kv_digest_setup(self, e: Event) -> None:
+        st = self.digest_setup.setdefault(e.get("inst"), {"every": 1, "skipped": [], "layers": 0, "layout": set()})
+        st["every"] = max(st["every"], int(e.get("every") or 1))
+        if e.get("layout"):
+            st["layout"].add(str(e["layout"]))
+        st["layers"] += int(e.get("layers") or 0)
+        st["skipped"] += [x for x in e.get("skipped") or () if x not in st["skipped"]][:8]
+
+    def digest_notes(self) -> dict:
+        """What the byte check compared and what it could not: for the coverage line."""
+        every = max((st["every"] for st in self.digest_setup.values()), default=1)
+        skipped = [f"{i}: {x}" for i, st in self.digest_setup.items() for x in st["skipped"]]
+        return {"setup": bool(self.digest_setup), "every": every, "requests": self.digest_reqs,
+                "apart": sorted(self.digest_apart)[:4],
+                "transfers": self.counts["transfers"], "no_p": sum(len(v) for v in self.d_waiting.values()),
+                "skipped": skipped[:4], "no_layers": sorted(str(i) for i, st in self.digest_setup.items()
+                                                             if not st["layers"])}
+
     def _kv_digest(self, e: Event) -> None:
         if e.get("side") == "P":
             rid = str(e.get("req"))
@@ -54,17 +72,32 @@ class Digests:
         digest event named: the exact one or its base-id match)."""
         p, p_ev = self.p_digests[p_req]
         s = self.scheds.get(r.sched)
+        lp = self.digest_setup.get(x.get("p"), {}).get("layout") or set()
+        ld = self.digest_setup.get(s.inst if s is not None else None, {}).get("layout") or set()
+        if lp and ld and lp != ld:  # (other layers, dtype, block shape or TP size: the digests mean other bytes)
+            self.digest_apart.add(f"{x.get('p')}: {' | '.join(sorted(lp))} against {s.inst}: {' | '.join(sorted(ld))}")
+            return
         bad = []
         read = x["read"]
         push = bool(x.get("push"))
         local = read.get("local_out" if push else "local_block_ids") or []
         remote = read.get("remote_out" if push else "remote_block_ids") or []
+        p_lists = x.get("p_lists")
         for g, (lg, rg) in enumerate(zip(local, remote)):
+            mine = r.blocks[g] if g < len(r.blocks) else []
+            theirs = p_lists[g] if p_lists and g < len(p_lists) else None
             for lb, rb in zip(lg, rg):
-                if (g, lb) not in d or (g, rb) not in p:
+                # the same token position on both sides: D's token block i against P's token block i (vLLM's own
+                # lists); the block the read took stands in where P's list is not in the trace
+                pb = rb
+                if theirs is not None and lb in mine:
+                    i = mine.index(lb)
+                    pb = theirs[i] if i < len(theirs) and theirs[i] else None
+                if pb is None or (g, lb) not in d or (g, pb) not in p:
                     continue
                 self.digest_counts[g] = self.digest_counts.get(g, 0) + 1
-                if d[(g, lb)] != p[(g, rb)]:
-                    bad.append((g, lb, rb, d[(g, lb)], p[(g, rb)]))
+                if d[(g, lb)] != p[(g, pb)]:
+                    bad.append((g, lb, pb, d[(g, lb)], p[(g, pb)], rb))
+        self.digest_reqs += 1
         if bad and s is not None:
             self.report("digest", s, r, e=e, bad=bad, p_req=x["p_req"], p_ev=p_ev, mech=self.mech_of(s, r))

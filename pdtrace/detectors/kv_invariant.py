@@ -74,6 +74,7 @@ class Stream:
         c = self.model.counts
         return [{"reads_checked": c["reads"], "transfers": c["transfers"], "unjudged": c["unjudged"],
                  "digests_compared": {str(g): n for g, n in sorted(self.model.digest_counts.items())},
+                 "digest": self.model.digest_notes(),
                  "unjudged_why": dict(self.unjudged), "drafter_windows": c["windows"], "window_edge_null": c["edge"],
                  "lease_intact": self.model.lease_intact(), "lease_unread": self.model.lease_unread()}]
 
@@ -214,20 +215,23 @@ class Stream:
     def _digest(self, s: Any, r: Any, e: Event, bad: list, p_req: Any, p_ev: Any, mech: Any) -> None:
         """``record --kv-checksum``: the bytes D's first forward read differ from the bytes P's block held when
         P's request was final. The mechanism the model gave the request, where it gave one (one bug, one cause)."""
-        g, lb, rb, dd, pd = bad[0]
+        g, lb, rb, dd, pd, took = bad[0]
         data = {"mechanism": mech if mech not in (None, "?") else "digest-differs", "digest": True, "group": g,
-                "group_kind": _kind(s, g), "block": lb, "p_block": rb, "p_req": p_req, "d_digest": dd,
-                "p_digest": pd, "bad_blocks": [[x[0], x[1], None] for x in bad], "group_ids": sorted({x[0] for x in bad}),
+                "group_kind": _kind(s, g), "block": lb, "p_block": rb, "read_from": took, "p_req": p_req,
+                "d_digest": dd, "p_digest": pd, "bad_blocks": [[x[0], x[1], None] for x in bad],
+                "group_ids": sorted({x[0] for x in bad}),
                 "chain": [{"what": f"P's digest of block {rb} when {p_req} was final (event {p_ev})", "ev": p_ev},
                           {"what": f"D's digest of block {lb} before its first forward read it (event {e.get('id')})",
                            "ev": e.get("id")}]}
         more = f" (and {len(bad) - 1} more block(s))" if len(bad) > 1 else ""
+        read = ("the block D's transfer read" if took == rb else
+                f"which holds that token position in {p_req}'s own list (D's transfer read P's block {took} instead)")
         self._error(s, r, e.get("step"), (p_ev, e.get("id")),
             f"the KV {r.req} decoded on differs from what P computed: group {g} block {lb} (P's block {rb} of "
             f"{p_req}){more}",
             f"record --kv-checksum: D's digest of block {lb} (group {g}, {_kind(s, g)}) before {r.req}'s first forward "
-            f"({dd}) differs from P's digest of block {rb}, the block D's transfer read, when {p_req}'s KV was final "
-            f"({pd}): the bytes D decoded on are not the bytes P computed for this prompt."
+            f"({dd}) differs from P's digest of block {rb}, {read}, when {p_req}'s KV was final "
+            f"({pd}): the bytes D decoded on are not the bytes P computed for these positions of the prompt."
             + (f" The KV model names the mechanism: {mech}." if mech not in (None, "?") else ""), data)
 
     def _error(self, s: Any, r: Any, step: Any, ids: tuple, title: str, why: str, data: dict) -> None:
@@ -346,6 +350,30 @@ def _kind(s: Any, g: int) -> str:
     return str(kinds[g]) if g < len(kinds) else "?"
 
 
+def _bytes_said(n: dict) -> list[str]:
+    """record --kv-checksum: the blocks compared per group, and what was not compared and why (never "clean")."""
+    d = n.get("digest") or {}
+    if not d.get("setup") and not n.get("digests_compared"):
+        return []
+    every = d.get("every", 1)
+    how = "record --kv-checksum" + (f"-every {every}: one request in {every}" if every > 1 else "")
+    blocks = ", ".join(f"{k} block(s) in group {g}" for g, k in (n.get("digests_compared") or {}).items())
+    out = [f"KV bytes compared ({how}): " + (blocks or "none")
+           + f"; {d.get('requests', 0)} of {d.get('transfers', 0)} loaded request(s) compared"]
+    if every > 1:
+        out.append(f"the others not sampled (one in {every})")
+    if d.get("no_p"):
+        out.append(f"{d['no_p']} D digest(s) whose P digest is not in the trace (P recorded without --kv-checksum, "
+                   f"or its request not sampled there)")
+    if d.get("no_layers"):
+        out.append(f"no KV layer digested on {', '.join(d['no_layers'])}")
+    if d.get("skipped"):
+        out.append("not digested: " + "; ".join(d["skipped"]))
+    if d.get("apart"):
+        out.append("not compared, the KV layouts differ: " + "; ".join(d["apart"]))
+    return out
+
+
 def coverage(cov: dict[str, Any], notes: dict[str, list]) -> dict[str, Any]:
     """The class's coverage verdict given what the stream could not judge: reads of KV whose content
     the trace cannot tell (a transfer from a P instance not in the trace, a load no worker event
@@ -358,9 +386,7 @@ def coverage(cov: dict[str, Any], notes: dict[str, list]) -> dict[str, Any]:
         said = [f"{n.get('reads_checked', 0)} block read(s) judged", f"{n.get('transfers', 0)} NIXL transfer(s) followed"]
         if n.get("drafter_windows"):
             said.append(f"{n['drafter_windows']} drafter window(s)")
-        if n.get("digests_compared"):
-            said.append("KV bytes compared (record --kv-checksum): " + ", ".join(
-                f"{k} block(s) in group {g}" for g, k in n["digests_compared"].items()))
+        said += _bytes_said(n)
         if n.get("window_edge_null"):
             said.append(f"{n['window_edge_null']} read(s) reached one position of vLLM's null block at a window's "
                         f"leading edge (a recomputed last token; a fact, see docs/kv-invariant.md)")

@@ -43,7 +43,7 @@ KEPT_SCHEDS = 64  # schedulers kept once replaced in their process (vLLM's own t
 
 KINDS = ("sched.config", "req.add", "sched.alloc", "sched.step", "sched.output", "sched.free", "nixl.request_finished",
          "nixl.remote_alloc", "nixl.read", "nixl.trim", "nixl.read_done", "nixl.lease_expired", "kvload.handled", "kvload.request",
-         "kvload.output", "spec.window", "kv.digest")
+         "kvload.output", "spec.window", "kv.digest", "kv.digest_setup")
 KEPT_PENDING = 16  # steps whose output is awaited, per scheduler (async scheduling keeps one or two in flight)
 __all__ = ["AWAITING", "FAILED", "PENDING", "UNWRITTEN", "KINDS", "Block", "Model", "Req", "Sched"]
 
@@ -70,6 +70,9 @@ class Model(Transfers, Reads, Digests):
         self.p_digests: dict[str, tuple] = {}  # P request -> ({block: (group, digest)}, event id) (--kv-checksum)
         self.d_waiting: dict[str, list] = {}  # P request -> D's digests waiting for P's
         self.digest_counts: dict[int, int] = {}  # group -> loaded blocks whose bytes were compared
+        self.digest_reqs = 0  # D requests whose loaded bytes were compared
+        self.digest_apart: set[str] = set()  # P/D pairs whose KV layouts differ: their digests are not compared
+        self.digest_setup: dict[Any, dict] = {}  # instance -> its workers' kv.digest_setup (every N, skipped layers)
         self.mech_of: Any = lambda s, r: None  # the mechanism the invariant gave a request (kv_invariant sets it)
         self.landed: dict[tuple, dict] = {}  # ... and the last few that landed
         self.p_ok: dict[str, None] = {}  # P requests whose blocks D read and found its own (lately)

@@ -53,10 +53,15 @@ class Transfers:
         self.counts["transfers"] += 1
         key = (e.get("pid"), rid)
         self.landed.pop(key, None)
-        self.xfers[key] = {"read": e, "pairs": pairs, "p": ps.inst if ps else None,
+        self.xfers[key] = {"read": e, "pairs": pairs, "p": ps.inst if ps else None, "p_lists": self._p_lists(ps, p_req),
                            "p_req": p_req, "landed": None, "ambiguous": ps is not None and ps.key[:2] in self.ambiguous}
         if len(self.xfers) > KEPT_P:  # (reads that never landed: the oldest go first)
             del self.xfers[next(iter(self.xfers))]
+
+    def _p_lists(self, ps: Any, p_req: Any) -> list | None:
+        """P's request's block lists by token position (its scheduler's), as they are when D's read starts."""
+        preq = (ps.reqs.get(str(p_req)) or self.gone.get((ps.inst, str(p_req)))) if ps is not None and p_req else None
+        return [list(lst) for lst in preq.blocks] if preq is not None and preq.blocks else None
 
     def _pairs(self, ps: Any, p_req: Any, local: Any, remote: Any) -> list[tuple]:
         """(D block, P block, P's block as it is now, P's lists where the block is not the request's)."""
@@ -88,6 +93,7 @@ class Transfers:
         self.counts["transfers"] += 1
         self.pushes[str(e["remote_req"])] = {
             "read": e, "pairs": self._pairs(ps, p_req, e.get("local_out"), e.get("remote_out")),
+            "p_lists": self._p_lists(ps, p_req),
             "p": ps.inst if ps else None, "p_req": p_req, "landed": None, "push": True,
             "ambiguous": ps is not None and ps.key[:2] in self.ambiguous}
         if len(self.pushes) > KEPT_P:  # (writes that never landed: the oldest go first)

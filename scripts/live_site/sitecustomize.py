@@ -96,6 +96,16 @@ try:
     _install()
 except Exception as exc:  # never stop the server
     sys.stderr.write(f"live_site: NIXL progress-thread delay not set: {type(exc).__name__}: {exc}\n")
+if os.environ.get("PDTRACE_LABELLED_FAULT"):  # a live test's labelled fault (labelled_faults.py beside this file)
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import labelled_faults
+
+        labelled_faults.install()
+    except Exception as exc:
+        sys.stderr.write(f"live_site: labelled faults not armed: {type(exc).__name__}: {exc}\n")
+    finally:
+        sys.path.pop(0)
 try:  # the sitecustomize after this one on the path, as pdtrace's bootstrap chains to this one
     from pdtrace.record.bootstrap.sitecustomize import chain_next_sitecustomize
 
