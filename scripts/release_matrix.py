@@ -165,6 +165,9 @@ def document(runs: list[tuple[str, dict, dict]]) -> str:
             parts.append("")
         parts += ["| bug class | model runner V1 | model runner V2 |", "| --- | --- | --- |"]
         parts += [f"| {c['class']} | {c['v1']} | {c['v2']} |" for c in doctor.get("coverage", [])]
+        ck = doctor.get("kv_checksum")
+        if ck:  # (issue 60: whether the digest can run, per runner, as doctor says)
+            parts.append(f"| `record --kv-checksum` | {ck.get('v1')} | {ck.get('v2')} |")
         mr = doctor.get("model_runner") or {}
         if mr.get("gpu_default"):
             parts += ["", f"Default model runner on a GPU host: {mr['gpu_default'].upper()}."]

@@ -74,6 +74,9 @@ def test_doctor_coverage_per_class_and_runner(pd_harness, capsys, monkeypatch):
     # connector methods run under either runner (V2's ActiveKVConnector calls bind/clear too)
     bind = cov["connector-metadata-cleared-before-drafter"]["hooks"]["connector_metadata.bind"]
     assert bind["runner"] == "any" and bind["v1"] and bind["v2"]
+    # record --kv-checksum (issue 60): its two hooks apply on this release's V1 runner; V2 has none
+    ck = data["kv_checksum"]
+    assert ck["v1"].startswith("can run (nixl.digest_layers, accepted_counts.settle") and ck["v2"].startswith("cannot")
     mr = data["model_runner"]
     assert mr["switch"] and mr["reads_env"] and mr["reads_triton"]
     import vllm

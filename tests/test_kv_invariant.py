@@ -523,3 +523,32 @@ def test_what_the_byte_check_did_not_compare_is_said():
     assert "record --kv-checksum-every 4: one request in 4" in reason and "1 of 1 loaded request(s) compared" in reason
     fs, reason, _ = run(same, same.replace("TP 1", "TP 2"))
     assert fs == [] and "not compared, the KV layouts differ: P: " + same in reason
+
+
+def test_the_viewers_block_map_and_the_report_colour_the_compared_blocks(tmp_path):
+    """record --kv-checksum in the viewers: the Block map (pdtrace view) marks each pair whose bytes were compared,
+    and the one whose bytes differ from P's block at that position; the report's block-mapping figure draws that
+    pair red with the same words, and its title counts them."""
+    from pdtrace.commands.view import open_source
+    from pdtrace.testing.pd_harness import write_scenario_trace
+    from pdtrace.viewers.html import fig_blockmap
+    from pdtrace.viewers.html.common import FindingView, Model
+    from pdtrace.viewers.tui import model
+
+    t = _pd()
+    t.prefill("P", "p1", "aaaa", [[1, 2, 3]], 1)
+    t.add("kv.digest", "P", step=2, req="p1", side="P", blocks={"0": {"1": 11, "2": 22, "3": 33}}, role="worker")
+    t.d_load("d1", "p1", "aaaa", [[7, 8]], [[1, 2]], 1)
+    t.add("kv.digest", "D", step=2, req="d1", side="D", blocks={"0": {"7": 11, "8": 99}}, role="worker")
+    path = str(tmp_path / "t.jsonl")
+    write_scenario_trace(path, t.events)
+    idx = open_source(path)
+    idx.build()
+    bm = model.block_map(idx, "d1")
+    assert [(p.local.block, p.bytes) for p in bm.groups[0].pairs] == [(7, "same"), (8, "differ")]
+    assert bm.bytes_compared == (2, 1)
+    maps, _note = fig_blockmap.block_maps(Model(t.events, [FindingView.of(f) for f in t.findings()]), 12)
+    (_r, title, fig) = maps[0]
+    assert "bytes of 1 of 2 compared block(s) differ" in title
+    (pairing,) = [tr for tr in fig["data"] if str(tr.get("name", "")).startswith("actual pairing")]
+    assert "bytes differ from P's block 2" in pairing["hovertext"][1] and "equal" in pairing["hovertext"][0]

