@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import zlib
 from typing import Any
 
@@ -75,15 +76,21 @@ def _register_after(rec: Any, _res: Any, self: Any, kv_caches: Any, *a: Any, **k
         return
     specs = getattr(self, "_layer_specs", None) or {}
     by_layer = getattr(getattr(self, "kv_cache_config", None), "transfer_group_index_by_layer", None) or {}
-    layers, skipped = [], []
+    layers, why = [], {}  # why -> layers skipped for it
     for name in sorted(kv_caches, key=_natural):
         spec, cache = specs.get(name), kv_caches[name]
-        if spec is None or "Mamba" in type(spec).__name__ or not hasattr(cache, "ndim") or cache.ndim < 2:
-            continue  # (a layer sharing another's cache; state groups are not token-indexed)
+        if spec is None or not hasattr(cache, "ndim") or cache.ndim < 2:
+            continue  # (a layer sharing another's cache)
+        if "Mamba" in type(spec).__name__:
+            why.setdefault(f"{type(spec).__name__}: a state, not token-indexed (sent whole, not compared)",
+                           []).append(name)
+            continue
         if cache.device.type != "cpu":
-            skipped.append(f"{name}: KV cache on {cache.device.type} (a device digest is issue 62's)")
+            why.setdefault(f"KV cache on {cache.device.type} (a device digest is issue 62's)", []).append(name)
             continue
         layers.append((int(by_layer.get(name, 0)), name, cache))
+    skipped = [f"{len(names)} layer(s) ({names[0]}{', ...' if len(names) > 1 else ''}): {w}"
+               for w, names in why.items()]
     _STATE.update(worker=self, layers=layers)
     # what must match on both sides for a digest to mean the same bytes: the layers, their dtype, a block's shape
     # and the TP size (each rank holds its own slice of the heads)
@@ -103,6 +110,7 @@ def _emit(rec: Any, rid: str, side: str, block_ids: Any, n_blocks: list | None) 
     layers = _STATE.get("layers")
     if not layers:
         return
+    t0 = time.perf_counter_ns()
     groups = {}
     for g, lst in enumerate(block_ids or ()):
         ids = list(lst)[: n_blocks[g]] if n_blocks is not None else list(lst)
@@ -113,7 +121,7 @@ def _emit(rec: Any, rid: str, side: str, block_ids: Any, n_blocks: list | None) 
     if groups:
         w = _STATE.get("worker")
         rec.emit("kv.digest", req=str(rid), inst=getattr(w, "_pdtrace_inst", None) or rec.inst, side=side,
-                 blocks=groups)
+                 blocks=groups, ns=time.perf_counter_ns() - t0)
 
 
 def states(rec: Any, runner: Any, scheduler_output: Any) -> None:

@@ -299,7 +299,7 @@ _KINDS: tuple[Kind, ...] = (
          "connector's registered KV tensors, one order on both sides).", (
              F("layers", "int", "layers read per digest"),
              F("groups", "list[int]", "their transfer groups"),
-             F("skipped", "list[str]", "layers not read and why (a KV cache not on the CPU)"),
+             F("skipped", "list[str]", "layers not read, per reason (a KV cache not on the CPU, a state group)"),
              F("every", "int", "record --kv-checksum-every N: one request in N digested (1: every request)",
                required=False),
              F("layout", "str", "what must match on P and D for digests to compare: layers, dtype, a block's "
@@ -310,6 +310,7 @@ _KINDS: tuple[Kind, ...] = (
          "side D: a request's blocks for its computed tokens, before its first forward reads them.", (
              F("side", "str", "P | D"),
              F("blocks", "dict", "group (str) -> {block id (str): digest}"),
+             F("ns", "int", "time this digest took on the traced thread (ns)", required=False),
          ), hook="nixl"),
     # --- connector metadata lifecycle in the model runner ----------------------------------
     Kind("kvmeta.bind", "bind_connector_metadata on the worker-side connector.", (

@@ -38,7 +38,8 @@ class Digests:
         """What the byte check compared and what it could not: for the coverage line."""
         every = max((st["every"] for st in self.digest_setup.values()), default=1)
         skipped = [f"{i}: {x}" for i, st in self.digest_setup.items() for x in st["skipped"]]
-        return {"setup": bool(self.digest_setup), "every": every, "requests": self.digest_reqs,
+        sliding = sorted({g for s in self.scheds.values() for g, w in enumerate(s.cfg.get("windows") or ()) if w})
+        return {"setup": bool(self.digest_setup), "every": every, "requests": self.digest_reqs, "sliding": sliding,
                 "apart": sorted(self.digest_apart)[:4],
                 "transfers": self.counts["transfers"], "no_p": sum(len(v) for v in self.d_waiting.values()),
                 "skipped": skipped[:4], "no_layers": sorted(str(i) for i, st in self.digest_setup.items()

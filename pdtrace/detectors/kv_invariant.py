@@ -369,6 +369,9 @@ def _bytes_said(n: dict) -> list[str]:
         out.append(f"no KV layer digested on {', '.join(d['no_layers'])}")
     if d.get("skipped"):
         out.append("not digested: " + "; ".join(d["skipped"]))
+    if d.get("sliding") and d.get("setup"):
+        out.append(f"sliding-window group(s) {', '.join(map(str, d['sliding']))}: only the blocks in the window are "
+                   f"loaded, so only those are compared")
     if d.get("apart"):
         out.append("not compared, the KV layouts differ: " + "; ".join(d["apart"]))
     return out
