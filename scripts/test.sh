@@ -5,7 +5,8 @@
 #              nixl 1.5.1), then the main suite on it: every test but the live ones over 2 pytest-xdist
 #              workers, then the live ones (real `vllm serve` P/D on CPU) one at a time, since their
 #              servers are pinned to the cores.
-#   --all      (.ci/run) also: two more zoo families live (tests/test_live_zoo_cpu.py, marked live_extra),
+#   --all      (.ci/run) also: the live tests marked live_extra (two more zoo families,
+#              tests/test_live_zoo_cpu.py; two labelled faults under --kv-checksum, tests/test_live_labelled_kv_cpu.py),
 #              the suite again on vLLM 0.33.0 without the live tests (.venv-vllm033),
 #              and the release matrix: the seed bugs on each release's own code (scripts/real_bugs.sh,
 #              its venv from scripts/release_venv.sh, shared by every clone on the machine) and
@@ -48,7 +49,7 @@ run_pytest python -m pytest -q "${XDIST[@]}" -m "not live" "$@" || rc=$?
 phase "the live tests (real vllm serve P/D on CPU, one at a time)"
 run_pytest python -m pytest -q -m "live and not live_extra" "$@" || rc=$?
 if [ $ALL = 1 ]; then
-  phase "more architecture-zoo families live (Gemma 3, gpt-oss: tests/test_live_zoo_cpu.py)"
+  phase "more live runs (live_extra: Gemma 3 and gpt-oss; the labelled faults under --kv-checksum)"
   run_pytest python -m pytest -q -m live_extra "$@" || rc=$?
 fi
 deactivate
