@@ -102,17 +102,16 @@ def test_on_each_test_its_trace_and_the_faults_fail(pytester, tmp_path):
     assert "6 test(s) recorded" in out and "findings per class: lookahead-block-misalignment" in out
 
 
-def test_keep_failed_only_and_never_fail(pytester, tmp_path):
+def test_the_ini_turns_it_on_keeps_failed_only_never_fails_and_registers_the_markers(pytester, tmp_path):
+    """The ini turns the plugin on and sets its options (one inner run for both: each costs a vLLM import):
+    ``pdtrace_fail_on = never`` fails no test for a finding (pdtrace_expect still judges its own test), and the
+    default keep (failed) leaves only the failing test's trace; the markers are registered (an unknown one is an
+    error here)."""
     d = tmp_path / "t"
-    r = _run(pytester, "--pdtrace", f"--pdtrace-dir={d}", "--pdtrace-fail-on=never")
+    pytester.makeini(f"[pytest]\npdtrace = true\npdtrace_fail_on = never\npdtrace_dir = {d}\n")
+    r = _run(pytester, "-W", "error::pytest.PytestUnknownMarkWarning")
     r.assert_outcomes(passed=6, failed=1)  # pdtrace_expect still judges its test
     assert sorted(p.name for p in d.glob("*.jsonl")) == ["test_inner.py_test_expected_but_clean.jsonl"]
-
-
-def test_the_ini_turns_it_on_and_the_markers_are_registered(pytester):
-    pytester.makeini("[pytest]\npdtrace = true\npdtrace_fail_on = error\n")
-    r = _run(pytester, "-W", "error::pytest.PytestUnknownMarkWarning")
-    r.assert_outcomes(passed=5, failed=2)
     h = pytester.runpytest_subprocess("--help")
     assert "--pdtrace-fail-on" in h.stdout.str() and "--pdtrace-keep" in h.stdout.str()
     m = pytester.runpytest_subprocess("--markers")
