@@ -220,12 +220,13 @@ def info(
 @app.command(epilog=EXITS)
 def repro(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
-    request: str = typer.Option(..., "--request", metavar="ID", help="Request id whose situation to rebuild."),
+    cause: Optional[int] = typer.Option(None, "--cause", metavar="N", help="Root cause N as `pdtrace check` lists it: write the regression test a fix lands with, runnable with pytest and vLLM alone (no pdtrace import); it fails on the release whose bug the trace shows and passes where it is fixed. Rebuilt so far: lookahead-block-misalignment; another cause gets one line and exit 2."),
+    request: Optional[str] = typer.Option(None, "--request", metavar="ID", help="Instead: the request whose situation to rebuild with pdtrace's harness (needs pdtrace installed)."),
     output: Path = typer.Option(Path("test_repro.py"), "-o", "--output", metavar="FILE", help="Pytest file to write."),
     lenient: bool = LENIENT,
 ) -> None:
-    """Write a standalone pytest that rebuilds the recorded scheduler/connector situation on real vLLM (CPU)."""
-    _run("repro", trace=trace, request=request, output=output, lenient=lenient)
+    """Write a pytest that rebuilds the recorded scheduler/connector situation on real vLLM (CPU): pdtrace repro TRACE --cause N."""
+    _run("repro", trace=trace, request=request, output=output, lenient=lenient, cause=cause)
 
 
 @app.command()

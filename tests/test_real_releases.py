@@ -180,3 +180,32 @@ def test_entry_point_prints_one_json_line(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "pdtrace.testing.real_release", str(tmp_path), "nope"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "unknown family 'nope'" in bad.stderr
+
+
+# `pdtrace repro --cause N` (issue 61) on the bundled lookahead sample (a 16-token prompt, EAGLE k=1, blocks of 16):
+# the releases whose own code hands D the lookahead block for it. From the sources, as CARRIES: 0.23.0 and 0.24.0
+# reserve a lookahead block at the first schedule and report it; 0.19.1-0.22.1 carry only the chunked-prefill form
+# (CARRIES' note), which a single-chunk prompt does not reach; 0.25.0 on report get_block_ids_for_computed_tokens.
+REPRO_FAILS = {"0.23.0", "0.24.0"}
+
+
+def test_the_standalone_repro_fails_exactly_where_the_release_carries_the_bug(tmp_path):
+    """The written test run with this release's Python in a directory of its own, pdtrace off the path (the
+    release venvs have no pdtrace: the file runs with pytest and vLLM alone): it fails, naming the block, on a
+    release that carries the bug for that situation and passes on the others."""
+    import os
+    from pathlib import Path
+
+    from pdtrace.commands import repro
+
+    sample = Path(__file__).resolve().parent.parent / "pdtrace" / "samples" / "demo_lookahead_misalignment.jsonl"
+    out = tmp_path / "test_lookahead.py"
+    assert repro.run(str(sample), cause=1, output=str(out)) == 0
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace",
+                           str(out)], capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
+    if _version() in REPRO_FAILS:
+        assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout[-2000:]
+        assert "P handed D blocks [1, 2] for 16 computed tokens" in proc.stdout and "vLLM #44151" in proc.stdout
+    else:
+        assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:]

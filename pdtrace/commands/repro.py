@@ -230,7 +230,15 @@ def render(s: dict[str, Any], trace_path: str, fname: str) -> str:
 REBUILT_CLASS = "lookahead-block-misalignment"
 
 
-def run(trace: Any, request: str, output: Any = "test_repro.py", lenient: bool = False) -> int:
+def run(trace: Any, request: str | None = None, output: Any = "test_repro.py", lenient: bool = False,
+        cause: int | None = None) -> int:
+    if (request is None) == (cause is None):
+        raise PdtraceError("repro: give one of --cause N (a root cause `pdtrace check` lists: a standalone vLLM "
+                           "test) or --request ID (the harness test of one request)")
+    if cause is not None:
+        from pdtrace.commands import repro_standalone
+
+        return repro_standalone.run(trace, cause, output, lenient=lenient)
     from pdtrace.detectors import run_all
 
     t = load(str(trace), lenient=lenient)
