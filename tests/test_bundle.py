@@ -35,9 +35,14 @@ def test_bundle_contents(tmp_path, name):
     out = tmp_path / name
     assert bundle_cmd.run(trace, out, allow_unredacted=False, lenient=False) == 0
     m = _members(out)
-    assert {n.split("/", 1)[1] for n in m} == FILES
+    # + the regression test of its lookahead cause (cause 2: `pdtrace repro --cause 2`), the one class rebuilt so far
+    assert {n.split("/", 1)[1] for n in m} == FILES | {"test_cause_2.py"}
     assert all(n.startswith("pdtrace-bug/") for n in m)
     get = lambda n: m[f"pdtrace-bug/{n}"]  # noqa: E731
+    repro = get("test_cause_2.py").decode()
+    assert "def test_p_hands_d_only_the_blocks_holding_its_computed_tokens" in repro
+    assert "import pdtrace" not in repro and "from pdtrace" not in repro
+    assert "test_cause_N.py" in get("README.txt").decode()
     assert get("buggy.jsonl") == trace.read_bytes()
     check_md = get("check.md").decode()
     assert "lookahead-block-misalignment" in check_md  # the markdown of `pdtrace check`

@@ -105,6 +105,23 @@ def _cause_lines(findings: list, tr: Any) -> list[str]:
     return out
 
 
+def _repro_tests(tr: Any, findings: list, d: Path, trace_name: str) -> list[str]:
+    """``pdtrace repro --cause N`` for each root cause it can rebuild: test_cause_N.py (pytest and vLLM alone)."""
+    from ..detectors import by_severity
+    from ..detectors.causes import group
+    from .repro_standalone import for_cause
+
+    out = []
+    for c in group(by_severity(findings)):
+        try:
+            text = for_cause(tr.events, tr.header, c, trace_name)
+        except PdtraceError:
+            continue  # (not rebuilt yet: README.txt's causes and check.md say what it is)
+        (d / f"test_cause_{c.n}.py").write_text(text, encoding="utf-8")
+        out.append(f"test_cause_{c.n}.py")
+    return out
+
+
 def _readme(trace_name: str, header: dict[str, Any], check_status: str, n_findings: int, note: str,
             zst: bool = False, causes: list[str] | None = None, lenient: str = "") -> str:
     import textwrap
@@ -138,6 +155,9 @@ doctor.txt       `pdtrace doctor` run on the machine that made this bundle: whic
 versions.json    vLLM / torch / NIXL / Python versions from the trace header ("trace")
                  and on the machine that made this bundle ("here").
 README.txt       this file.
+test_cause_N.py  for each root cause `pdtrace repro --cause N` can rebuild (the lookahead class
+                 so far): the regression test a fix lands with; runs with pytest and vLLM
+                 alone (`python -m pytest test_cause_N.py`), fails where the bug is.
 
 To look at it yourself: `pdtrace check {trace_name}{lenient}`, `pdtrace view {trace_name}`,
 `pdtrace export {trace_name} --perfetto out.json` (open in https://ui.perfetto.dev).
@@ -182,6 +202,7 @@ def run(trace: Path, output: Path, allow_unredacted: bool = False, lenient: bool
                                               _cause_lines(findings, tr), " --lenient" if lenient else ""),
                                       encoding="utf-8")
         names = [trace_name, "check.md", "report.html", "doctor.txt", "versions.json", "README.txt"]
+        names += _repro_tests(tr, findings, d, trace_name)
         part = output.with_name(output.name + ".part")
         try:
             if kind == "zip":

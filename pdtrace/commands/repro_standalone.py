@@ -195,9 +195,8 @@ def _config(name: str) -> str:
 
 
 def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
-    from pdtrace.commands.repro import situation
     from pdtrace.detectors import by_severity, run_all
-    from pdtrace.detectors.causes import group, header_vllm
+    from pdtrace.detectors.causes import group
     from pdtrace.tracefile.trace import load
 
     t = load(str(trace), lenient=lenient)
@@ -208,13 +207,21 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
         raise PdtraceError(f"{trace}: --cause {n}: the trace has {len(causes)} root cause(s), 1-{len(causes)} "
                            f"(pdtrace check {trace} lists them)")
     c = causes[n - 1]
-    if c.kind != LOOKAHEAD:
-        raise PdtraceError(f"{trace}: cause {n} ({c.kind}: {c.mechanism}) cannot be rebuilt yet: repro writes a "
-                           f"standalone vLLM test for {LOOKAHEAD} (vLLM #44151) only; attach the trace (pdtrace "
-                           f"bundle) and see `pdtrace check {trace} --cause {n}`")
-    s = situation(t.events, str(c.first.get("req")))
+    text = for_cause(t.events, t.header, c, str(trace))
     out = Path(output)
-    out.write_text(render(s, str(trace), c, header_vllm(t.header)))
-    print(f"wrote {out}: cause {n} ({c.kind}), request {s['p_req']}: a standalone vLLM test (pytest and vLLM "
-          f"only); it fails on the release whose bug this is and passes where it is fixed")
+    out.write_text(text)
+    print(f"wrote {out}: cause {n} ({c.kind}), request {c.first.get('req')}: a standalone vLLM test (pytest and "
+          f"vLLM only); it fails on the release whose bug this is and passes where it is fixed")
     return 0
+
+
+def for_cause(events: list, header: dict, c: Any, trace: str) -> str:
+    """The standalone test of root cause ``c``; PdtraceError (one line) where it cannot be rebuilt."""
+    from pdtrace.commands.repro import situation
+    from pdtrace.detectors.causes import header_vllm
+
+    if c.kind != LOOKAHEAD:
+        raise PdtraceError(f"{trace}: cause {c.n} ({c.kind}: {c.mechanism}) cannot be rebuilt yet: repro writes a "
+                           f"standalone vLLM test for {LOOKAHEAD} (vLLM #44151) only; attach the trace (pdtrace "
+                           f"bundle) and see `pdtrace check {trace} --cause {c.n}`")
+    return render(situation(events, str(c.first.get("req"))), trace, c, header_vllm(header))
