@@ -23,7 +23,7 @@ def again(trace: str, *, lenient: bool = False, request: str | None = None, only
 
 def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], width: int,
                asked: int | None = None) -> list[str]:
-    """One block per cause: its title, its counts, where in vLLM, upstream, the first example and
+    """One block per cause: its title, its counts, the first example, where in vLLM, upstream and
     how to list all of its findings."""
     if not causes:
         return []
@@ -47,18 +47,11 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
             continue
         out += line(f"cause {c.n}: {c.severity.upper()} {c.kind}: {c.title}", width, "  ", "    ")
         out += line(c.counts_text(), width, "    ", "      ")
-        if c.where:
-            # (items apart by "; ": wrapped, a function never reads as the next file's)
-            out += line(f"{c.where_words}: " + "; ".join(f"{w['file']}:{w['line']} {w['function'].rsplit('.', 1)[-1]}"
-                                                for w in c.where), width, "    ", "      ")
-        if c.upstream:
-            out += line("upstream: " + ", ".join([c.upstream[0], *("#" + u.rsplit("/", 1)[-1] for u in c.upstream[1:])]),
-                        width, "    ", "      ")
+        # the first finding (the block, the row, the copy) before vLLM's files: on an 80x24 screen it is named
         first = c.first
         ex = " ".join(x for x in (f"request {first['req']}" if first.get("req") else "",
                                   f"step {first['step']}" if first.get("step") is not None else "") if x)
         more = f"{trace} --cause {c.n}" if len(c.findings) > 1 and asked is None else ""
-        # what the first finding says (the block, the row, the copy), so the first screen names it too
         what = str(first.get("title") or "")
         if first.get("req") and what.startswith(f"request {first['req']}: "):
             what = what[len(f"request {first['req']}: "):]
@@ -66,6 +59,13 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
             what = what[len(f"{first['req']} "):]
         out += line(f"first: finding [{first['index'] + 1}]" + (f", {ex}" if ex else "") + (f": {what}" if what else ""),
                     width, "    ", "      ")
+        if c.where:
+            # (items apart by "; ": wrapped, a function never reads as the next file's)
+            out += line(f"{c.where_words}: " + "; ".join(f"{w['file']}:{w['line']} {w['function'].rsplit('.', 1)[-1]}"
+                                                for w in c.where), width, "    ", "      ")
+        if c.upstream:
+            out += line("upstream: " + ", ".join([c.upstream[0], *("#" + u.rsplit("/", 1)[-1] for u in c.upstream[1:])]),
+                        width, "    ", "      ")
         if more:  # (the command on a line of its own, never wrapped: a command cut in two cannot be pasted)
             out += [f"    all {len(c.findings)}:", f"      {more}"]
     return out
