@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -88,10 +89,19 @@ def _run(json_out: bool, out: Any, cmd: list[str]) -> int:
         print(file=out)
         w_hook = max(len(r["hook"]) for r in rows) if rows else 10
         w_tgt = min(max((len(r["target"]) for r in rows), default=10), 90)
-        print(f"  {'hook':<{w_hook}}  {'status':<18}  {'target':<{w_tgt}}  why", file=out)
+        width = shutil.get_terminal_size((120, 24)).columns
+        wide = width >= 2 + w_hook + 2 + 18 + 2 + w_tgt + 6  # (else each hook's target on a line of its own)
+        if wide:
+            print(f"  {'hook':<{w_hook}}  {'status':<18}  {'target':<{w_tgt}}  why", file=out)
+        else:
+            print(f"  {'hook':<{w_hook}}  status  why\n      target", file=out)
         for r in rows:
             st = r["status"] if r["status"] == "ok" else ("skipped (optional)" if r["optional"] else "SKIPPED")
-            print(f"  {r['hook']:<{w_hook}}  {st:<18}  {r['target']:<{w_tgt}}  {r['reason']}", file=out)
+            if wide:
+                print(f"  {r['hook']:<{w_hook}}  {st:<18}  {r['target']:<{w_tgt}}  {r['reason']}", file=out)
+            else:
+                print(f"  {r['hook']:<{w_hook}}  {st}" + (f"  {r['reason']}" if r["reason"] else ""), file=out)
+                print(f"      {r['target']}", file=out)
         print(file=out)
         n_ok = sum(r["status"] == "ok" for r in rows)
         n_opt = sum(r["status"] != "ok" and r["optional"] for r in rows)

@@ -161,25 +161,45 @@ def default_runner() -> dict[str, Any]:
 
 
 def print_text(cov: list[dict[str, Any]], runner: dict[str, Any], out: Any, ck: dict[str, str] | None = None) -> None:
+    import shutil
+    import textwrap
+
+    width = shutil.get_terminal_size((120, 24)).columns
     print(file=out)
-    print("  bug-class coverage on this vLLM (which hooks feed each class; recorded under each model runner)",
-          file=out)
+    print(textwrap.fill("bug-class coverage on this vLLM (which hooks feed each class; recorded under each model "
+                        "runner)", max(width - 2, 40), initial_indent="  ", subsequent_indent="    "), file=out)
     w = max(len(c["class"]) for c in cov)
+    if width < w + 60:  # (a narrow terminal: the class on its line, what follows wrapped under it)
+        w = 2
+
+    def say(head: str, text: str) -> None:
+        pad = " " * (w + 4)
+        for ln in textwrap.wrap(text, max(width - 2, 40), initial_indent=(f"  {head:<{w}}  " if head else pad),
+                                subsequent_indent=pad + "  ", break_on_hyphens=False, break_long_words=False):
+            print(ln, file=out)
+
     for c in cov:
-        print(f"  {c['class']:<{w}}  hooks: {', '.join(c['hooks'])}", file=out)
+        if w == 2:
+            print(f"  {c['class']}", file=out)
+            say("", f"hooks: {', '.join(c['hooks'])}")
+        else:
+            say(c["class"], f"hooks: {', '.join(c['hooks'])}")
         for r in RUNNERS:
-            print(f"  {'':<{w}}  {'V1' if r == 'v1' else 'V2'}: {c[r]}", file=out)
+            say("", f"{'V1' if r == 'v1' else 'V2'}: {c[r]}")
     print(file=out)
     if ck:
         print("  record --kv-checksum (the bytes D decodes on against P's):", file=out)
         for r in RUNNERS:
-            print(f"  {'':<{w}}  {'V1' if r == 'v1' else 'V2'}: {ck[r]}", file=out)
+            say("", f"{'V1' if r == 'v1' else 'V2'}: {ck[r]}")
         print(file=out)
+    def para(text: str) -> None:
+        print(textwrap.fill(text, max(width - 2, 40), initial_indent="  ", subsequent_indent="    ",
+                            break_on_hyphens=False, break_long_words=False), file=out)
+
     if runner.get("switch"):
-        print(f"  model runner vLLM builds by default on a GPU host: {runner['gpu_default'].upper()} "
-              f"({runner['gpu_why']})", file=out)
-        print(f"  on this host: {runner['here'].upper()} ({runner['here_why']})", file=out)
+        para(f"model runner vLLM builds by default on a GPU host: {runner['gpu_default'].upper()} "
+             f"({runner['gpu_why']})")
+        para(f"on this host: {runner['here'].upper()} ({runner['here_why']})")
     else:
-        print(f"  model runner: {runner.get('gpu_default', 'unknown')} ({runner.get('why', '')})", file=out)
-    print("  This is vLLM's default from its code; what each worker built is the trace's 'runner' event.",
-          file=out)
+        para(f"model runner: {runner.get('gpu_default', 'unknown')} ({runner.get('why', '')})")
+    para("This is vLLM's default from its code; what each worker built is the trace's 'runner' event.")
