@@ -217,7 +217,7 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
 
 def for_cause(events: list, header: dict, c: Any, trace: str) -> str:
     """The standalone test of root cause ``c``; PdtraceError (one line) where it cannot be rebuilt."""
-    from pdtrace.commands.repro import situation
+    from pdtrace.commands.repro_situation import situation
     from pdtrace.detectors.causes import header_vllm
 
     if c.kind != LOOKAHEAD:
