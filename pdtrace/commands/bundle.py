@@ -90,29 +90,33 @@ def _versions(header: dict[str, Any]) -> dict[str, Any]:
             "here": collect_versions(), "platform": platform.platform(), "python": sys.version.split()[0]}
 
 
-def _cause_lines(findings: list, tr: Any) -> list[str]:
-    """The root causes (as `pdtrace check` names them), one line each."""
+def _causes(findings: list, tr: Any) -> list:
+    """The root causes, numbered as `pdtrace check` numbers them."""
     from ..detectors import by_severity
-    from ..detectors.causes import group, header_vllm, trace_locations, where_text
+    from ..detectors.causes import group, trace_locations
+
+    return group(by_severity(findings), trace_locations(tr.events, tr.header))
+
+
+def _cause_lines(causes: list, tr: Any) -> list[str]:
+    """The root causes (as `pdtrace check` names them), one line each."""
+    from ..detectors.causes import header_vllm, where_text
 
     vllm = header_vllm(tr.header)
-    where = trace_locations(tr.events, tr.header)
     out = []
-    for c in group(by_severity(findings), where):
+    for c in causes:
         out.append(f"cause {c.n}: {c.severity.upper()} {c.kind}: {c.title} ({c.counts_text()})"
                    + (f"; in vLLM {vllm}: {where_text(c)}" if c.where else "")
                    + (f"; upstream: {', '.join(c.upstream)}" if c.upstream else ""))
     return out
 
 
-def _repro_tests(tr: Any, findings: list, d: Path, trace_name: str) -> list[str]:
+def _repro_tests(tr: Any, causes: list, d: Path, trace_name: str) -> list[str]:
     """``pdtrace repro --cause N`` for each root cause it can rebuild: test_cause_N.py (pytest and vLLM alone)."""
-    from ..detectors import by_severity
-    from ..detectors.causes import group
     from .repro_standalone import for_cause
 
     out = []
-    for c in group(by_severity(findings)):
+    for c in causes:
         try:
             text = for_cause(tr.events, tr.header, c, trace_name)
         except PdtraceError:
@@ -198,11 +202,12 @@ def run(trace: Path, output: Path, allow_unredacted: bool = False, lenient: bool
                                            encoding="utf-8")
         (d / "doctor.txt").write_text(_doctor(), encoding="utf-8")
         (d / "versions.json").write_text(json.dumps(_versions(tr.header), indent=2) + "\n", encoding="utf-8")
+        causes = _causes(findings, tr)
         (d / "README.txt").write_text(_readme(trace_name, tr.header, check_status, len(findings), note, zst,
-                                              _cause_lines(findings, tr), " --lenient" if lenient else ""),
+                                              _cause_lines(causes, tr), " --lenient" if lenient else ""),
                                       encoding="utf-8")
         names = [trace_name, "check.md", "report.html", "doctor.txt", "versions.json", "README.txt"]
-        names += _repro_tests(tr, findings, d, trace_name)
+        names += _repro_tests(tr, causes, d, trace_name)
         part = output.with_name(output.name + ".part")
         try:
             if kind == "zip":

@@ -85,14 +85,16 @@ class Digests:
         remote = read.get("remote_out" if push else "remote_block_ids") or []
         p_lists = x.get("p_lists")
         for g, (lg, rg) in enumerate(zip(local, remote)):
-            mine = r.blocks[g] if g < len(r.blocks) else []
+            at: dict[int, int] = {}  # D's block -> its (first) token position in D's list
+            for i, b in enumerate(r.blocks[g] if g < len(r.blocks) else ()):
+                at.setdefault(b, i)
             theirs = p_lists[g] if p_lists and g < len(p_lists) else None
             for lb, rb in zip(lg, rg):
                 # the same token position on both sides: D's token block i against P's token block i (vLLM's own
                 # lists); the block the read took stands in where P's list is not in the trace
                 pb = rb
-                if theirs is not None and lb in mine:
-                    i = mine.index(lb)
+                if theirs is not None and lb in at:
+                    i = at[lb]
                     pb = theirs[i] if i < len(theirs) and theirs[i] else None
                 if pb is None or (g, lb) not in d or (g, pb) not in p:
                     continue

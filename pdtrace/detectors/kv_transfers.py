@@ -58,15 +58,19 @@ class Transfers:
         if len(self.xfers) > KEPT_P:  # (reads that never landed: the oldest go first)
             del self.xfers[next(iter(self.xfers))]
 
+    def _p_req(self, ps: Any, p_req: Any) -> Any:
+        """P's request on scheduler ``ps`` (still held, or lately freed), or None."""
+        return (ps.reqs.get(str(p_req)) or self.gone.get((ps.inst, str(p_req)))) if ps is not None and p_req else None
+
     def _p_lists(self, ps: Any, p_req: Any) -> list | None:
         """P's request's block lists by token position (its scheduler's), as they are when D's read starts."""
-        preq = (ps.reqs.get(str(p_req)) or self.gone.get((ps.inst, str(p_req)))) if ps is not None and p_req else None
+        preq = self._p_req(ps, p_req)
         return [list(lst) for lst in preq.blocks] if preq is not None and preq.blocks else None
 
     def _pairs(self, ps: Any, p_req: Any, local: Any, remote: Any) -> list[tuple]:
         """(D block, P block, P's block as it is now, P's lists where the block is not the request's)."""
         # P's request's own lists (a block D reads outside them is not the request's, whatever it holds)
-        preq = (ps.reqs.get(str(p_req)) or self.gone.get((ps.inst, str(p_req)))) if ps is not None and p_req else None
+        preq = self._p_req(ps, p_req)
         mine = {b for lst in preq.blocks for b in lst} if preq is not None and preq.blocks else None
         pairs = []
         for lg, rg in zip(local or [], remote or []):
