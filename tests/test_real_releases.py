@@ -182,30 +182,57 @@ def test_entry_point_prints_one_json_line(tmp_path):
     assert bad.returncode == 2 and "unknown family 'nope'" in bad.stderr
 
 
-# `pdtrace repro --cause N` (issue 61) on the bundled lookahead sample (a 16-token prompt, EAGLE k=1, blocks of 16):
-# the releases whose own code hands D the lookahead block for it. From the sources, as CARRIES: 0.23.0 and 0.24.0
-# reserve a lookahead block at the first schedule and report it; 0.19.1-0.22.1 carry only the chunked-prefill form
-# (CARRIES' note), which a single-chunk prompt does not reach; 0.25.0 on report get_block_ids_for_computed_tokens.
-REPRO_FAILS = {"0.23.0", "0.24.0"}
+# `pdtrace repro --cause N` (issue 61): the test written from each bundled sample, and where the release's own code
+# makes it fail (from the sources and real_bugs/VERSION.json, never from the written test):
+# - the lookahead sample (a 16-token prompt, EAGLE k=1, blocks of 16): 0.23.0 and 0.24.0 reserve a lookahead block
+#   at the first schedule and report it; 0.19.1-0.22.1 carry only the chunked-prefill form (CARRIES' note), which a
+#   single-chunk prompt does not reach; 0.25.0 on report get_block_ids_for_computed_tokens;
+# - the DFlash sample (k=3, a 29-token prompt): 0.20.0-0.22.1 reserve k slots and none at the first schedule; 0.23.0
+#   on reserve k + 1; 0.19.1 has no DFlash (the written test skips, saying so);
+# - the KV-load rollback sample (#49250 / #45138): open upstream, every release;
+# - the shared failed block sample: 0.30.0 on (the matrix's "KV load, shared block read early"); before it the second
+#   request gets no block from the prefix cache in this situation (the written test skips, saying so).
+REPRO = {  # sample -> (releases failing, releases skipping)
+    "pdtrace/samples/demo_lookahead_misalignment.jsonl": ({"0.23.0", "0.24.0"}, set()),
+    "sample_traces/dflash_window_buggy.jsonl": ({"0.20.0", "0.22.1"}, {"0.19.1"}),
+    "sample_traces/kv_load_async_rollback_buggy.jsonl": ({"ALL"}, set()),
+    "sample_traces/kv_load_shared_block_buggy.jsonl": ({"0.30.0", "0.32.0", "0.33.0"},
+                                                       {"0.19.1", "0.20.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0",
+                                                        "0.28.0"}),
+}
+REPRO_SAYS = {
+    "demo_lookahead_misalignment": "P handed D blocks [1, 2] for 16 computed tokens",
+    "dflash_window_buggy": "writes positions 29..32 after a 29-token prefill, but the scheduler gave the request "
+                           "blocks [1, 2]: 32 slots",
+    "kv_load_async_rollback_buggy": "the next schedule() gave it 34, 1 past its tokens",
+    "kv_load_shared_block_buggy": "r2 attends to the failed load's KV in block(s) [3, 4]",
+}
 
 
 def test_the_standalone_repro_fails_exactly_where_the_release_carries_the_bug(tmp_path):
-    """The written test run with this release's Python in a directory of its own, pdtrace off the path (the
-    release venvs have no pdtrace: the file runs with pytest and vLLM alone): it fails, naming the block, on a
-    release that carries the bug for that situation and passes on the others."""
+    """The tests `pdtrace repro --cause 1` writes from the bundled samples, run with this release's Python in a
+    directory of their own, pdtrace off the path (the release venvs have no pdtrace: the files run with pytest and
+    vLLM alone): each fails, naming the blocks, on a release that carries its bug for that situation, skips (saying
+    why) where the release cannot reach it, and passes on the others."""
     import os
     from pathlib import Path
 
     from pdtrace.commands import repro
 
-    sample = Path(__file__).resolve().parent.parent / "pdtrace" / "samples" / "demo_lookahead_misalignment.jsonl"
-    out = tmp_path / "test_lookahead.py"
-    assert repro.run(str(sample), cause=1, output=str(out)) == 0
+    root = Path(__file__).resolve().parent.parent
+    v = _version()
+    for sample in REPRO:
+        name = Path(sample).name.split(".")[0]
+        assert repro.run(str(root / sample), cause=1, output=str(tmp_path / f"test_{name}.py")) == 0
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace",
-                           str(out)], capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
-    if _version() in REPRO_FAILS:
-        assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout[-2000:]
-        assert "P handed D blocks [1, 2] for 16 computed tokens" in proc.stdout and "vLLM #44151" in proc.stdout
-    else:
-        assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout[-2000:]
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace", "-rA",
+                           "."], capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=env)
+    out = proc.stdout
+    for sample, (fails, skips) in REPRO.items():
+        name = Path(sample).name.split(".")[0]
+        want = "FAILED" if v in fails or "ALL" in fails else "SKIPPED" if v in skips else "PASSED"
+        seen = [ln for ln in out.splitlines() if f"test_{name}.py" in ln and ln.split(" ")[0] in
+                ("PASSED", "FAILED", "SKIPPED", "ERROR")]
+        assert seen and seen[0].startswith(want), (name, want, seen, out[-3000:])
+        if want == "FAILED":
+            assert REPRO_SAYS[name] in out, (name, out[-3000:])

@@ -66,8 +66,116 @@ def test_what_repro_cannot_do_is_one_line_and_exit_2(tmp_path, args, says):
     assert not (tmp_path / "t.py").exists()
 
 
+DFLASH_K_SLOTS = '''"""LABELLED FAULT (a fixture, never vLLM): seed 003's rule. vLLM 0.32.0's scheduler reserves k + 1 lookahead
+slots for DFlash (vllm_config.num_lookahead_tokens); before 0.23.0 it reserved k, as for EAGLE."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def k_slots(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    init = Scheduler.__init__
+
+    def old_init(self, *a, **kw):
+        init(self, *a, **kw)
+        self.num_lookahead_tokens = self.num_spec_tokens
+
+    monkeypatch.setattr(Scheduler, "__init__", old_init)
+'''
+
+ROLLBACK_FIX = '''"""LABELLED FIX (a fixture, not in any vLLM release): the approach of vLLM PRs #45430 / #49252 for #49250 /
+#45138: _update_requests_with_invalid_blocks also resets the affected requests' num_output_placeholders."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def reset_placeholders(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    orig = Scheduler._update_requests_with_invalid_blocks
+
+    def fixed(self, requests, *a, **kw):
+        requests = list(requests)
+        out = orig(self, requests, *a, **kw)
+        for r in requests:
+            if r.request_id in out[0]:
+                r.num_output_placeholders = 0
+        return out
+
+    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", fixed)
+'''
+
+SHARED_FIX = '''"""LABELLED FIX (a fixture, not in any vLLM release): every request that holds a failed block recomputes it
+from its own first failed block (vLLM 0.32.0 lets only the first holder recompute and the others keep the block as
+computed): _update_requests_with_invalid_blocks run for each request on its own."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def each_holder_recomputes(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    orig = Scheduler._update_requests_with_invalid_blocks
+
+    def fixed(self, requests, *a, **kw):
+        affected, tokens, evict = set(), 0, set()
+        for r in list(requests):
+            a_, t_, e_ = orig(self, [r], *a, **kw)
+            affected |= a_
+            tokens += t_
+            evict |= e_
+        return affected, tokens, evict
+
+    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", fixed)
+'''
+
+# sample -> (conftest or None, expected outcome, what the failure message says): vLLM 0.32.0 has DFlash's fix and
+# carries #49250 and the shared-block read (open upstream)
+CLASSES = [
+    ("dflash_window_buggy", "plain", None, "passed", ""),
+    ("dflash_window_buggy", "fault", DFLASH_K_SLOTS, "failed",
+     "writes positions 29..32 after a 29-token prefill, but the scheduler gave the request blocks [1, 2]: 32 slots"),
+    ("kv_load_async_rollback_buggy", "plain", None, "failed",
+     "cut it back to 32 computed tokens of 65, 33 left to compute; the next schedule() gave it 34, 1 past its tokens"),
+    ("kv_load_async_rollback_buggy", "fix", ROLLBACK_FIX, "passed", ""),
+    ("kv_load_shared_block_buggy", "plain", None, "failed",
+     "scheduled r2, which keeps block(s) [3, 4] as computed (82 computed tokens), while r1, which recomputes them, "
+     "had rewritten only its first 32 tokens"),
+    ("kv_load_shared_block_buggy", "fix", SHARED_FIX, "passed", ""),
+]
+
+
+def test_each_class_fails_with_the_bug_and_passes_without_it(tmp_path):
+    """For each class `repro --cause` rebuilds beside lookahead: the test written from the bundled sample, run with
+    pytest alone (pdtrace off the path) on the pinned vLLM, as it is and beside a labelled fault or fix (a conftest
+    of its own). The bug's own releases: tests/test_real_releases.py."""
+    import os
+
+    pytest.importorskip("vllm")
+    for sample, how, conftest, _want, _says in CLASSES:
+        d = tmp_path / f"{sample}_{how}"
+        d.mkdir()
+        r = _pdtrace("repro", str(ROOT / "sample_traces" / f"{sample}.jsonl"), "--cause", "1", "-o",
+                     str(d / f"test_{sample}_{how}.py"))
+        assert r.returncode == 0, r.stderr
+        text = (d / f"test_{sample}_{how}.py").read_text()
+        assert "import pdtrace" not in text and "from pdtrace" not in text
+        if conftest:
+            (d / "conftest.py").write_text(conftest)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace", "-rA",
+                           "."], capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=env)
+    out = proc.stdout
+    for sample, how, _conftest, want, says in CLASSES:
+        node = f"{sample}_{how}/test_{sample}_{how}.py::"
+        assert f"{want.upper()} {node}" in out, (node, out[-4000:])
+        if says:
+            assert says in out, (says, out[-4000:])
+
+
 def test_a_cause_of_another_class_or_a_damaged_trace_is_one_line_and_exit_2(tmp_path):
-    r = _pdtrace("repro", str(ROOT / "sample_traces" / "dflash_window_buggy.jsonl"), "--cause", "1", "-o",
+    r = _pdtrace("repro", str(ROOT / "sample_traces" / "stale_read_rowmoves_buggy.jsonl"), "--cause", "1", "-o",
                  str(tmp_path / "t.py"))
     assert r.returncode == 2 and "cannot be rebuilt yet" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     bad = tmp_path / "bad.jsonl"

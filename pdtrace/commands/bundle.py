@@ -111,14 +111,16 @@ def _cause_lines(causes: list, tr: Any) -> list[str]:
     return out
 
 
-def _repro_tests(tr: Any, causes: list, d: Path, trace_name: str) -> list[str]:
+def _repro_tests(tr: Any, causes: list, d: Path, trace_name: str, findings: list) -> list[str]:
     """``pdtrace repro --cause N`` for each root cause it can rebuild: test_cause_N.py (pytest and vLLM alone)."""
+    from ..detectors import by_severity
     from .repro_standalone import for_cause
 
+    ordered = by_severity(findings)  # (the list the causes index)
     out = []
     for c in causes:
         try:
-            text = for_cause(tr.events, tr.header, c, trace_name)
+            text = for_cause(tr.events, tr.header, c, trace_name, ordered)
         except PdtraceError:
             continue  # (not rebuilt yet: README.txt's causes and check.md say what it is)
         (d / f"test_cause_{c.n}.py").write_text(text, encoding="utf-8")
@@ -159,9 +161,10 @@ doctor.txt       `pdtrace doctor` run on the machine that made this bundle: whic
 versions.json    vLLM / torch / NIXL / Python versions from the trace header ("trace")
                  and on the machine that made this bundle ("here").
 README.txt       this file.
-test_cause_N.py  for each root cause `pdtrace repro --cause N` can rebuild (the lookahead class
-                 so far): the regression test a fix lands with; runs with pytest and vLLM
-                 alone (`python -m pytest test_cause_N.py`), fails where the bug is.
+test_cause_N.py  for each root cause `pdtrace repro --cause N` can rebuild (lookahead blocks,
+                 the DFlash window, a KV-load rollback, failed blocks shared through the prefix
+                 cache, so far): the regression test a fix lands with; runs with pytest and
+                 vLLM alone (`python -m pytest test_cause_N.py`), fails where the bug is.
 
 To look at it yourself: `pdtrace check {trace_name}{lenient}`, `pdtrace view {trace_name}`,
 `pdtrace export {trace_name} --perfetto out.json` (open in https://ui.perfetto.dev).
@@ -207,7 +210,7 @@ def run(trace: Path, output: Path, allow_unredacted: bool = False, lenient: bool
                                               _cause_lines(causes, tr), " --lenient" if lenient else ""),
                                       encoding="utf-8")
         names = [trace_name, "check.md", "report.html", "doctor.txt", "versions.json", "README.txt"]
-        names += _repro_tests(tr, causes, d, trace_name)
+        names += _repro_tests(tr, causes, d, trace_name, findings)
         part = output.with_name(output.name + ".part")
         try:
             if kind == "zip":

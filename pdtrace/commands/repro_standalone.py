@@ -3,13 +3,14 @@
 The file it writes runs with pytest and vLLM alone (no pdtrace import), in the style of vLLM's
 tests/v1/kv_connector/unit/, so it can be pasted into a vLLM pull request. It rebuilds the recorded situation on
 the installed vLLM's own Scheduler, KV cache manager and NIXL connector (scheduler side, CPU) with the recorded
-block size, speculative method and k, async setting and prompt length, and asserts on vLLM's objects what the
-finding says was broken, never on pdtrace's verdict. It fails on the release whose bug the trace shows and passes
-where that bug is fixed.
+block size, speculative method and k, async setting, prompt lengths and step order, and asserts on vLLM's objects
+what the finding says was broken, never on pdtrace's verdict. It fails on the release whose bug the trace shows and
+passes where that bug is fixed.
 
-Rebuilt so far: lookahead-block-misalignment (vLLM #44151: P hands D its spec-decode lookahead blocks; fixed in
-0.25.0). Every other cause gets one line saying so and exit 2. This module reads traces only; it never imports
-vLLM.
+Rebuilt so far (``BUILDERS``, by the root cause's mechanism): lookahead-block-misalignment (vLLM #44151), the DFlash
+drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138) and failed blocks
+shared through D's prefix cache read before they are recomputed. Every other cause gets one line saying so and exit
+2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
 """
 
 from __future__ import annotations
@@ -17,181 +18,111 @@ from __future__ import annotations
 import datetime
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from pdtrace.commands import repro_facts as facts
+from pdtrace.commands import repro_templates as tpl
+from pdtrace.commands import repro_templates_kv as tpl_kv
 from pdtrace.errors import PdtraceError
 
 LOOKAHEAD = "lookahead-block-misalignment"
 _CONFIGS = Path(__file__).resolve().parent.parent / "testing" / "configs"
-_SPEC = {"eagle": "eagle", "eagle3": "eagle", "mtp": "eagle", "draft_model": "eagle", "ngram": "ngram", "": ""}
-
-_TEMPLATE = '''"""Regression test for vLLM #44151's class (lookahead-block-misalignment), written by `pdtrace repro` on {created}.
-
-Trace: {trace}
-Root cause {n}: {title}
-Recorded: vLLM {vllm}; {method_words}; block size {bs}; async scheduling {async_}; a prompt of {prompt_len}
-tokens (P request {p_req}).
-
-P, a NIXL kv_producer, prefills one prompt for a remote decode. The block ids it hands D
-(kv_transfer_params["remote_block_ids"]) must be exactly the blocks of P's own block table that hold the prompt's
-computed tokens. A P that hands D its speculative-decoding lookahead blocks too makes D's NIXL worker, which keeps
-remote[-n:] of that list, read P's block i+1 into its block i: the KV of another position
-(https://github.com/vllm-project/vllm/issues/44151; fixed in 0.25.0, where P reports
-get_block_ids_for_computed_tokens). Which earlier releases fail depends on the situation: for a 16-token prompt,
-EAGLE and blocks of 16, 0.23.0 and 0.24.0 do and 0.19.1-0.22.1 do not (they reserve no lookahead block there).
-
-Runs with pytest and vLLM alone, on CPU: the real Scheduler, KV cache manager and NixlConnector scheduler side, no
-model weights (a tiny config written to a temporary directory; the sampled tokens are fed back by hand).
-"""
-
-import json
-
-import pytest
-
-pytest.importorskip("vllm")
-
-PROMPT_LEN = {prompt_len}
-BLOCK_SIZE = {bs}
-SPEC_METHOD = {spec!r}  # recorded: {rec_method!r}
-NUM_SPEC_TOKENS = {k}
-ASYNC_SCHEDULING = {async_}
-TARGET = {target}
-DRAFT = {draft}
+_SPEC = {"eagle": "eagle", "eagle3": "eagle", "mtp": "eagle", "draft_model": "eagle", "ngram": "ngram",
+         "dflash": "dflash", "": ""}
+_DRAFT = {"eagle": "tiny-eagle", "dflash": "tiny-dflash"}
 
 
-def _cdiv(a, b):
-    return -(-a // b)
+def _config(name: str) -> Any:
+    """A tiny HF config (the test writes it as config.json)."""
+    return json.loads((_CONFIGS / name / "config.json").read_text())
 
 
-def _model_dir(tmp_path, name, cfg):
-    d = tmp_path / name
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps(cfg))
-    return str(d)
+def _constants(**kv: Any) -> str:
+    return "".join(f"{k} = {v!r}\n" for k, v in kv.items())
 
 
-def _scheduler(tmp_path):
-    import torch
-    from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
-                             SchedulerConfig, SpeculativeConfig, VllmConfig)
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    target = _model_dir(tmp_path, "target", TARGET)
-    mc = ModelConfig(model=target, tokenizer=target, skip_tokenizer_init=True, dtype="float32", seed=0,
-                     max_model_len=2048)
-    spec = None
-    if SPEC_METHOD == "ngram":
-        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=NUM_SPEC_TOKENS, prompt_lookup_max=4,
-                                 prompt_lookup_min=2)
-    elif SPEC_METHOD:
-        spec = SpeculativeConfig(method=SPEC_METHOD, model=_model_dir(tmp_path, "draft", DRAFT),
-                                 num_speculative_tokens=NUM_SPEC_TOKENS, target_model_config=mc,
-                                 target_parallel_config=ParallelConfig())
-    extra = {{}}
-    try:
-        from vllm.config import AttentionConfig
-        extra["attention_config"] = AttentionConfig()
-    except ImportError:
-        pass
-    vc = VllmConfig(model_config=mc, speculative_config=spec,
-                    scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=2048,
-                                                     enable_chunked_prefill=True, is_encoder_decoder=False,
-                                                     async_scheduling=ASYNC_SCHEDULING),
-                    cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
-                    kv_transfer_config=KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_producer",
-                                                        engine_id="repro-P"),
-                    device_config=DeviceConfig("cpu"), **extra)
-    vc.scheduler_config.async_scheduling = ASYNC_SCHEDULING
-    vc.cache_config.num_gpu_blocks = 256
-    kv = KVCacheConfig(num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["model.layers.0.self_attn.attn"],
-        FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=32, dtype=torch.float32))])
-    if ASYNC_SCHEDULING:
-        from vllm.v1.core.sched.async_scheduler import AsyncScheduler as cls
-    else:
-        from vllm.v1.core.sched.scheduler import Scheduler as cls
-    return cls(vllm_config=vc, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(vc),
-               block_size=BLOCK_SIZE, log_stats=False)
-
-
-def _request(rid):
-    from vllm import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.request import Request
-
-    init_none_hash(sha256)
-    sp = SamplingParams(max_tokens=1, ignore_eos=True)
-    sp.update_from_generation_config({{}}, 2)
-    r = Request(request_id=rid, prompt_token_ids=[(7 * i) % 900 + 3 for i in range(PROMPT_LEN)], sampling_params=sp,
-                pooling_params=None, mm_features=None, block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256))
-    r.kv_transfer_params = {{"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                            "remote_block_ids": None, "remote_host": None, "remote_port": None}}
-    return r
-
-
-def _prefill(sched, rid):
-    """Schedule P's request and feed back one sampled token per finished prefill until vLLM's own
-    _connector_finished / NixlConnector.request_finished return its kv_transfer_params."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
-    sched.add_request(_request(rid))
-    for _ in range(16):
-        out = sched.schedule()
-        req = sched.requests.get(rid)
-        ids = [r for r in out.num_scheduled_tokens if r == rid]
-        done = req is not None and req.num_computed_tokens >= req.num_prompt_tokens
-        toks = [[100] if done or not ids else []]
-        eco = sched.update_from_output(out, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={{r: i for i, r in enumerate(ids)}}, sampled_token_ids=toks[:len(ids)]))
-        for outs in eco.values():
-            for o in outs.outputs:
-                if o.request_id == rid and o.kv_transfer_params:
-                    return dict(o.kv_transfer_params)
-    raise AssertionError("P never finished the prefill with kv_transfer_params")
-
-
-def test_p_hands_d_only_the_blocks_holding_its_computed_tokens(tmp_path):
-    sched = _scheduler(tmp_path)
-    params = _prefill(sched, "p-req")
-    table = [list(g) for g in sched.kv_cache_manager.get_block_ids("p-req")]  # P's own block table, held for D
-    reported = params["remote_block_ids"]
-    if reported and not isinstance(reported[0], (list, tuple)):  # (releases before per-group lists: one list)
-        reported = [reported]
-    n = _cdiv(params.get("remote_num_tokens") or PROMPT_LEN, BLOCK_SIZE)
-    for g, ids in enumerate(reported):
-        want = table[g][:n]
-        extra = [b for b in ids if b not in want]
-        assert list(ids) == want, (
-            f"group {{g}}: P handed D blocks {{list(ids)}} for {{PROMPT_LEN}} computed tokens; the blocks holding them "
-            f"in P's block table are {{want}} (block size {{BLOCK_SIZE}}). Block(s) {{extra}} are {{SPEC_METHOD}} "
-            f"lookahead slots past the prompt: D keeps remote[-{{n}}:] and reads P's block i+1 into its block i "
-            f"(vLLM #44151)")
-'''
-
-
-def render(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> str:
-    """The standalone test for ``s`` (``repro.situation``) of root cause ``cause`` (a ``causes.Cause``)."""
+def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The docstring fields and the constants every written test has (spec, block size, async, the configs)."""
     spec = _SPEC.get(s["spec_method"])
     if spec is None:
         raise PdtraceError(f"{trace}: cause {cause.n} was recorded with speculative method {s['spec_method']!r}, "
-                           f"which repro cannot rebuild yet (eagle-like methods and ngram); attach the trace instead")
+                           f"which repro cannot rebuild yet (eagle-like methods, DFlash and ngram); attach the trace "
+                           f"instead")
     if len(s["block_sizes"]) > 1 or s["hybrid"]:
         raise PdtraceError(f"{trace}: cause {cause.n} was recorded with {len(s['block_sizes'])} KV cache groups "
                            f"({', '.join(s['group_kinds'])}); repro rebuilds one full-attention group so far")
     k = s["num_spec_tokens"] if spec else 0
-    words = f"{s['spec_method']} with {k} speculative tokens" if spec else "no speculative decoding"
-    return _TEMPLATE.format(
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), trace=trace,
-        n=cause.n, title=cause.title, vllm=vllm or "?", method_words=words, bs=s["block_sizes"][0],
-        async_=s["async_scheduling"], prompt_len=s["prompt_len"], p_req=s["p_req"], spec=spec,
-        rec_method=s["spec_method"], k=k, target=_config("tiny-llama"), draft=_config("tiny-eagle"))
+    doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "trace": trace,
+           "n": cause.n, "title": cause.title, "vllm": vllm or "?", "bs": s["block_sizes"][0],
+           "async_": s["async_scheduling"],
+           "method_words": f"{s['spec_method']} with {k} speculative tokens" if spec else "no speculative decoding"}
+    const = {"BLOCK_SIZE": s["block_sizes"][0], "SPEC_METHOD": spec, "NUM_SPEC_TOKENS": k,
+             "ASYNC_SCHEDULING": s["async_scheduling"], "TARGET": _config("tiny-llama"),
+             "DRAFT": _config(_DRAFT[spec]) if spec in _DRAFT else None}
+    return doc, const
 
 
-def _config(name: str) -> str:
-    """A tiny HF config as a Python literal (the test writes it as config.json)."""
-    return repr(json.loads((_CONFIGS / name / "config.json").read_text()))
+def _file(doc_tpl: str, doc: dict[str, Any], const: dict[str, Any], test: str) -> str:
+    return (doc_tpl.format(**doc) + tpl.PREAMBLE + f"# recorded: {doc['trace']}, root cause {doc['n']}\n"
+            + _constants(**const) + tpl.HELPERS + test)
+
+
+def _lookahead(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    from pdtrace.commands.repro_situation import situation
+
+    s = situation(events, str(c.first.get("req")))
+    doc, const = _common(s, trace, c, vllm)
+    doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"])
+    return _file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], **const}, tpl.LOOKAHEAD_TEST)
+
+
+def _dflash(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.drafter_window(events, finding, trace, c.n)
+    doc, const = _common(s, trace, c, vllm)
+    doc.update(prompt_len=s["prompt_len"], req=s["req"], inst=s["inst"], role=s["kv_role"])
+    return _file(tpl.DFLASH_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "KV_ROLE": s["kv_role"], **const},
+                 tpl.DFLASH_TEST)
+
+
+def _rollback(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.rollback(events, finding, trace, c.n)
+    doc, const = _common(s, trace, c, vllm)
+    doc.update(req=s["req"], prompt_len=s["prompt_len"], max_tokens=s["max_tokens"], failed=s["failed_indexes"],
+               n_blocks=s["n_blocks"])
+    return _file(tpl_kv.ROLLBACK_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "MAX_TOKENS": s["max_tokens"],
+                                            "FAILED_BLOCK_INDEXES": s["failed_indexes"], **const},
+                 tpl_kv.ROLLBACK_TEST)
+
+
+def _shared(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.shared_block(events, finding, trace, c.n)
+    doc, const = _common(s, trace, c, vllm)
+    doc.update(r1=s["r1"], r2=s["r2"], r1_len=s["r1_len"], r2_len=s["r2_len"], shared=s["shared_tokens"],
+               failed=s["failed_indexes"], chunk=s["chunk"], budget=s["max_num_batched_tokens"])
+    return _file(tpl_kv.SHARED_DOC, doc, {
+        "R1_LEN": s["r1_len"], "R2_LEN": s["r2_len"], "SHARED_TOKENS": s["shared_tokens"],
+        "R1_MAX_TOKENS": s["r1_max_tokens"], "R2_MAX_TOKENS": s["r2_max_tokens"],
+        "FAILED_BLOCK_INDEXES": s["failed_indexes"], "CHUNK": s["chunk"],
+        "MAX_NUM_BATCHED_TOKENS": s["max_num_batched_tokens"], "STEPS_BEFORE_FAILURE": s["steps_before"],
+        **const}, tpl_kv.SHARED_TEST)
+
+
+# mechanism (causes.Cause.mechanism), or class, -> builder; a cause of another mechanism gets one line and exit 2
+BUILDERS: dict[str, Callable[..., str]] = {
+    LOOKAHEAD: _lookahead,  # (by class: every lookahead mechanism is P's report)
+    "drafter-window": _dflash,
+    "kv-load/placeholders": _rollback,
+    "kv-load/shared-block-read-early": _shared,
+}
+REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load rollback's placeholders (vLLM " \
+          "#49250), failed blocks shared through the prefix cache"
+
+
+def render(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> str:
+    """The lookahead test for ``s`` (``repro_situation.situation``) of root cause ``cause`` (a ``causes.Cause``)."""
+    doc, const = _common(s, trace, cause, vllm)
+    doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"])
+    return _file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], **const}, tpl.LOOKAHEAD_TEST)
 
 
 def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
@@ -200,14 +131,15 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
     from pdtrace.tracefile.trace import load
 
     t = load(str(trace), lenient=lenient)
-    causes = group(by_severity(run_all(t.events, t.header)))
+    findings = by_severity(run_all(t.events, t.header))
+    causes = group(findings)
     if not causes:
         raise PdtraceError(f"{trace}: no root cause (check finds nothing): there is no failing test to write")
     if not 1 <= n <= len(causes):
         raise PdtraceError(f"{trace}: --cause {n}: the trace has {len(causes)} root cause(s), 1-{len(causes)} "
                            f"(pdtrace check {trace} lists them)")
     c = causes[n - 1]
-    text = for_cause(t.events, t.header, c, str(trace))
+    text = for_cause(t.events, t.header, c, str(trace), findings)
     out = Path(output)
     out.write_text(text)
     print(f"wrote {out}: cause {n} ({c.kind}), request {c.first.get('req')}: a standalone vLLM test (pytest and "
@@ -215,13 +147,19 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
     return 0
 
 
-def for_cause(events: list, header: dict, c: Any, trace: str) -> str:
-    """The standalone test of root cause ``c``; PdtraceError (one line) where it cannot be rebuilt."""
-    from pdtrace.commands.repro_situation import situation
+def for_cause(events: list, header: dict, c: Any, trace: str, findings: list | None = None) -> str:
+    """The standalone test of root cause ``c``; PdtraceError (one line) where it cannot be rebuilt. ``findings``:
+    the list ``c`` indexes (``by_severity(run_all(...))``), computed here when not given."""
     from pdtrace.detectors.causes import header_vllm
 
-    if c.kind != LOOKAHEAD:
+    build = BUILDERS.get(c.mechanism) or BUILDERS.get(c.kind)
+    if build is None:
         raise PdtraceError(f"{trace}: cause {c.n} ({c.kind}: {c.mechanism}) cannot be rebuilt yet: repro writes a "
-                           f"standalone vLLM test for {LOOKAHEAD} (vLLM #44151) only; attach the trace (pdtrace "
-                           f"bundle) and see `pdtrace check {trace} --cause {c.n}`")
-    return render(situation(events, str(c.first.get("req"))), trace, c, header_vllm(header))
+                           f"standalone vLLM test for {REBUILT} so far; attach the trace (pdtrace bundle) and see "
+                           f"`pdtrace check {trace} --cause {c.n}`")
+    if findings is None:
+        from pdtrace.detectors import by_severity, run_all
+
+        findings = by_severity(run_all(events, header))
+    finding = findings[c.first["index"]] if 0 <= c.first.get("index", -1) < len(findings) else None
+    return build(events, header, c, finding, trace, header_vllm(header))

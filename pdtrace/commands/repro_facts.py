@@ -1,0 +1,123 @@
+"""The recorded facts `pdtrace repro --cause N` rebuilds, per mechanism (issue 61): read from the trace's events (the
+scheduler's config, requests, allocations, the failed-load events) and the cause's first finding, which names the
+request and the step. Each returns a dict for ``repro_standalone``, or raises PdtraceError (one line) when the trace
+lacks what the test needs. Reads traces only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdtrace.errors import PdtraceError
+
+
+def _first(events: list[dict], kind: str, **m: Any) -> dict | None:
+    for e in events:
+        if e["ev"] == kind and all(e.get(k) == v for k, v in m.items()):
+            return e
+    return None
+
+
+def _config(events: list[dict], inst: str | None, trace: str, n: int) -> dict[str, Any]:
+    conf = _first(events, "sched.config", inst=inst) if inst else None
+    conf = conf or _first(events, "sched.config")
+    if not conf:
+        raise PdtraceError(f"{trace}: cause {n}: the trace has no sched.config event (scheduler hooks were not "
+                           f"applied): cannot tell block size or speculative method")
+    kinds = list(conf.get("group_kinds") or ["FullAttentionSpec"])
+    return {"block_sizes": list(conf.get("block_sizes") or [16]), "group_kinds": kinds,
+            "hybrid": any("Mamba" in g for g in kinds), "spec_method": conf.get("spec_method") or "",
+            "num_spec_tokens": int(conf.get("num_spec_tokens") or 0),
+            "async_scheduling": bool(conf.get("async_scheduling")), "kv_role": conf.get("kv_role") or "kv_both"}
+
+
+def _added(events: list[dict], req: str, inst: str | None, trace: str, n: int) -> dict:
+    add = _first(events, "req.add", req=req, inst=inst) or _first(events, "req.add", req=req)
+    if not add or not add.get("prompt_len"):
+        raise PdtraceError(f"{trace}: cause {n}: no req.add with a prompt length for {req!r}: cannot rebuild its "
+                           f"prompt")
+    return add
+
+
+def _need(finding: Any, trace: str, n: int) -> Any:
+    if finding is None or not finding.req:
+        raise PdtraceError(f"{trace}: cause {n}: its first finding names no request: nothing to rebuild")
+    return finding
+
+
+def drafter_window(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """The DFlash drafter's window after a request's first prefill (seed 003)."""
+    f = _need(finding, trace, n)
+    d = f.data or {}
+    if d.get("method") != "dflash":
+        raise PdtraceError(f"{trace}: cause {n}: the drafter window of {d.get('method') or 'this drafter'!r} cannot "
+                           f"be rebuilt yet: repro rebuilds DFlash's (k + 1 slots after the prompt) so far")
+    s = _config(events, f.inst, trace, n)
+    add = _added(events, f.req, f.inst, trace, n)
+    if int(d.get("start", -1)) != int(add["prompt_len"]):
+        raise PdtraceError(f"{trace}: cause {n}: the window starts at position {d.get('start')}, not after the "
+                           f"{add['prompt_len']}-token prompt: repro rebuilds the window of a first prefill so far")
+    return {**s, "req": f.req, "inst": f.inst or "?", "prompt_len": int(add["prompt_len"])}
+
+
+def rollback(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """A running request's loaded blocks reported failed under async scheduling (vLLM #49250 / #45138)."""
+    f = _need(finding, trace, n)
+    d = f.data or {}
+    step = d.get("rollback_step")
+    kr = [e for e in events if e["ev"] == "kvload.request" and e.get("req") == f.req and e.get("inst") == f.inst
+          and (step is None or e.get("step") == step)]
+    if not kr:
+        raise PdtraceError(f"{trace}: cause {n}: no kvload.request event for {f.req!r}: the failure's handling was "
+                           f"not recorded")
+    k = kr[0]
+    if k.get("status") != "RUNNING":
+        raise PdtraceError(f"{trace}: cause {n}: {f.req!r} failed while {k.get('status')}: repro rebuilds a running "
+                           f"request's failed blocks so far")
+    handled = _first(events, "kvload.handled", inst=f.inst, step=k.get("step")) or {}
+    blocks = list((k.get("block_ids") or [[]])[0])
+    failed = [blocks.index(b) for b in handled.get("block_ids") or [] if b in blocks]
+    if not failed:
+        raise PdtraceError(f"{trace}: cause {n}: none of the failed block ids is in {f.req!r}'s block list: cannot "
+                           f"tell which of its blocks failed")
+    add = _added(events, f.req, f.inst, trace, n)
+    if not (add.get("kv") or {}).get("do_remote_prefill"):
+        raise PdtraceError(f"{trace}: cause {n}: {f.req!r} did not load its KV from P: repro rebuilds a request "
+                           f"loaded from P so far")
+    s = _config(events, f.inst, trace, n)
+    if not s["async_scheduling"]:
+        raise PdtraceError(f"{trace}: cause {n}: recorded without async scheduling, where no output placeholder "
+                           f"exists: nothing to rebuild")
+    return {**s, "req": f.req, "prompt_len": int(add["prompt_len"]), "max_tokens": int(add.get("max_tokens") or 8),
+            "failed_indexes": sorted(set(failed)), "n_blocks": len(blocks)}
+
+
+def shared_block(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """Failed blocks shared through D's prefix cache, read by the second request before the first rewrites them."""
+    f = _need(finding, trace, n)
+    d = f.data or {}
+    r1, r2, step = d.get("recomputer"), f.req, d.get("report_step")
+    if not r1 or step is None:
+        raise PdtraceError(f"{trace}: cause {n}: the finding names no recomputing request or failure step")
+    k1 = _first(events, "kvload.request", req=r1, inst=f.inst, step=step)
+    handled = _first(events, "kvload.handled", inst=f.inst, step=step)
+    if not k1 or not handled:
+        raise PdtraceError(f"{trace}: cause {n}: the failure's handling at step {step} was not recorded")
+    b1 = list((k1.get("block_ids") or [[]])[0])
+    failed = sorted({b1.index(b) for b in handled.get("block_ids") or [] if b in b1})
+    a1, a2 = _added(events, r1, f.inst, trace, n), _added(events, r2, f.inst, trace, n)
+    first2 = _first(events, "sched.alloc", req=r2, inst=f.inst) or {}
+    shared = int(first2.get("num_new_computed_tokens") or 0)
+    if not shared or not failed:
+        raise PdtraceError(f"{trace}: cause {n}: {r2!r} took no blocks from D's prefix cache, or no failed block is "
+                           f"{r1!r}'s: the sharing cannot be rebuilt")
+    steps = [e for e in events if e["ev"] == "sched.step" and e.get("inst") == f.inst]
+    after = [(e.get("tokens") or {}).get(r1, 0) for e in steps if e.get("step", 0) > step]
+    left = int(k1.get("num_tokens") or 0) - int(k1.get("computed") or 0)
+    chunk = max(after, default=0)
+    chunk = chunk if 0 < chunk < left else 0  # recomputed in one step: vLLM's default, no threshold
+    budget = max([int(e.get("num_tokens") or 0) for e in steps] + [chunk, 16])
+    return {**_config(events, f.inst, trace, n), "r1": r1, "r2": r2, "r1_len": int(a1["prompt_len"]),
+            "r2_len": int(a2["prompt_len"]), "r1_max_tokens": int(a1.get("max_tokens") or 16),
+            "r2_max_tokens": int(a2.get("max_tokens") or 16), "shared_tokens": shared, "failed_indexes": failed,
+            "chunk": chunk, "max_num_batched_tokens": budget,
+            "steps_before": max(0, int(step) - int(a2.get("step") or 0) - 1)}

@@ -1,0 +1,123 @@
+"""The text of `pdtrace repro --cause N`'s tests for the KV-load failure classes (issue 61): a KV load rollback that
+leaves async output placeholders (vLLM #49250 / #45138), and failed blocks shared through D's prefix cache read before
+they are rewritten. Plain Python over ``repro_templates.HELPERS``; this module holds text only."""
+
+from __future__ import annotations
+
+ROLLBACK_DOC = '''"""Regression test for vLLM #49250 / #45138 (kv-load-failure-recovery: placeholders), written by `pdtrace repro` on {created}.
+
+Trace: {trace}
+Root cause {n}: {title}
+Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; D request {req}: a {prompt_len}-token prompt loaded
+from P, max_tokens {max_tokens}; after it ran, block index(es) {failed} of its {n_blocks} KV block(s) were reported
+failed (KVConnectorOutput.invalid_block_ids), kv_load_failure_policy "recompute".
+
+When a running request's loaded blocks are reported invalid, the scheduler cuts its num_computed_tokens back to the
+first failed block (_update_requests_with_invalid_blocks) and recomputes from there. Under async scheduling the
+request still carries num_output_placeholders for the token of the step in flight; if they are not rolled back with
+the computed tokens, the next schedule() gives the request more tokens than it has left to compute (its num_tokens
+less its computed tokens): the recompute runs past the request, and the request can stall in the running queue.
+Open upstream: https://github.com/vllm-project/vllm/issues/49250 and
+https://github.com/vllm-project/vllm/issues/45138 (PRs #45430 / #49252 reset the placeholders; not merged in any
+release pdtrace installs, so this test fails on every one of them, 0.19.1-0.33.0, until the fix lands).
+
+Runs with pytest and vLLM alone, on CPU: the real AsyncScheduler, KV cache manager and NixlConnector scheduler side of
+P and D, the scheduler's own failure path. What is written by hand, as vLLM's own tests do: the worker's
+ModelRunnerOutput (the sampled tokens, the load finishing, the failed blocks in invalid_block_ids).
+"""
+'''
+
+ROLLBACK_TEST = '''
+
+def test_a_kv_load_rollback_schedules_no_more_than_the_request_has_left(tmp_path):
+    p = _scheduler(tmp_path, "kv_producer")
+    d = _scheduler(tmp_path, "kv_consumer", policy="recompute")
+    prompt = _prompt(PROMPT_LEN)
+    params = _prefill_on_p(p, "p-req", prompt)
+    d.add_request(_request("d-req", prompt, MAX_TOKENS, dict(params)))
+    _step(d)  # D allocates the blocks the load fills (WAITING_FOR_REMOTE_KVS)
+    local = list(d.kv_cache_manager.get_block_ids("d-req")[0])
+    _step(d, finished_recving={"d-req"})  # the load lands
+    _step(d, {"d-req": 300})  # the request runs a step
+    failed = {local[i] for i in FAILED_BLOCK_INDEXES if i < len(local)}
+    _step(d, {"d-req": 301}, invalid_block_ids=failed)  # its loaded blocks are reported invalid
+    req = d.requests["d-req"]
+    cut, total = req.num_computed_tokens, req.num_tokens  # right after the failure was handled
+    left = total - cut
+    placeholders = getattr(req, "num_output_placeholders", 0)
+    out, _ = _step(d, {"d-req": 302})
+    got = out.num_scheduled_tokens.get("d-req", 0)
+    assert got <= left, (
+        f"after block(s) {sorted(failed)} of d-req (D blocks {local}) failed to load, the scheduler cut it back to "
+        f"{cut} computed tokens of {total}, {left} left to compute; the next schedule() "
+        f"gave it {got}, {got - left} past its tokens: it still carried {placeholders} output placeholder(s) of "
+        f"async scheduling, not rolled back with its computed tokens (vLLM #49250 / #45138)")
+'''
+
+SHARED_DOC = '''"""Regression test for a failed KV load shared through D's prefix cache (kv-load-failure-recovery: shared block read early), written by `pdtrace repro` on {created}.
+
+Trace: {trace}
+Root cause {n}: {title}
+Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; on D: {r1} ({r1_len}-token prompt) prefilled
+first, then {r2} ({r2_len} tokens) took the first {shared} tokens' blocks from D's prefix cache; block index(es)
+{failed} of {r1}'s block list, shared with {r2}, were reported failed (invalid_block_ids), policy "recompute"; the
+recompute ran in chunks of {chunk} token(s) (long_prefill_token_threshold {chunk}, as the recorded steps show it)
+and steps of at most {budget} tokens.
+
+The scheduler cuts {r1} back to its first failed block and recomputes it; {r2} keeps the same blocks as computed
+(_update_requests_with_invalid_blocks marks only the first request that holds a block for recompute). A step that
+schedules {r2} before {r1}'s recompute has rewritten every failed block {r2} keeps makes {r2} attend to the failed
+load's KV: garbage, silently. With vLLM's default scheduler config the recompute runs in one step and nothing is
+read early; a long_prefill_token_threshold chunks it. Not fixed in any release pdtrace installs (0.30.0-0.33.0
+reach this shape; before 0.30.0 the second request did not get the first's blocks from the prefix cache in this
+situation).
+
+Runs with pytest and vLLM alone, on CPU: the real Scheduler, KV cache manager with its prefix cache and the
+NixlConnector scheduler side of D. What is written by hand, as vLLM's own tests do: the worker's ModelRunnerOutput
+(the sampled tokens, the failed blocks in invalid_block_ids).
+"""
+'''
+
+SHARED_TEST = '''
+
+def test_a_request_sharing_failed_blocks_is_not_scheduled_before_they_are_recomputed(tmp_path):
+    d = _scheduler(tmp_path, "kv_consumer", policy="recompute", long_prefill=CHUNK,
+                   max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS)
+    prefix = _prompt(SHARED_TOKENS)
+    r1 = _request("r1", prefix + [5000 + i for i in range(R1_LEN - SHARED_TOKENS)], R1_MAX_TOKENS)
+    r2 = _request("r2", prefix + [7000 + i for i in range(R2_LEN - SHARED_TOKENS)], R2_MAX_TOKENS)
+    tok = iter(range(300, 100000))
+
+    def step(**kvo):
+        return _step(d, {rid: next(tok) for rid in list(d.requests)}, **kvo)[0]
+
+    d.add_request(r1)
+    for _ in range(16):
+        if d.requests["r1"].num_computed_tokens >= R1_LEN:
+            break
+        step()
+    d.add_request(r2)
+    for _ in range(STEPS_BEFORE_FAILURE):
+        step()
+    b1 = list(d.kv_cache_manager.get_block_ids("r1")[0])
+    b2 = list(d.kv_cache_manager.get_block_ids("r2")[0])
+    shared = [b for b in b1 if b in b2]
+    if not shared:  # (before 0.30.0 r2 prefilled them itself in this situation: no block is shared)
+        pytest.skip(f"r2 got none of r1's blocks from this vLLM's prefix cache (r1 {b1}, r2 {b2}): no shared block")
+    failed = [b1[i] for i in FAILED_BLOCK_INDEXES if i < len(b1)]
+    step(invalid_block_ids=set(failed))
+    kept = d.requests["r2"].num_computed_tokens
+    for n in range(1, 9):
+        out = step()
+        if "r1" not in d.requests or "r2" not in d.requests:
+            break
+        # r1's computed tokens after this step's schedule(): what it has rewritten by the time this step's attention
+        # reads (a step writes its tokens' KV before attending)
+        c1 = d.requests["r1"].num_computed_tokens
+        stale = [b for i, b in enumerate(b2) if b in failed and i * BLOCK_SIZE < kept
+                 and c1 < (b1.index(b) + 1) * BLOCK_SIZE]
+        assert not ("r2" in out.num_scheduled_tokens and stale), (
+            f"step {n} after the failure scheduled r2, which keeps block(s) {stale} as computed ({kept} computed "
+            f"tokens), while r1, which recomputes them, had rewritten only its first {c1} tokens (blocks of "
+            f"{BLOCK_SIZE}, r1's blocks {b1}): r2 attends to the failed load's KV in block(s) {stale}")
+'''
