@@ -35,8 +35,10 @@ def test_bundle_contents(tmp_path, name):
     out = tmp_path / name
     assert bundle_cmd.run(trace, out, allow_unredacted=False, lenient=False) == 0
     m = _members(out)
-    # + the regression test of its lookahead cause (cause 2: `pdtrace repro --cause 2`), the one class rebuilt so far
-    assert {n.split("/", 1)[1] for n in m} == FILES | {"test_cause_2.py"}
+    # + the regression tests of the causes `pdtrace repro --cause N` rebuilds: 1 (the accepted-count read after a row
+    # move) and 2 (lookahead); not 3 (the connector metadata cleared before the drafter: not rebuilt yet)
+    assert {n.split("/", 1)[1] for n in m} == FILES | {"test_cause_1.py", "test_cause_2.py"}
+    assert "def test_each_decode_reads_its_own_accepted_count_after_the_rows_moved" in m["pdtrace-bug/test_cause_1.py"].decode()
     assert all(n.startswith("pdtrace-bug/") for n in m)
     get = lambda n: m[f"pdtrace-bug/{n}"]  # noqa: E731
     repro = get("test_cause_2.py").decode()

@@ -191,7 +191,10 @@ def test_entry_point_prints_one_json_line(tmp_path):
 #   on reserve k + 1; 0.19.1 has no DFlash (the written test skips, saying so);
 # - the KV-load rollback sample (#49250 / #45138): open upstream, every release;
 # - the shared failed block sample: 0.30.0 on (the matrix's "KV load, shared block read early"); before it the second
-#   request gets no block from the prefix cache in this situation (the written test skips, saying so).
+#   request gets no block from the prefix cache in this situation (the written test skips, saying so);
+# - the accepted-count samples (a hybrid model's count read after row moves): seed 004's outside align mode, 0.19.0-
+#   0.23.0 (0.24.0 skips the CPU read under async scheduling); #51571's in align mode (the live GPU recording), open:
+#   every release (0.19.1-0.23.0 by seed 004's read, 0.24.0 on by the gather through prev_positions).
 REPRO = {  # sample -> (releases failing, releases skipping)
     "pdtrace/samples/demo_lookahead_misalignment.jsonl": ({"0.23.0", "0.24.0"}, set()),
     "sample_traces/dflash_window_buggy.jsonl": ({"0.20.0", "0.22.1"}, {"0.19.1"}),
@@ -199,6 +202,8 @@ REPRO = {  # sample -> (releases failing, releases skipping)
     "sample_traces/kv_load_shared_block_buggy.jsonl": ({"0.30.0", "0.32.0", "0.33.0"},
                                                        {"0.19.1", "0.20.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0",
                                                         "0.28.0"}),
+    "sample_traces/stale_read_rowmoves_buggy.jsonl": ({"0.19.1", "0.20.0", "0.22.1", "0.23.0"}, set()),
+    "sample_traces/live_gpu_race51571_v1_bug.jsonl.zst": ({"ALL"}, set()),
 }
 REPRO_SAYS = {
     "demo_lookahead_misalignment": "P handed D blocks [1, 2] for 16 computed tokens",
@@ -206,6 +211,8 @@ REPRO_SAYS = {
                            "blocks [1, 2]: 32 slots",
     "kv_load_async_rollback_buggy": "the next schedule() gave it 34, 1 past its tokens",
     "kv_load_shared_block_buggy": "r2 attends to the failed load's KV in block(s) [3, 4]",
+    "stale_read_rowmoves_buggy": "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'none'",
+    "live_gpu_race51571_v1_bug": "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'align'",
 }
 
 

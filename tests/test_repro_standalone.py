@@ -143,6 +143,11 @@ CLASSES = [
      "scheduled r2, which keeps block(s) [3, 4] as computed (82 computed tokens), while r1, which recomputes them, "
      "had rewritten only its first 32 tokens"),
     ("kv_load_shared_block_buggy", "fix", SHARED_FIX, "passed", ""),
+    # the worker-side class: seed 004's read (fixed in 0.24.0: no CPU read outside align mode) and vLLM #51571's
+    # (open: the gather through prev_positions after the copy landed), from the live GPU recording
+    ("stale_read_rowmoves_buggy", "plain", None, "passed", ""),
+    ("live_gpu_race51571_v1_bug", "plain", None, "failed",
+     "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'align'"),
 ]
 
 
@@ -156,7 +161,8 @@ def test_each_class_fails_with_the_bug_and_passes_without_it(tmp_path):
     for sample, how, conftest, _want, _says in CLASSES:
         d = tmp_path / f"{sample}_{how}"
         d.mkdir()
-        r = _pdtrace("repro", str(ROOT / "sample_traces" / f"{sample}.jsonl"), "--cause", "1", "-o",
+        path = ROOT / "sample_traces" / f"{sample}.jsonl"
+        r = _pdtrace("repro", str(path if path.exists() else path.with_suffix(".jsonl.zst")), "--cause", "1", "-o",
                      str(d / f"test_{sample}_{how}.py"))
         assert r.returncode == 0, r.stderr
         text = (d / f"test_{sample}_{how}.py").read_text()
@@ -175,8 +181,8 @@ def test_each_class_fails_with_the_bug_and_passes_without_it(tmp_path):
 
 
 def test_a_cause_of_another_class_or_a_damaged_trace_is_one_line_and_exit_2(tmp_path):
-    r = _pdtrace("repro", str(ROOT / "sample_traces" / "stale_read_rowmoves_buggy.jsonl"), "--cause", "1", "-o",
-                 str(tmp_path / "t.py"))
+    r = _pdtrace("repro", str(ROOT / "sample_traces" / "metadata_cleared_before_drafter_buggy.jsonl"), "--cause", "1",
+                 "-o", str(tmp_path / "t.py"))
     assert r.returncode == 2 and "cannot be rebuilt yet" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text(SAMPLE.read_text().splitlines()[0] + "\n{not json\n")

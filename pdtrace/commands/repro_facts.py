@@ -121,3 +121,22 @@ def shared_block(events: list[dict], finding: Any, trace: str, n: int) -> dict[s
             "r2_max_tokens": int(a2.get("max_tokens") or 16), "shared_tokens": shared, "failed_indexes": failed,
             "chunk": chunk, "max_num_batched_tokens": budget,
             "steps_before": max(0, int(step) - int(a2.get("step") or 0) - 1)}
+
+
+def stale_read(events: list[dict], finding: Any, trace: str, n: int, mechanism: str) -> dict[str, Any]:
+    """A decode that read another row's accepted count after the InputBatch rows moved (seed 004, vLLM #51571)."""
+    f = _need(finding, trace, n)
+    d = f.data or {}
+    conf = _first(events, "sched.config") or {}
+    kinds = list(conf.get("group_kinds") or ["FullAttentionSpec"])
+    sizes = list(conf.get("block_sizes") or [16])
+    attn = [b for b, g in zip(sizes, kinds) if "Mamba" not in g] or [16]
+    k = int(conf.get("num_spec_tokens") or 0) or 3
+    if "row-moved" not in (d.get("reasons") or ["row-moved"]):
+        raise PdtraceError(f"{trace}: cause {n}: the read named no row move ({', '.join(d.get('reasons') or [])}): "
+                           f"repro rebuilds a read after InputBatch row moves so far")
+    prev = d.get("mapping") == "prev" or mechanism.endswith("/prev")
+    return {"req": f.req, "row": d.get("row"), "value": d.get("value"), "own": d.get("own") or d.get("truth"),
+            "spec_method": conf.get("spec_method") or "?", "num_spec_tokens": k, "block_size": int(attn[0]),
+            "async_scheduling": bool(conf.get("async_scheduling", True)), "mamba_cache_mode": "align" if prev
+            else "none"}

@@ -8,8 +8,9 @@ what the finding says was broken, never on pdtrace's verdict. It fails on the re
 passes where that bug is fixed.
 
 Rebuilt so far (``BUILDERS``, by the root cause's mechanism): lookahead-block-misalignment (vLLM #44151), the DFlash
-drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138) and failed blocks
-shared through D's prefix cache read before they are recomputed. Every other cause gets one line saying so and exit
+drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138), failed blocks
+shared through D's prefix cache read before they are recomputed, and (worker side, a faithful minimal caller) an
+accepted-token count read after InputBatch row moves (seed 004, vLLM #51571). Every other cause gets one line saying so and exit
 2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
 """
 
@@ -23,6 +24,7 @@ from typing import Any, Callable
 from pdtrace.commands import repro_facts as facts
 from pdtrace.commands import repro_templates as tpl
 from pdtrace.commands import repro_templates_kv as tpl_kv
+from pdtrace.commands import repro_templates_worker as tpl_worker
 from pdtrace.errors import PdtraceError
 
 LOOKAHEAD = "lookahead-block-misalignment"
@@ -107,15 +109,31 @@ def _shared(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: 
         **const}, tpl_kv.SHARED_TEST)
 
 
+def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.stale_read(events, finding, trace, c.n, c.mechanism)
+    mode = s["mamba_cache_mode"]
+    doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "trace": trace,
+           "n": c.n, "title": c.title, "vllm": vllm or "?", "mechanism": c.mechanism, "async_": s["async_scheduling"],
+           "method_words": f"{s['spec_method']} with {s['num_spec_tokens']} speculative tokens",
+           "mode_words": "mamba_cache_mode 'align': the gather through prev_positions" if mode == "align" else
+           "outside align mode", "req": s["req"], "row": s["row"], "value": s["value"], "own": s["own"]}
+    const = {"BLOCK_SIZE": s["block_size"], "NUM_SPEC_TOKENS": s["num_spec_tokens"],
+             "ASYNC_SCHEDULING": s["async_scheduling"], "MAMBA_CACHE_MODE": mode}
+    return (tpl_worker.STALE_DOC.format(**doc) + tpl.PREAMBLE + f"# recorded: {trace}, root cause {c.n}\n"
+            + _constants(**const) + "\n\ndef _cdiv(a, b):\n    return -(-a // b)\n" + tpl_worker.STALE_TEST)
+
+
 # mechanism (causes.Cause.mechanism), or class, -> builder; a cause of another mechanism gets one line and exit 2
 BUILDERS: dict[str, Callable[..., str]] = {
     LOOKAHEAD: _lookahead,  # (by class: every lookahead mechanism is P's report)
     "drafter-window": _dflash,
     "kv-load/placeholders": _rollback,
     "kv-load/shared-block-read-early": _shared,
+    "stale-accepted-count-read": _stale,  # (by class: every mechanism is a read after row moves, or refused)
 }
 REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load rollback's placeholders (vLLM " \
-          "#49250), failed blocks shared through the prefix cache"
+          "#49250), failed blocks shared through the prefix cache, an accepted count read after row moves (seed 004, " \
+          "#51571)"
 
 
 def render(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> str:

@@ -1,0 +1,170 @@
+"""The text of `pdtrace repro --cause N`'s test for the worker-side accepted-count class (issue 61): a decode that
+reads another row's accepted-token count after the InputBatch rows moved (seed 004, vLLM #51571). The model runner
+runs on a GPU only, so the test is a faithful minimal caller, said in its docstring: the release's own InputBatch, row
+moves and reorder function, the release's own GPUModelRunner methods on a runner built without its constructor, and
+the release's own accepted-count statements of ``_prepare_inputs``. Plain Python; this module holds text only."""
+
+from __future__ import annotations
+
+STALE_DOC = '''"""Regression test for the accepted-count read after InputBatch row moves (stale-accepted-count-read: {mechanism}), written by `pdtrace repro` on {created}.
+
+Trace: {trace}
+Root cause {n}: {title}
+Recorded: vLLM {vllm}; {method_words}; async scheduling {async_}; a hybrid model's accepted counts read on the CPU
+({mode_words}); the read named: request {req}, row {row}, read {value}, its own count {own}.
+
+For hybrid (Mamba) models with speculative decoding, _update_states_after_model_execute copies each row's accepted
+token count to input_batch.num_accepted_tokens_cpu_tensor (non-blocking), and the next step's _prepare_inputs reads
+it back. Between the two, the next step's _update_states moves rows: a finished request's row is taken by a new one,
+condense() fills holes, the attention backend's reorder swaps decodes before prefills. A decode that reads a row
+another request's count now sits in (or a new request's 1) verifies its drafts against the wrong count: garbled
+output, silently. 0.19.0-0.23.0 read the current row after the moves (seed 004; 0.24.0 skips the CPU read under
+async scheduling unless mamba_cache_mode is "align"); in align mode 0.24.0 on gather through prev_positions, right
+only when the copy lands after the moves (https://github.com/vllm-project/vllm/issues/51571, open; PR #51599 copies
+into a snapshot rows do not move).
+
+A faithful minimal caller (the model runner's constructor needs a GPU): this vLLM's own InputBatch, its
+add_request / remove_request / condense and reorder_batch_to_split_decodes_and_prefills (what the backend's
+reorder calls), its own GPUModelRunner._update_states_after_model_execute (outside align mode; in align mode the
+postprocess is a GPU kernel and its last statement, the non-blocking copy, is written out) and
+_compute_prev_positions on a runner built with object.__new__, and the accepted-count statements of its own
+_prepare_inputs (taken from its source and run as they are; the rest of that method needs a GPU). The copy is a CPU
+copy: it lands at once, before the next step's row moves, as a quick GPU copy does (a stand-in CUDA event counts the
+synchronize). Rows [A, B, C] accepted [1, k, k + 1] tokens; B finishes, N takes its row, the reorder puts the decode
+C before the prefill N. Runs with pytest and vLLM alone, on CPU.
+"""
+'''
+
+STALE_TEST = '''
+
+class _Event:
+    """The CUDA event of the D2H copy, on a CPU: the copy has landed; synchronize() is counted (the read)."""
+
+    def __init__(self):
+        self.syncs = 0
+
+    def record(self, *a):
+        pass
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        self.syncs += 1
+
+
+def _read_statements():
+    """The accepted-count statements of this vLLM's GPUModelRunner._prepare_inputs (each top-level statement naming
+    num_accepted_tokens, except the GPU correction kernel's call), compiled as block(self, num_reqs,
+    prev_req_id_to_index)."""
+    import ast
+    import inspect
+    import textwrap
+
+    import numpy as np
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    src = textwrap.dedent(inspect.getsource(inspect.unwrap(GPUModelRunner._prepare_inputs)))
+    keep = []
+    for s in ast.parse(src).body[0].body:
+        names = {getattr(n, "attr", None) or getattr(n, "id", None) for n in ast.walk(s)}
+        if not any(x and "num_accepted_tokens" in x for x in names):
+            continue
+        if any(isinstance(n, ast.Call) and "update_num_computed_tokens_for_batch_change" in ast.unparse(n.func)
+               for n in ast.walk(s)):
+            continue
+        keep.append(" " * s.col_offset + ast.get_source_segment(src, s))
+    assert keep, "this vLLM's _prepare_inputs has no accepted-count statements"
+    body = textwrap.dedent("\\n".join(keep))
+    code = "def block(self, num_reqs, prev_req_id_to_index):\\n" + textwrap.indent(body, "    ") + "\\n"
+    ns = {"np": np}
+    exec(compile(code, "<_prepare_inputs accepted-count statements>", "exec"), ns)
+    return ns["block"]
+
+
+def _batch_and_runner():
+    import inspect
+    from types import SimpleNamespace
+
+    import torch
+    import vllm.v1.worker.gpu_input_batch as gib
+    from vllm.v1.utils import CpuGpuBuffer
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(gib, "PIN_MEMORY", False) and not torch.cuda.is_available():
+        gib.PIN_MEMORY = False  # (0.22-0.25 fix it at import from the platform; no pinned memory without a GPU)
+    params = inspect.signature(InputBatch.__init__).parameters
+    extra = {}
+    if "kernel_block_sizes" in params:
+        extra["kernel_block_sizes"] = [BLOCK_SIZE]
+    if "pin_memory" in params:
+        extra["pin_memory"] = False
+    if "num_spec_tokens" in params:
+        extra["num_spec_tokens"] = NUM_SPEC_TOKENS
+    ib = InputBatch(max_num_reqs=8, max_model_len=1024, max_num_batched_tokens=1024, device=torch.device("cpu"),
+                    vocab_size=1000, block_sizes=[BLOCK_SIZE], max_num_blocks_per_req=[_cdiv(1024, BLOCK_SIZE)],
+                    **extra)
+    r = object.__new__(GPUModelRunner)  # the real class; its __init__ needs a GPU
+    cpu = torch.device("cpu")
+    r.__dict__.update(
+        input_batch=ib, speculative_config=SimpleNamespace(method="mtp", num_speculative_tokens=NUM_SPEC_TOKENS),
+        model_config=SimpleNamespace(is_hybrid=True), cache_config=SimpleNamespace(mamba_cache_mode=MAMBA_CACHE_MODE),
+        use_async_scheduling=ASYNC_SCHEDULING,
+        num_accepted_tokens=CpuGpuBuffer(8, dtype=torch.int32, device=cpu, pin_memory=False),
+        prev_positions=CpuGpuBuffer(8, dtype=torch.int64, device=cpu, pin_memory=False),
+        num_accepted_tokens_event=_Event())
+    return ib, r
+
+
+def _state(req_id, prompt_len):
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+    return CachedRequestState(req_id=req_id, prompt_token_ids=list(range(prompt_len)), mm_features=[],
+                              sampling_params=SamplingParams(temperature=0.0), generator=None, block_ids=([],),
+                              num_computed_tokens=0, output_token_ids=[])
+
+
+def test_each_decode_reads_its_own_accepted_count_after_the_rows_moved():
+    import torch
+    from types import SimpleNamespace
+
+    from vllm.v1.attention.backends.utils import reorder_batch_to_split_decodes_and_prefills
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    k = NUM_SPEC_TOKENS
+    counts = {"A": 1, "B": k, "C": k + 1}
+    block = _read_statements()
+    ib, r = _batch_and_runner()
+    for name in counts:  # step n: three decodes
+        ib.add_request(_state(name, 8))
+        ib.num_computed_tokens_cpu[ib.req_id_to_index[name]] = 8
+    ids = list(ib.req_ids[:ib.num_reqs])
+    out_ids = torch.full((len(ids), k + 1), -1, dtype=torch.int64)
+    for row, name in enumerate(ids):
+        out_ids[row, :counts[name]] = 7
+    ib.prev_req_id_to_index = {q: j for j, q in enumerate(ids)}
+    if MAMBA_CACHE_MODE == "align":  # the align postprocess (a GPU kernel) ends with this non-blocking copy
+        r.num_accepted_tokens.gpu[:len(ids)] = (out_ids != -1).sum(dim=1)
+        ib.num_accepted_tokens_cpu_tensor[:len(ids)].copy_(r.num_accepted_tokens.gpu[:len(ids)], non_blocking=True)
+        r.num_accepted_tokens_event.record()
+    else:
+        GPUModelRunner._update_states_after_model_execute(r, out_ids, None)
+    # step n+1's row moves (_update_states): B finished, N takes its row, condense, the backend's reorder
+    ib.remove_request("B")
+    ib.add_request(_state("N", 20))
+    ib.condense()
+    reorder_batch_to_split_decodes_and_prefills(
+        ib, SimpleNamespace(num_scheduled_tokens={"A": 1 + k, "C": 1 + k, "N": 20}), decode_threshold=1 + k)
+    GPUModelRunner._compute_prev_positions(r, ib.num_reqs)
+    block(r, ib.num_reqs, ib.prev_req_id_to_index)  # the release's read
+    read_cpu = r.num_accepted_tokens_event.syncs > 0
+    rows = list(ib.req_ids[:ib.num_reqs])
+    wrong = [f"{q} at row {row} read {int(r.num_accepted_tokens.np[row])}, its own count is {counts[q]}"
+             for row, q in enumerate(rows) if q in counts and int(r.num_accepted_tokens.np[row]) != counts[q]]
+    assert not (read_cpu and wrong), (
+        f"after the rows moved (B finished, N took its row, the reorder made the rows {rows}), this vLLM's "
+        f"_prepare_inputs read the accepted counts on the CPU and " + "; ".join(wrong) + f" (mamba_cache_mode "
+        f"{MAMBA_CACHE_MODE!r}, async scheduling {ASYNC_SCHEDULING}, k={k}; seed 004 / vLLM #51571)")
+'''
