@@ -53,7 +53,11 @@ def text_lines(causes: list[Cause], trace: str, line: Callable[..., list[str]], 
                                   f"step {first['step']}" if first.get("step") is not None else "") if x)
         more = f"{trace} --cause {c.n}" if len(c.findings) > 1 and asked is None else ""
         what = str(first.get("title") or "")
-        if first.get("req") and what.startswith(f"request {first['req']}: "):
+        said = f"request {first['req']} step {first['step']}: " if first.get("req") and first.get("step") is not None \
+            else None
+        if said and what.startswith(said):  # (the finding's title opens with what ex already says)
+            what = what[len(said):]
+        elif first.get("req") and what.startswith(f"request {first['req']}: "):
             what = what[len(f"request {first['req']}: "):]
         elif first.get("req") and what.startswith(f"{first['req']} "):  # (the id once: "request X step N: read ...")
             what = what[len(f"{first['req']} "):]

@@ -87,7 +87,10 @@ def rollback(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, 
     if not s["async_scheduling"]:
         raise PdtraceError(f"{trace}: cause {n}: recorded without async scheduling, where no output placeholder "
                            f"exists: nothing to rebuild")
-    return {**s, "req": f.req, "prompt_len": int(add["prompt_len"]), "max_tokens": int(add.get("max_tokens") or 8),
+    ra = _first(events, "nixl.remote_alloc", req=f.req) or {}
+    p_req = ra.get("remote_req") or (add.get("kv") or {}).get("remote_request_id") or "p-req"
+    return {**s, "req": f.req, "p_req": str(p_req), "prompt_len": int(add["prompt_len"]),
+            "max_tokens": int(add.get("max_tokens") or 8),
             "failed_indexes": sorted(set(failed)), "n_blocks": len(blocks)}
 
 

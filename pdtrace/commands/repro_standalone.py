@@ -64,8 +64,45 @@ def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> tuple[dict[
     return doc, const
 
 
-def _file(doc_tpl: str, doc: dict[str, Any], const: dict[str, Any], test: str) -> str:
-    return (doc_tpl.format(**doc) + tpl.PREAMBLE + f"# recorded: {doc['trace']}, root cause {doc['n']}\n"
+def _provenance(header: dict, c: Any, faults: list[str], vllm: str) -> str:
+    """Where the trace came from, the upstream links `check` names, and a labelled fault's warning: the paragraph
+    that closes a written test's docstring."""
+    import textwrap
+
+    said = [f"The trace: {header.get('origin') or 'a recording'}"
+            + (f" {header['scenario']!r}" if header.get("scenario") else "")
+            + (f", written {header['created']}" if header.get("created") else "")
+            + (f" on host {header['host']!r}" if header.get("host") else "") + "."]
+    if c.upstream:
+        said.append("Upstream, as `pdtrace check` names it: " + ", ".join(c.upstream) + ".")
+    if faults:
+        said.append(f"The trace's finding came from a LABELLED FAULT put on vLLM {vllm or '?'} ({', '.join(faults)}): "
+                    f"that vLLM's own code has the fix, so this test passes on it; it fails on the releases whose own "
+                    f"code has the bug (above).")
+    return "\n" + textwrap.fill(" ".join(said), 116) + "\n"
+
+
+def _short(link: str) -> str:
+    """'https://github.com/vllm-project/vllm/issues/51571' -> 'vLLM #51571' (other text as it is)."""
+    return f"vLLM #{link.rsplit('/', 1)[-1]}" if link.startswith("https://github.com/vllm-project/vllm/") else link
+
+
+def _faults(events: list) -> list[str]:
+    return sorted({str(e.get("rule")) for e in events if e["ev"] == "fault.inject"})
+
+
+def _close(doc_text: str, events: list, header: dict, c: Any, vllm: str) -> str:
+    """The docstring with the provenance paragraph before its closing quotes."""
+    head, _, _ = doc_text.rstrip().rpartition('"""')
+    return head + _provenance(header, c, _faults(events), vllm) + '"""\n'
+
+
+def _file(doc_tpl: str, doc: dict[str, Any], const: dict[str, Any], test: str, events: list = (), header: Any = None,
+          c: Any = None) -> str:
+    text = doc_tpl.format(**doc)
+    if c is not None:
+        text = _close(text, list(events), header or {}, c, doc["vllm"])
+    return (text + tpl.PREAMBLE + f"# recorded: {doc['trace']}, root cause {doc['n']}\n"
             + _constants(**const) + tpl.HELPERS + test)
 
 
@@ -75,7 +112,8 @@ def _lookahead(events: list, header: dict, c: Any, finding: Any, trace: str, vll
     s = situation(events, str(c.first.get("req")))
     doc, const = _common(s, trace, c, vllm)
     doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"])
-    return _file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], **const}, tpl.LOOKAHEAD_TEST)
+    return _file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], **const}, tpl.LOOKAHEAD_TEST, events,
+                 header, c)
 
 
 def _dflash(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
@@ -83,7 +121,7 @@ def _dflash(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: 
     doc, const = _common(s, trace, c, vllm)
     doc.update(prompt_len=s["prompt_len"], req=s["req"], inst=s["inst"], role=s["kv_role"])
     return _file(tpl.DFLASH_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "KV_ROLE": s["kv_role"], **const},
-                 tpl.DFLASH_TEST)
+                 tpl.DFLASH_TEST, events, header, c)
 
 
 def _rollback(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
@@ -91,9 +129,9 @@ def _rollback(events: list, header: dict, c: Any, finding: Any, trace: str, vllm
     doc, const = _common(s, trace, c, vllm)
     doc.update(req=s["req"], prompt_len=s["prompt_len"], max_tokens=s["max_tokens"], failed=s["failed_indexes"],
                n_blocks=s["n_blocks"])
-    return _file(tpl_kv.ROLLBACK_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "MAX_TOKENS": s["max_tokens"],
-                                            "FAILED_BLOCK_INDEXES": s["failed_indexes"], **const},
-                 tpl_kv.ROLLBACK_TEST)
+    return _file(tpl_kv.ROLLBACK_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["req"], "PROMPT_LEN": s["prompt_len"],
+                                            "MAX_TOKENS": s["max_tokens"], "FAILED_BLOCK_INDEXES": s["failed_indexes"],
+                                            **const}, tpl_kv.ROLLBACK_TEST, events, header, c)
 
 
 def _shared(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
@@ -102,11 +140,11 @@ def _shared(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: 
     doc.update(r1=s["r1"], r2=s["r2"], r1_len=s["r1_len"], r2_len=s["r2_len"], shared=s["shared_tokens"],
                failed=s["failed_indexes"], chunk=s["chunk"], budget=s["max_num_batched_tokens"])
     return _file(tpl_kv.SHARED_DOC, doc, {
-        "R1_LEN": s["r1_len"], "R2_LEN": s["r2_len"], "SHARED_TOKENS": s["shared_tokens"],
+        "R1": s["r1"], "R2": s["r2"], "R1_LEN": s["r1_len"], "R2_LEN": s["r2_len"], "SHARED_TOKENS": s["shared_tokens"],
         "R1_MAX_TOKENS": s["r1_max_tokens"], "R2_MAX_TOKENS": s["r2_max_tokens"],
         "FAILED_BLOCK_INDEXES": s["failed_indexes"], "CHUNK": s["chunk"],
         "MAX_NUM_BATCHED_TOKENS": s["max_num_batched_tokens"], "STEPS_BEFORE_FAILURE": s["steps_before"],
-        **const}, tpl_kv.SHARED_TEST)
+        **const}, tpl_kv.SHARED_TEST, events, header, c)
 
 
 def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
@@ -118,8 +156,9 @@ def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: s
            "mode_words": "mamba_cache_mode 'align': the gather through prev_positions" if mode == "align" else
            "outside align mode", "req": s["req"], "row": s["row"], "value": s["value"], "own": s["own"]}
     const = {"BLOCK_SIZE": s["block_size"], "NUM_SPEC_TOKENS": s["num_spec_tokens"],
-             "ASYNC_SCHEDULING": s["async_scheduling"], "MAMBA_CACHE_MODE": mode}
-    return (tpl_worker.STALE_DOC.format(**doc) + tpl.PREAMBLE + f"# recorded: {trace}, root cause {c.n}\n"
+             "ASYNC_SCHEDULING": s["async_scheduling"], "MAMBA_CACHE_MODE": mode,
+             "UPSTREAM": ", ".join(_short(u) for u in c.upstream) or "seed 004 / vLLM #51571"}
+    return (_close(tpl_worker.STALE_DOC.format(**doc), events, header, c, vllm) + tpl.PREAMBLE + f"# recorded: {trace}, root cause {c.n}\n"
             + _constants(**const) + "\n\ndef _cdiv(a, b):\n    return -(-a // b)\n" + tpl_worker.STALE_TEST)
 
 
@@ -154,14 +193,21 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
     if not causes:
         raise PdtraceError(f"{trace}: no root cause (check finds nothing): there is no failing test to write")
     if not 1 <= n <= len(causes):
-        raise PdtraceError(f"{trace}: --cause {n}: the trace has {len(causes)} root cause(s), 1-{len(causes)} "
+        which = "cause 1 only" if len(causes) == 1 else f"causes 1-{len(causes)}"
+        raise PdtraceError(f"{trace}: --cause {n}: the trace has {len(causes)} root cause(s), {which} "
                            f"(pdtrace check {trace} lists them)")
     c = causes[n - 1]
     text = for_cause(t.events, t.header, c, str(trace), findings)
     out = Path(output)
-    out.write_text(text)
+    try:
+        out.write_text(text)
+    except OSError as exc:
+        raise PdtraceError(f"{out}: cannot write the test: {exc.strerror or exc}") from None
+    faults = _faults(t.events)
     print(f"wrote {out}: cause {n} ({c.kind}), request {c.first.get('req')}: a standalone vLLM test (pytest and "
-          f"vLLM only); it fails on the release whose bug this is and passes where it is fixed")
+          f"vLLM only); it fails on the releases whose code has this bug and passes where it is fixed"
+          + (f" (the trace's finding came from a labelled fault, {', '.join(faults)}: its own vLLM has the fix)"
+             if faults else ""))
     return 0
 
 

@@ -33,23 +33,24 @@ def test_a_kv_load_rollback_schedules_no_more_than_the_request_has_left(tmp_path
     p = _scheduler(tmp_path, "kv_producer")
     d = _scheduler(tmp_path, "kv_consumer", policy="recompute")
     prompt = _prompt(PROMPT_LEN)
-    params = _prefill_on_p(p, "p-req", prompt)
-    d.add_request(_request("d-req", prompt, MAX_TOKENS, dict(params)))
+    params = _prefill_on_p(p, P_REQ, prompt)
+    d.add_request(_request(D_REQ, prompt, MAX_TOKENS, dict(params)))
     _step(d)  # D allocates the blocks the load fills (WAITING_FOR_REMOTE_KVS)
-    local = list(d.kv_cache_manager.get_block_ids("d-req")[0])
-    _step(d, finished_recving={"d-req"})  # the load lands
-    _step(d, {"d-req": 300})  # the request runs a step
+    local = list(d.kv_cache_manager.get_block_ids(D_REQ)[0])
+    _step(d, finished_recving={D_REQ})  # the load lands
+    _step(d, {D_REQ: 300})  # the request runs a step
     failed = {local[i] for i in FAILED_BLOCK_INDEXES if i < len(local)}
-    _step(d, {"d-req": 301}, invalid_block_ids=failed)  # its loaded blocks are reported invalid
-    req = d.requests["d-req"]
+    _step(d, {D_REQ: 301}, invalid_block_ids=failed)  # its loaded blocks are reported invalid
+    held = list(d.kv_cache_manager.get_block_ids(D_REQ)[0])  # its blocks when the failure was handled
+    req = d.requests[D_REQ]
     cut, total = req.num_computed_tokens, req.num_tokens  # right after the failure was handled
     left = total - cut
     placeholders = getattr(req, "num_output_placeholders", 0)
-    out, _ = _step(d, {"d-req": 302})
-    got = out.num_scheduled_tokens.get("d-req", 0)
+    out, _ = _step(d, {D_REQ: 302})
+    got = out.num_scheduled_tokens.get(D_REQ, 0)
     assert got <= left, (
-        f"after block(s) {sorted(failed)} of d-req (D blocks {local}) failed to load, the scheduler cut it back to "
-        f"{cut} computed tokens of {total}, {left} left to compute; the next schedule() "
+        f"after block(s) {sorted(failed)} of {D_REQ} (its D blocks {held}) failed to load, the scheduler cut it "
+        f"back to {cut} computed tokens of {total}, {left} left to compute; the next schedule() "
         f"gave it {got}, {got - left} past its tokens: it still carried {placeholders} output placeholder(s) of "
         f"async scheduling, not rolled back with its computed tokens (vLLM #49250 / #45138)")
 '''
@@ -84,8 +85,8 @@ def test_a_request_sharing_failed_blocks_is_not_scheduled_before_they_are_recomp
     d = _scheduler(tmp_path, "kv_consumer", policy="recompute", long_prefill=CHUNK,
                    max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS)
     prefix = _prompt(SHARED_TOKENS)
-    r1 = _request("r1", prefix + [5000 + i for i in range(R1_LEN - SHARED_TOKENS)], R1_MAX_TOKENS)
-    r2 = _request("r2", prefix + [7000 + i for i in range(R2_LEN - SHARED_TOKENS)], R2_MAX_TOKENS)
+    r1 = _request(R1, prefix + [5000 + i for i in range(R1_LEN - SHARED_TOKENS)], R1_MAX_TOKENS)
+    r2 = _request(R2, prefix + [7000 + i for i in range(R2_LEN - SHARED_TOKENS)], R2_MAX_TOKENS)
     tok = iter(range(300, 100000))
 
     def step(**kvo):
@@ -93,31 +94,31 @@ def test_a_request_sharing_failed_blocks_is_not_scheduled_before_they_are_recomp
 
     d.add_request(r1)
     for _ in range(16):
-        if d.requests["r1"].num_computed_tokens >= R1_LEN:
+        if d.requests[R1].num_computed_tokens >= R1_LEN:
             break
         step()
     d.add_request(r2)
     for _ in range(STEPS_BEFORE_FAILURE):
         step()
-    b1 = list(d.kv_cache_manager.get_block_ids("r1")[0])
-    b2 = list(d.kv_cache_manager.get_block_ids("r2")[0])
+    b1 = list(d.kv_cache_manager.get_block_ids(R1)[0])
+    b2 = list(d.kv_cache_manager.get_block_ids(R2)[0])
     shared = [b for b in b1 if b in b2]
     if not shared:  # (before 0.30.0 r2 prefilled them itself in this situation: no block is shared)
-        pytest.skip(f"r2 got none of r1's blocks from this vLLM's prefix cache (r1 {b1}, r2 {b2}): no shared block")
+        pytest.skip(f"{R2} got none of {R1}'s blocks from this vLLM's prefix cache ({b1}, {b2}): no shared block")
     failed = [b1[i] for i in FAILED_BLOCK_INDEXES if i < len(b1)]
     step(invalid_block_ids=set(failed))
-    kept = d.requests["r2"].num_computed_tokens
+    kept = d.requests[R2].num_computed_tokens
     for n in range(1, 9):
         out = step()
-        if "r1" not in d.requests or "r2" not in d.requests:
+        if R1 not in d.requests or R2 not in d.requests:
             break
         # r1's computed tokens after this step's schedule(): what it has rewritten by the time this step's attention
         # reads (a step writes its tokens' KV before attending)
-        c1 = d.requests["r1"].num_computed_tokens
+        c1 = d.requests[R1].num_computed_tokens
         stale = [b for i, b in enumerate(b2) if b in failed and i * BLOCK_SIZE < kept
                  and c1 < (b1.index(b) + 1) * BLOCK_SIZE]
-        assert not ("r2" in out.num_scheduled_tokens and stale), (
-            f"step {n} after the failure scheduled r2, which keeps block(s) {stale} as computed ({kept} computed "
-            f"tokens), while r1, which recomputes them, had rewritten only its first {c1} tokens (blocks of "
-            f"{BLOCK_SIZE}, r1's blocks {b1}): r2 attends to the failed load's KV in block(s) {stale}")
+        assert not (R2 in out.num_scheduled_tokens and stale), (
+            f"step {n} after the failure scheduled {R2}, which keeps block(s) {stale} as computed ({kept} computed "
+            f"tokens), while {R1}, which recomputes them, had rewritten only its first {c1} tokens (blocks of "
+            f"{BLOCK_SIZE}, its blocks {b1}): {R2} attends to the failed load's KV in block(s) {stale}")
 '''

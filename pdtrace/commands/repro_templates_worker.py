@@ -92,8 +92,11 @@ def _batch_and_runner():
     from vllm.v1.worker.gpu_input_batch import InputBatch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    if getattr(gib, "PIN_MEMORY", False) and not torch.cuda.is_available():
-        gib.PIN_MEMORY = False  # (0.22-0.25 fix it at import from the platform; no pinned memory without a GPU)
+    import vllm.v1.utils as vutils
+
+    for m in (gib, vutils):  # (fixed at import from the platform: a CUDA wheel on a host with no GPU says pin; no
+        if getattr(m, "PIN_MEMORY", False) and not torch.cuda.is_available():  # pinned memory without a GPU)
+            m.PIN_MEMORY = False
     params = inspect.signature(InputBatch.__init__).parameters
     extra = {}
     if "kernel_block_sizes" in params:
@@ -166,5 +169,5 @@ def test_each_decode_reads_its_own_accepted_count_after_the_rows_moved():
     assert not (read_cpu and wrong), (
         f"after the rows moved (B finished, N took its row, the reorder made the rows {rows}), this vLLM's "
         f"_prepare_inputs read the accepted counts on the CPU and " + "; ".join(wrong) + f" (mamba_cache_mode "
-        f"{MAMBA_CACHE_MODE!r}, async scheduling {ASYNC_SCHEDULING}, k={k}; seed 004 / vLLM #51571)")
+        f"{MAMBA_CACHE_MODE!r}, async scheduling {ASYNC_SCHEDULING}, k={k}; {UPSTREAM})")
 '''

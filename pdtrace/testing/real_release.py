@@ -176,8 +176,17 @@ def release_acc_block() -> tuple[Any, str]:
     fn = ast.parse(src).body[0]
     # each statement's source with its first line at the statement's own column, so that dedent
     # keeps the relative indentation of an `else:` under its `if`
-    parts = [" " * s.col_offset + (ast.get_source_segment(src, s) or "") for s in fn.body]
-    keep = [p for p in parts if "num_accepted_tokens" in p and "update_num_computed_tokens_for_batch_change" not in p]
+    # by the statements' names and calls, not their text: 0.30+ name the correction kernel in a comment inside the
+    # `if needs_cpu_accepted_counts:` statement, which a text match dropped whole (no read at all, in align mode too)
+    keep = []
+    for s in fn.body:
+        names = {getattr(n, "attr", None) or getattr(n, "id", None) for n in ast.walk(s)}
+        if not any(x and "num_accepted_tokens" in x for x in names):
+            continue
+        if any(isinstance(n, ast.Call) and "update_num_computed_tokens_for_batch_change" in ast.unparse(n.func)
+               for n in ast.walk(s)):
+            continue
+        keep.append(" " * s.col_offset + (ast.get_source_segment(src, s) or ""))
     if not keep:
         raise RuntimeError("this vLLM's _prepare_inputs has no accepted-count statements")
     body = textwrap.dedent("\n".join(keep))
