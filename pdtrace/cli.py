@@ -220,7 +220,7 @@ def info(
 @app.command(epilog=EXITS)
 def repro(
     trace: Path = typer.Argument(..., metavar="TRACE", help="Trace file (.jsonl or .jsonl.zst)."),
-    cause: Optional[int] = typer.Option(None, "--cause", metavar="N", help="Root cause N as `pdtrace check` lists it: write the regression test a fix lands with, runnable with pytest and vLLM alone (no pdtrace import); it fails on the release whose bug the trace shows and passes where it is fixed. Rebuilt so far: lookahead blocks (#44151), the DFlash drafter window, a KV-load rollback's placeholders (#49250), failed blocks shared through the prefix cache, an accepted count read after InputBatch row moves (seed 004, #51571) (docs/repro.md); another cause gets one line and exit 2."),
+    cause: Optional[int] = typer.Option(None, "--cause", metavar="N", help="Root cause N as `pdtrace check` lists it: write the regression test a fix lands with, runnable with pytest and vLLM alone (no pdtrace import); it fails on the release whose bug the trace shows and passes where it is fixed. Rebuilt so far: lookahead blocks (#44151), the DFlash drafter window, a KV-load rollback's placeholders (#49250), failed blocks shared through the prefix cache, a KV load into blocks a step in flight writes (#37285), an accepted count read after InputBatch row moves (seed 004, #51571) (docs/repro.md); another cause gets one line and exit 2."),
     request: Optional[str] = typer.Option(None, "--request", metavar="ID", help="Instead: the request whose situation to rebuild with pdtrace's harness (needs pdtrace installed)."),
     output: Path = typer.Option(Path("test_repro.py"), "-o", "--output", metavar="FILE", help="Pytest file to write."),
     lenient: bool = LENIENT,

@@ -2,6 +2,7 @@
 
     python scripts/make_samples.py           # write sample_traces/<name>.jsonl + .expected.json + README section
     python scripts/make_samples.py --check   # regenerate in memory and compare with what is committed
+    python scripts/make_samples.py --only NAME ...  # write only these (a new pair); the README whole
 
 Each sample runs the real vLLM 0.32.0 scheduler / KV cache manager / NIXL connector code
 (P and D schedulers handing over kv_transfer_params) with pdtrace's hooks, plus the
@@ -98,11 +99,13 @@ def provenance_md(sc) -> str:
     return "\n".join(lines)
 
 
-def write(scs) -> None:
+def write(scs, only: list[str] | None = None) -> None:
     from pdtrace.testing.pd_harness import write_scenario_trace
 
     os.makedirs(SAMPLES, exist_ok=True)
     for sc in scs:
+        if only and sc.name not in only:
+            continue  # (--only: the other samples' files stay as committed; the README is written whole)
         path = os.path.join(SAMPLES, f"{sc.name}.jsonl")
         write_scenario_trace(path, sc.events, scenario=sc.name, description=sc.description,
                              provenance={k: v for k, v in sc.provenance.items() if k != "facts"})
@@ -122,6 +125,8 @@ def write(scs) -> None:
         fh.write(text)
     from pdtrace.testing.scenarios import DEMO_SAMPLE
 
+    if only and DEMO_SAMPLE not in only:
+        return
     os.makedirs(PKG_SAMPLES, exist_ok=True)
     shutil.copy(os.path.join(SAMPLES, f"{DEMO_SAMPLE}.jsonl"),
                 os.path.join(PKG_SAMPLES, "demo_lookahead_misalignment.jsonl"))
@@ -158,12 +163,17 @@ def check(scs) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare a regeneration with the committed samples")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="write only these samples (a new pair), keep the others")
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
     scs = build_all()
     if a.check:
         return check(scs)
-    write(scs)
+    unknown = sorted(set(a.only or ()) - {sc.name for sc in scs})
+    if unknown:
+        print(f"make_samples: unknown sample(s) {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    write(scs, a.only)
     return 0
 
 

@@ -130,6 +130,25 @@ def each_holder_recomputes(monkeypatch):
     monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", fixed)
 '''
 
+NO_DEFERRED_FREE = '''"""LABELLED FAULT (a fixture, never vLLM 0.24+): vLLM #37285's rule. vLLM 0.32.0 defers a finished request's
+blocks until the steps in flight have had their outputs processed (PR #45357, Scheduler.defer_block_free); 0.19-0.23
+return them to the pool at once."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def free_at_once(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    init = Scheduler.__init__
+
+    def old_init(self, *a, **kw):
+        init(self, *a, **kw)
+        self.defer_block_free = False
+
+    monkeypatch.setattr(Scheduler, "__init__", old_init)
+'''
+
 # sample -> (conftest or None, expected outcome, what the failure message says): vLLM 0.32.0 has DFlash's fix and
 # carries #49250 and the shared-block read (open upstream)
 CLASSES = [
@@ -144,6 +163,10 @@ CLASSES = [
      "scheduled shared-2-D, which keeps block(s) [3, 4] as computed (82 computed tokens), while shared-1-D, which "
      "recomputes them, had rewritten only its first 32 tokens"),
     ("kv_load_shared_block_buggy", "fix", SHARED_FIX, "passed", ""),
+    # the KV invariant's in-flight write (vLLM #37285): 0.32.0 has PR #45357's fix; the labelled fault reverts it
+    ("kv_reown_in_flight_buggy", "plain", None, "passed", ""),
+    ("kv_reown_in_flight_buggy", "fault", NO_DEFERRED_FREE, "failed",
+     "reown-B was handed blocks [3, 2, 1] to load 40 prompt tokens from P while step(s) [4], still in flight"),
     # the worker-side class: seed 004's read (fixed in 0.24.0: no CPU read outside align mode) and vLLM #51571's
     # (open: the gather through prev_positions after the copy landed), from the live GPU recording
     ("stale_read_rowmoves_buggy", "plain", None, "passed", ""),

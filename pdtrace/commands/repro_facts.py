@@ -143,3 +143,26 @@ def stale_read(events: list[dict], finding: Any, trace: str, n: int, mechanism: 
             "spec_method": conf.get("spec_method") or "?", "num_spec_tokens": k, "block_size": int(attn[0]),
             "async_scheduling": bool(conf.get("async_scheduling", True)), "mamba_cache_mode": "align" if prev
             else "none"}
+
+
+def in_flight_write(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """A request's KV load handed blocks a step in flight still writes for a request that stopped (vLLM #37285)."""
+    f = _need(finding, trace, n)
+    d = f.data or {}
+    a, b = d.get("writer"), f.req
+    fin = _first(events, "req.finish", req=a, inst=f.inst) or {}
+    if not a or fin.get("status") != "FINISHED_STOPPED":
+        raise PdtraceError(f"{trace}: cause {n}: the writer {a!r} did not stop on a stop token in the trace: repro "
+                           f"rebuilds a request that stops with its next step in flight so far")
+    s = _config(events, f.inst, trace, n)
+    conf = _first(events, "sched.config", inst=f.inst) or {}
+    nb = int(conf.get("num_blocks") or 0)
+    if not nb or nb > 64:
+        raise PdtraceError(f"{trace}: cause {n}: D's pool of {nb or '?'} blocks: repro rebuilds a pool small enough "
+                           f"that the next allocation takes the blocks just freed (as under load) so far")
+    aa, ab = _added(events, a, f.inst, trace, n), _added(events, b, f.inst, trace, n)
+    ra = _first(events, "nixl.remote_alloc", req=b) or {}
+    p_req = d.get("p_req") or ra.get("remote_req") or (ab.get("kv") or {}).get("remote_request_id") or "p-req"
+    return {**s, "a": a, "b": b, "p": str(p_req), "a_len": int(aa["prompt_len"]),
+            "a_max_tokens": int(aa.get("max_tokens") or 32), "stop_at": int(fin.get("num_output_tokens") or 3),
+            "b_len": int(ab["prompt_len"]), "num_blocks": nb, "max_model_len": (nb - 1) * s["block_sizes"][0]}

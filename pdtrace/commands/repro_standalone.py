@@ -9,7 +9,8 @@ passes where that bug is fixed.
 
 Rebuilt so far (``BUILDERS``, by the root cause's mechanism): lookahead-block-misalignment (vLLM #44151), the DFlash
 drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138), failed blocks
-shared through D's prefix cache read before they are recomputed, and (worker side, a faithful minimal caller) an
+shared through D's prefix cache read before they are recomputed, the KV invariant's in-flight write (vLLM #37285),
+and (worker side, a faithful minimal caller) an
 accepted-token count read after InputBatch row moves (seed 004, vLLM #51571). Every other cause gets one line saying so and exit
 2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
 """
@@ -147,6 +148,17 @@ def _shared(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: 
         **const}, tpl_kv.SHARED_TEST, events, header, c)
 
 
+def _reown(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.in_flight_write(events, finding, trace, c.n)
+    doc, const = _common(s, trace, c, vllm)
+    doc.update(a=s["a"], b=s["b"], p=s["p"], a_len=s["a_len"], b_len=s["b_len"], stop_at=s["stop_at"],
+               num_blocks=s["num_blocks"])
+    return _file(tpl_kv.REOWN_DOC, doc, {
+        "A_REQ": s["a"], "B_REQ": s["b"], "P_REQ": s["p"], "A_LEN": s["a_len"], "A_MAX_TOKENS": s["a_max_tokens"],
+        "STOP_AT": s["stop_at"], "B_LEN": s["b_len"], "NUM_BLOCKS": s["num_blocks"],
+        "MAX_MODEL_LEN": s["max_model_len"], **const}, tpl_kv.REOWN_TEST, events, header, c)
+
+
 def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.stale_read(events, finding, trace, c.n, c.mechanism)
     mode = s["mamba_cache_mode"]
@@ -168,11 +180,12 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "drafter-window": _dflash,
     "kv-load/placeholders": _rollback,
     "kv-load/shared-block-read-early": _shared,
+    "kv-invariant/in-flight-write": _reown,
     "stale-accepted-count-read": _stale,  # (by class: every mechanism is a read after row moves, or refused)
 }
 REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load rollback's placeholders (vLLM " \
-          "#49250), failed blocks shared through the prefix cache, an accepted count read after row moves (seed 004, " \
-          "#51571)"
+          "#49250), failed blocks shared through the prefix cache, a KV load into blocks a step in flight writes " \
+          "(#37285), an accepted count read after row moves (seed 004, #51571)"
 
 
 def render(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> str:

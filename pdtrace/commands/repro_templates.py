@@ -32,7 +32,8 @@ def _model_dir(tmp_path, name, cfg):
     return str(d)
 
 
-def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_tokens=1024):
+def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_tokens=1024, num_blocks=256,
+               max_model_len=2048, max_num_seqs=8):
     """vLLM's own Scheduler (AsyncScheduler when the trace's was async), kv_role ``role``, the NIXL connector's
     scheduler side, one KV cache group of the recorded block size; no model weights."""
     import torch
@@ -43,7 +44,7 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
 
     target = _model_dir(tmp_path, "target", TARGET)
     mc = ModelConfig(model=target, tokenizer=target, skip_tokenizer_init=True, dtype="float32", seed=0,
-                     max_model_len=2048)
+                     max_model_len=max_model_len)
     spec = None
     if SPEC_METHOD == "ngram":
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=NUM_SPEC_TOKENS, prompt_lookup_max=4,
@@ -61,8 +62,9 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
     sched_kw = {"long_prefill_token_threshold": long_prefill} if long_prefill else {}
     kvt_kw = {"kv_load_failure_policy": policy} if policy else {}
     vc = VllmConfig(model_config=mc, speculative_config=spec,
-                    scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens,
-                                                     max_model_len=2048, enable_chunked_prefill=True,
+                    scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs,
+                                                     max_num_batched_tokens=max_num_batched_tokens,
+                                                     max_model_len=max_model_len, enable_chunked_prefill=True,
                                                      is_encoder_decoder=False, async_scheduling=ASYNC_SCHEDULING,
                                                      **sched_kw),
                     cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
@@ -70,8 +72,8 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
                                                         engine_id="repro-" + role, **kvt_kw),
                     device_config=DeviceConfig("cpu"), **extra)
     vc.scheduler_config.async_scheduling = ASYNC_SCHEDULING  # (the CPU platform may turn it off)
-    vc.cache_config.num_gpu_blocks = 256
-    kv = KVCacheConfig(num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
+    vc.cache_config.num_gpu_blocks = num_blocks
+    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
         ["model.layers.0.self_attn.attn"],
         FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=32, dtype=torch.float32))])
     if ASYNC_SCHEDULING:
@@ -86,14 +88,17 @@ def _prompt(n, seed=0):
     return [(7 * i + 31 * seed) % 900 + 3 for i in range(n)]
 
 
-def _request(rid, prompt, max_tokens=1, kv=None):
+def _request(rid, prompt, max_tokens=1, kv=None, stop_token_ids=None):
     from vllm import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
     init_none_hash(sha256)
-    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    if stop_token_ids:  # (a stop token ends it, as an EOS does: a finish no scheduler sees coming)
+        sp = SamplingParams(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids))
+    else:
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     sp.update_from_generation_config({}, 2)
     r = Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=sp, pooling_params=None,
                 mm_features=None, block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256))
@@ -106,9 +111,15 @@ def _step(sched, tokens=None, **kvo):
     (request -> sampled token) for each scheduled request past its prompt (a partial prefill chunk samples
     nothing), and ``kvo`` as the KVConnectorOutput (finished_recving, invalid_block_ids, ...). Returns
     (scheduler output, engine-core outputs)."""
+    out = sched.schedule()
+    return out, _feed(sched, out, tokens, **kvo)
+
+
+def _feed(sched, out, tokens=None, **kvo):
+    """update_from_output() for the scheduler output ``out`` (``_step``'s second half; under async scheduling the
+    engine core feeds a step's output after it scheduled the next step)."""
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
-    out = sched.schedule()
     ids, sampled = [], []
     for rid in out.num_scheduled_tokens:
         req = sched.requests.get(rid)
@@ -123,10 +134,9 @@ def _step(sched, tokens=None, **kvo):
                                    finished_recving=kvo.get("finished_recving"))
         if kvo.get("invalid_block_ids"):
             kv_out.invalid_block_ids = set(kvo["invalid_block_ids"])
-    eco = sched.update_from_output(out, ModelRunnerOutput(
+    return sched.update_from_output(out, ModelRunnerOutput(
         req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
         kv_connector_output=kv_out))
-    return out, eco
 
 
 def _prefill_on_p(sched, rid, prompt):

@@ -122,3 +122,80 @@ def test_a_request_sharing_failed_blocks_is_not_scheduled_before_they_are_recomp
             f"tokens), while {R1}, which recomputes them, had rewritten only its first {c1} tokens (blocks of "
             f"{BLOCK_SIZE}, its blocks {b1}): {R2} attends to the failed load's KV in block(s) {stale}")
 '''
+
+REOWN_DOC = '''"""Regression test for vLLM #37285 (kv-invariant: a KV load into blocks a step in flight still writes), written by `pdtrace repro` on {created}.
+
+Trace: {trace}
+Root cause {n}: {title}
+Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; D's pool of {num_blocks} blocks (the null block
+included); on D, request {a} ({a_len}-token prompt) stopped at its output token {stop_at} (a stop token, as an EOS
+does) while its next step was in flight; then request {b} arrived to load {b_len} prompt tokens from P ({p}).
+
+Under async scheduling the engine core (EngineCore.step_with_batch_queue, a batch queue of two) schedules step n+1
+before it processes step n's output. When step n's output finishes a request A, step n+1 is already in flight and
+writes A's next position into A's last block. If A's blocks go back to the pool at once, the next schedule() can
+hand them to a request B that loads its KV from P: B's NIXL read lands by RDMA, unordered against step n+1's write,
+and B decodes on a block holding A's KV (GSM8K 0.11-0.48 against 0.85 in
+https://github.com/vllm-project/vllm/issues/37285). Releases 0.19.0-0.23.0 free at once; PR #45357 (0.24.0) defers
+the return of a freed request's blocks until the steps in flight when it was freed have had their outputs processed.
+
+Runs with pytest and vLLM alone, on CPU: the real AsyncScheduler, KV cache manager, block pool and NixlConnector
+scheduler side of D and P. What is written by hand: the engine core's order (schedule, then feed the oldest output
+once two are queued) and the worker's ModelRunnerOutput (the sampled tokens); the GPU write and the NIXL read do not
+run: the test asserts on vLLM's block lists which (block, offset) the in-flight step writes and B's load fills.
+"""
+'''
+
+REOWN_TEST = '''
+
+def test_a_kv_load_gets_no_block_a_step_in_flight_still_writes(tmp_path):
+    import collections
+
+    kw = dict(num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN, max_num_seqs=4,
+              max_num_batched_tokens=max(MAX_MODEL_LEN, 64))
+    p = _scheduler(tmp_path, "kv_producer", **kw)
+    d = _scheduler(tmp_path, "kv_consumer", **kw)
+    stop = 9999
+    a = _request(A_REQ, [700 + i for i in range(A_LEN)], A_MAX_TOKENS, stop_token_ids=[stop])
+    d.add_request(a)
+    queue = collections.deque()  # (scheduler output, step), newest first
+    writes = {}  # step -> {(block, offset)} its forward writes for A (A's own block list, its scheduled positions)
+    processed, step, outputs, b_added = set(), 0, 0, False
+    for _ in range(4 * (A_MAX_TOKENS + 4)):
+        if d.has_requests():
+            out = d.schedule()
+            step += 1
+            queue.appendleft((out, step))
+            if A_REQ in out.num_scheduled_tokens and A_REQ in d.requests:
+                n, c = out.num_scheduled_tokens[A_REQ], a.num_computed_tokens  # (schedule() advanced it)
+                ids = d.kv_cache_manager.get_block_ids(A_REQ)[0]
+                writes[step] = {(ids[q // BLOCK_SIZE], q % BLOCK_SIZE) for q in range(c - n, c)}
+            if b_added and B_REQ in d.requests and d.kv_cache_manager.get_block_ids(B_REQ)[0]:
+                b_ids = list(d.kv_cache_manager.get_block_ids(B_REQ)[0])
+                loads = {(b_ids[q // BLOCK_SIZE], q % BLOCK_SIZE) for q in range(B_LEN)}  # what NIXL fills
+                pending = sorted(s for _o, s in queue if s not in processed and s in writes)
+                hit = sorted(loads & set().union(*(writes[s] for s in pending))) if pending else []
+                assert not hit, (
+                    f"{B_REQ} was handed blocks {b_ids} to load {B_LEN} prompt tokens from P while step(s) {pending}, "
+                    f"still in flight (their outputs not processed), write {A_REQ}'s KV at (block, offset) {hit}: "
+                    f"{A_REQ} stopped with those steps in flight and its blocks went back to the pool at once; the "
+                    f"NIXL read and that write are unordered (vLLM #37285, fixed by PR #45357)")
+                return
+            if len(queue) < 2:
+                continue
+        if not queue:
+            break
+        old, s = queue.pop()
+        toks = {}
+        if A_REQ in old.num_scheduled_tokens and A_REQ in d.requests:
+            outputs += 1
+            toks = {A_REQ: stop if outputs == STOP_AT else 900 + s}
+        _feed(d, old, toks)
+        processed.add(s)
+        if not b_added and (A_REQ not in d.requests or a.is_finished()):
+            prompt = [1700 + i for i in range(B_LEN)]
+            params = _prefill_on_p(p, P_REQ, prompt)
+            d.add_request(_request(B_REQ, prompt, 8, dict(params)))
+            b_added = True
+    pytest.fail(f"{B_REQ} was never allocated: the situation was not rebuilt")
+'''

@@ -90,6 +90,10 @@ def reown_in_flight(*, prompt_len: int = 40, b_prompt_len: int = 40, stop_at: in
     with recording(rec):
         rec.emit("mark", label="scenario", sim=True, detail=f"reown_in_flight vllm={vllm.__version__} (engine order)"
                  + (": LABELLED FAULT, PR #45357 reverted (Scheduler.defer_block_free = False)" if fault else ""))
+        if fault:
+            rec.emit("fault.inject", rule="pr45357-reverted", sim=True, inst="D",
+                     detail="Scheduler.defer_block_free = False: a finished request's blocks return to the pool at "
+                            "once, as vLLM 0.19-0.23 free them (the fix of vLLM #37285 reverted)")
         a = _stopping_request(a_req, [700 + i for i in range(prompt_len)], block_size)
         n_out = 0
         d.add_request(a)
@@ -129,3 +133,30 @@ def reown_in_flight(*, prompt_len: int = 40, b_prompt_len: int = 40, stop_at: in
         rec.emit("mark", label="scenario-end", sim=True)
     rec.flush()
     return Reown(run_events(pair, start), a_req, b_req, in_flight, b_step, reowned, a_writes, vllm.__version__)
+
+
+def scenario(revert_fix: bool) -> Any:
+    """The sample pair's builder (``scenarios.SCENARIOS``): vLLM 0.32.0 has PR #45357's deferred frees; the buggy
+    sample reverts them as a LABELLED FAULT (``revert_fix``), as 0.19-0.23 are. Expected findings from vLLM's objects
+    (``Reown.reowned``), never from the detector."""
+    def build() -> Any:
+        from pdtrace.detectors.base import KV_INVARIANT
+
+        from .scenario_builders import Scenario
+
+        r = reown_in_flight(b_prompt_len=40, revert_fix=revert_fix, tag="reown")
+        real = ("vLLM 0.32.0 AsyncScheduler / KVCacheManager / block pool / NIXL connector scheduler side of D (a "
+                "pool of A's blocks and the null block), P's scheduler for B's prefill, update_from_output freeing "
+                "(or deferring) A's blocks, on CPU with pdtrace hooks")
+        sim = ("the engine core's order under async scheduling (EngineCore.step_with_batch_queue: step n+1 scheduled "
+               "before step n's output is processed) and the sampled tokens (A's third is a stop token); the GPU "
+               "write and the NIXL read do not run")
+        fault = ("pr45357-reverted: Scheduler.defer_block_free = False, A's blocks return to the pool at once, as "
+                 "vLLM 0.19-0.23 free them (vLLM #37285)")
+        return Scenario("", "", r.events, [KV_INVARIANT] if r.reowned else [], {
+            "real": [real], "simulated": [sim], "faults": [fault] if revert_fix else [], "fixture": [],
+            "own_bug": "", "clean_twin": "" if revert_fix else ("vLLM 0.32.0 as released: PR #45357 defers A's "
+                                                                  "blocks until the step in flight is processed"),
+            "facts": {"reowned": r.reowned, "in_flight_step": r.in_flight_step, "b_step": r.b_step},
+        }, [])
+    return build

@@ -22,6 +22,7 @@ from typing import Callable
 
 from .crossed_sim import drafter_scenario as _drafter_group
 from .crossed_sim import scenario as _crossed
+from .kv_reown_sim import scenario as _kv_reown
 from .kv_shared_sim import scenario as _kv_shared
 from .scenario_builders import (  # noqa: F401 - Scenario and the fixtures' kinds are part of this module's API
     NIXL_HOOK_KINDS, SCHED_KINDS, Scenario, _attn_kinds, _dflash, _hook_failure, _kv_load, _lookahead, _metadata,
@@ -135,6 +136,13 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
                                              "only and counts them computed", _drafter_group("kept")),
     "kv_never_crossed_drafter_group_fixed": ("the same with vLLM's default, every group transfers: the connector "
                                              "loads the drafter's group too", _drafter_group("transfer")),
+    # issue 59 / 61: a KV load into blocks a step in flight still writes (vLLM #37285, fixed by PR #45357 in 0.24)
+    "kv_reown_in_flight_buggy": ("request A stops (a stop token) while its next step is in flight under async "
+                                 "scheduling; its blocks return to the pool at once (FAULT: PR #45357 reverted, as "
+                                 "0.19-0.23 free them) and request B, loading 40 prompt tokens from P, gets them: "
+                                 "the in-flight step writes A's KV where B's NIXL read lands", _kv_reown(True)),
+    "kv_reown_in_flight_fixed": ("the same on vLLM 0.32.0 as released: A's blocks are deferred until the step in "
+                                 "flight is processed; B gets none of them while it is", _kv_reown(False)),
     # issue 19: two schedulers per role in one process reusing request ids
     "reused_ids_two_pairs_buggy": ("two P/D pairs in one process (block 16 and 32), both with request id "
                                    "'id-1'; pair 1 under the pre-fix P rule", _reused_ids(True)),
@@ -159,6 +167,7 @@ SAMPLES = (
     "kv_load_shared_block_buggy", "kv_load_shared_block_fixed",
     "kv_never_crossed_dropped_params_buggy", "kv_never_crossed_dropped_params_fixed",
     "kv_never_crossed_drafter_group_buggy", "kv_never_crossed_drafter_group_fixed",
+    "kv_reown_in_flight_buggy", "kv_reown_in_flight_fixed",
 )
 DEMO_SAMPLE = "lookahead_aligned16_k1_buggy"
 
