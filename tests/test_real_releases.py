@@ -194,6 +194,8 @@ def test_entry_point_prints_one_json_line(tmp_path):
 #   request gets no block from the prefix cache in this situation (the written test skips, saying so);
 # - the in-flight write sample (vLLM #37285): 0.19.0-0.23.0 free a stopped request's blocks at once; 0.24.0 on defer
 #   them (PR #45357; the matrix's "KV load into blocks a step in flight writes");
+# - the in-flight read sample (vLLM #47282): 0.19.0-0.25.x prune a sliding window by the optimistic count; 0.26.0 on
+#   by the processed count (PR #47728; the matrix's "KV load into a sliding-window block a step in flight reads");
 # - the accepted-count samples (a hybrid model's count read after row moves): seed 004's outside align mode, 0.19.0-
 #   0.23.0 (0.24.0 skips the CPU read under async scheduling); #51571's in align mode (the live GPU recording), open:
 #   every release (0.19.1-0.23.0 by seed 004's read, 0.24.0 on by the gather through prev_positions).
@@ -205,6 +207,8 @@ REPRO = {  # sample -> (releases failing, releases skipping)
                                                        {"0.19.1", "0.20.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0",
                                                         "0.28.0"}),
     "sample_traces/kv_reown_in_flight_buggy.jsonl": ({"0.19.1", "0.20.0", "0.22.1", "0.23.0"}, set()),
+    "sample_traces/kv_prune_in_flight_buggy.jsonl": ({"0.19.1", "0.20.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0"},
+                                                     set()),
     "sample_traces/stale_read_rowmoves_buggy.jsonl": ({"0.19.1", "0.20.0", "0.22.1", "0.23.0"}, set()),
     "sample_traces/live_gpu_race51571_v1_bug.jsonl.zst": ({"ALL"}, set()),
 }
@@ -216,6 +220,8 @@ REPRO_SAYS = {
     "kv_load_shared_block_buggy": "shared-2-D attends to the failed load's KV in block(s) [3, 4]",
     "kv_reown_in_flight_buggy": "reown-B was handed blocks [3, 2, 1] to load 40 prompt tokens from P while step(s) "
                                 "[4], still in flight",
+    "kv_prune_in_flight_buggy": "prune-B was handed blocks [1, 2] to load 32 prompt tokens from P while step(s) [24] "
+                                "of prune-A, still in flight",
     "stale_read_rowmoves_buggy": "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'none'",
     "live_gpu_race51571_v1_bug": "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'align'",
 }

@@ -149,6 +149,31 @@ def free_at_once(monkeypatch):
     monkeypatch.setattr(Scheduler, "__init__", old_init)
 '''
 
+OPTIMISTIC_PRUNE = '''"""LABELLED FAULT (a fixture, never vLLM 0.26+): vLLM #47282's rule. vLLM 0.32.0 prunes the sliding window by
+the processed count (PR #47728); 0.19-0.25 by the optimistic one, the tokens still in flight included."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def optimistic_prune(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    init = Scheduler.__init__
+
+    def old_init(self, *a, **kw):
+        init(self, *a, **kw)
+        coord = self.kv_cache_manager.coordinator
+        prune = coord.remove_skipped_blocks
+
+        def optimistic(request_id, processed, *a, **kw):
+            r = self.requests.get(request_id)
+            return prune(request_id, processed + (r.num_in_flight_tokens if r is not None else 0), *a, **kw)
+
+        coord.remove_skipped_blocks = optimistic
+
+    monkeypatch.setattr(Scheduler, "__init__", old_init)
+'''
+
 # sample -> (conftest or None, expected outcome, what the failure message says): vLLM 0.32.0 has DFlash's fix and
 # carries #49250 and the shared-block read (open upstream)
 CLASSES = [
@@ -167,6 +192,11 @@ CLASSES = [
     ("kv_reown_in_flight_buggy", "plain", None, "passed", ""),
     ("kv_reown_in_flight_buggy", "fault", NO_DEFERRED_FREE, "failed",
      "reown-B was handed blocks [3, 2, 1] to load 40 prompt tokens from P while step(s) [4], still in flight"),
+    # the KV invariant's in-flight read (vLLM #47282): 0.32.0 has PR #47728's fix; the labelled fault reverts it
+    ("kv_prune_in_flight_buggy", "plain", None, "passed", ""),
+    ("kv_prune_in_flight_buggy", "fault", OPTIMISTIC_PRUNE, "failed",
+     "prune-B was handed blocks [1, 2] to load 32 prompt tokens from P while step(s) [24] of prune-A, still in "
+     "flight (their outputs not processed), read (block, offset) [(2, 15)]"),
     # the worker-side class: seed 004's read (fixed in 0.24.0: no CPU read outside align mode) and vLLM #51571's
     # (open: the gather through prev_positions after the copy landed), from the live GPU recording
     ("stale_read_rowmoves_buggy", "plain", None, "passed", ""),

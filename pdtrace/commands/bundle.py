@@ -163,7 +163,7 @@ versions.json    vLLM / torch / NIXL / Python versions from the trace header ("t
 README.txt       this file.
 test_cause_N.py  for each root cause `pdtrace repro --cause N` can rebuild (lookahead blocks,
                  the DFlash window, a KV-load rollback, failed blocks shared through the prefix
-                 cache, a KV load into blocks a step in flight writes, an accepted count
+                 cache, a KV load into blocks a step in flight writes or reads, an accepted count
                  read after row moves, so far): the regression test a fix lands with; runs with pytest and
                  vLLM alone (`python -m pytest test_cause_N.py`), fails where the bug is.
 

@@ -166,3 +166,24 @@ def in_flight_write(events: list[dict], finding: Any, trace: str, n: int) -> dic
     return {**s, "a": a, "b": b, "p": str(p_req), "a_len": int(aa["prompt_len"]),
             "a_max_tokens": int(aa.get("max_tokens") or 32), "stop_at": int(fin.get("num_output_tokens") or 3),
             "b_len": int(ab["prompt_len"]), "num_blocks": nb, "max_model_len": (nb - 1) * s["block_sizes"][0]}
+
+
+def in_flight_read(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """A sliding-window block pruned while a step in flight still reads it, handed to a KV load (vLLM #47282)."""
+    f = _need(finding, trace, n)
+    d = f.data or {}
+    a, b = f.req, d.get("loader")
+    if not b or not d.get("window"):
+        raise PdtraceError(f"{trace}: cause {n}: the finding names no loading request or window")
+    s = _config(events, f.inst, trace, n)
+    conf = _first(events, "sched.config", inst=f.inst) or {}
+    nb = int(conf.get("num_blocks") or 0)
+    if not nb or nb > 64:
+        raise PdtraceError(f"{trace}: cause {n}: D's pool of {nb or '?'} blocks: repro rebuilds a pool small enough "
+                           f"that the next allocation takes the block just pruned (as under load) so far")
+    aa, ab = _added(events, a, f.inst, trace, n), _added(events, b, f.inst, trace, n)
+    ra = _first(events, "nixl.remote_alloc", req=b) or {}
+    p_req = ra.get("remote_req") or (ab.get("kv") or {}).get("remote_request_id") or "p-req"
+    return {**s, "a": a, "b": b, "p": str(p_req), "a_len": int(aa["prompt_len"]),
+            "a_max_tokens": int(aa.get("max_tokens") or 64), "b_len": int(ab["prompt_len"]), "num_blocks": nb,
+            "window": int(d["window"])}

@@ -9,7 +9,7 @@ passes where that bug is fixed.
 
 Rebuilt so far (``BUILDERS``, by the root cause's mechanism): lookahead-block-misalignment (vLLM #44151), the DFlash
 drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138), failed blocks
-shared through D's prefix cache read before they are recomputed, the KV invariant's in-flight write (vLLM #37285),
+shared through D's prefix cache read before they are recomputed, the KV invariant's in-flight write and read (vLLM #37285, #47282),
 and (worker side, a faithful minimal caller) an
 accepted-token count read after InputBatch row moves (seed 004, vLLM #51571). Every other cause gets one line saying so and exit
 2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
@@ -44,8 +44,9 @@ def _constants(**kv: Any) -> str:
     return "".join(f"{k} = {v!r}\n" for k, v in kv.items())
 
 
-def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The docstring fields and the constants every written test has (spec, block size, async, the configs)."""
+def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str, window: int = 0) -> tuple[dict, dict]:
+    """The docstring fields and the constants every written test has (spec, block size, async, the configs, the
+    group's kind). ``window``: a sliding-window group's window, where the finding names it."""
     spec = _SPEC.get(s["spec_method"])
     if spec is None:
         raise PdtraceError(f"{trace}: cause {cause.n} was recorded with speculative method {s['spec_method']!r}, "
@@ -54,6 +55,10 @@ def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> tuple[dict[
     if len(s["block_sizes"]) > 1 or s["hybrid"]:
         raise PdtraceError(f"{trace}: cause {cause.n} was recorded with {len(s['block_sizes'])} KV cache groups "
                            f"({', '.join(s['group_kinds'])}); repro rebuilds one full-attention group so far")
+    kind = s["group_kinds"][0] if s["group_kinds"] else "FullAttentionSpec"
+    if kind != "FullAttentionSpec" and not (kind == "SlidingWindowSpec" and window):
+        raise PdtraceError(f"{trace}: cause {cause.n} was recorded with a {kind} group; repro rebuilds a "
+                           f"full-attention group (a sliding-window one where the finding names its window) so far")
     k = s["num_spec_tokens"] if spec else 0
     doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "trace": trace,
            "n": cause.n, "title": cause.title, "vllm": vllm or "?", "bs": s["block_sizes"][0],
@@ -61,7 +66,8 @@ def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> tuple[dict[
            "method_words": f"{s['spec_method']} with {k} speculative tokens" if spec else "no speculative decoding"}
     const = {"BLOCK_SIZE": s["block_sizes"][0], "SPEC_METHOD": spec, "NUM_SPEC_TOKENS": k,
              "ASYNC_SCHEDULING": s["async_scheduling"], "TARGET": _config("tiny-llama"),
-             "DRAFT": _config(_DRAFT[spec]) if spec in _DRAFT else None}
+             "DRAFT": _config(_DRAFT[spec]) if spec in _DRAFT else None,
+             "SLIDING_WINDOW": window if kind == "SlidingWindowSpec" else 0}
     return doc, const
 
 
@@ -159,6 +165,16 @@ def _reown(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: s
         "MAX_MODEL_LEN": s["max_model_len"], **const}, tpl_kv.REOWN_TEST, events, header, c)
 
 
+def _prune(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.in_flight_read(events, finding, trace, c.n)
+    doc, const = _common(s, trace, c, vllm, window=s["window"])
+    doc.update(a=s["a"], b=s["b"], p=s["p"], a_len=s["a_len"], b_len=s["b_len"], window=s["window"],
+               num_blocks=s["num_blocks"])
+    return _file(tpl_kv.PRUNE_DOC, doc, {
+        "A_REQ": s["a"], "B_REQ": s["b"], "P_REQ": s["p"], "A_LEN": s["a_len"], "A_MAX_TOKENS": s["a_max_tokens"],
+        "B_LEN": s["b_len"], "NUM_BLOCKS": s["num_blocks"], **const}, tpl_kv.PRUNE_TEST, events, header, c)
+
+
 def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.stale_read(events, finding, trace, c.n, c.mechanism)
     mode = s["mamba_cache_mode"]
@@ -181,11 +197,12 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "kv-load/placeholders": _rollback,
     "kv-load/shared-block-read-early": _shared,
     "kv-invariant/in-flight-write": _reown,
+    "kv-invariant/in-flight-read": _prune,
     "stale-accepted-count-read": _stale,  # (by class: every mechanism is a read after row moves, or refused)
 }
 REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load rollback's placeholders (vLLM " \
           "#49250), failed blocks shared through the prefix cache, a KV load into blocks a step in flight writes " \
-          "(#37285), an accepted count read after row moves (seed 004, #51571)"
+          "(#37285) or reads (#47282), an accepted count read after row moves (seed 004, #51571)"
 
 
 def render(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> str:

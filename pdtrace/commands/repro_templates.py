@@ -35,11 +35,12 @@ def _model_dir(tmp_path, name, cfg):
 def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_tokens=1024, num_blocks=256,
                max_model_len=2048, max_num_seqs=8):
     """vLLM's own Scheduler (AsyncScheduler when the trace's was async), kv_role ``role``, the NIXL connector's
-    scheduler side, one KV cache group of the recorded block size; no model weights."""
+    scheduler side, one KV cache group of the recorded block size (full attention, or a sliding window of
+    SLIDING_WINDOW tokens); no model weights."""
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, SpeculativeConfig, VllmConfig)
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     target = _model_dir(tmp_path, "target", TARGET)
@@ -73,9 +74,10 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
                     device_config=DeviceConfig("cpu"), **extra)
     vc.scheduler_config.async_scheduling = ASYNC_SCHEDULING  # (the CPU platform may turn it off)
     vc.cache_config.num_gpu_blocks = num_blocks
+    common = dict(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=32, dtype=torch.float32)
+    spec_ = SlidingWindowSpec(**common, sliding_window=SLIDING_WINDOW) if SLIDING_WINDOW else FullAttentionSpec(**common)
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["model.layers.0.self_attn.attn"],
-        FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=32, dtype=torch.float32))])
+        ["model.layers.0.self_attn.attn"], spec_)])
     if ASYNC_SCHEDULING:
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler as cls
     else:

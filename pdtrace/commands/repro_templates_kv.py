@@ -199,3 +199,82 @@ def test_a_kv_load_gets_no_block_a_step_in_flight_still_writes(tmp_path):
             b_added = True
     pytest.fail(f"{B_REQ} was never allocated: the situation was not rebuilt")
 '''
+
+PRUNE_DOC = '''"""Regression test for vLLM #47282 (kv-invariant: a pruned sliding-window block a step in flight still reads, handed to a KV load), written by `pdtrace repro` on {created}.
+
+Trace: {trace}
+Root cause {n}: {title}
+Recorded: vLLM {vllm}; async scheduling {async_}; one sliding-window group of {window} tokens, block size {bs}; D's
+pool of {num_blocks} blocks (the null block included); on D, request {a} ({a_len}-token prompt) decodes; request
+{b} arrives to load {b_len} prompt tokens from P ({p}) as the next schedule() prunes a block of {a}'s window.
+
+Under async scheduling schedule() advances a request's num_computed_tokens past the tokens it just scheduled,
+before that step has run. The next schedule() (step n+1, with step n in flight) frees the blocks outside the sliding
+window by that optimistic count: the block holding the first position step n's window reads leaves the request while
+step n still attends to it. Back in the pool, it can be handed to a request that loads its KV from P, whose NIXL read
+lands unordered against step n's attention, which then reads another prompt's KV
+(https://github.com/vllm-project/vllm/issues/47282; vllm-ascend #13501). Releases 0.19.0-0.25.x prune by the
+optimistic count; PR #47728 (0.26.0) prunes by the processed count (num_computed_tokens less the tokens in flight).
+
+Runs with pytest and vLLM alone, on CPU: the real AsyncScheduler, KV cache manager (its sliding-window pruning),
+block pool and NixlConnector scheduler side of D and P. What is written by hand: the engine core's order (schedule,
+then feed the oldest output once two are queued) and the sampled tokens; no attention kernel and no NIXL read run:
+the test asserts on vLLM's block lists which (block, offset) an in-flight step's window reads and B's load fills.
+"""
+'''
+
+PRUNE_TEST = '''
+
+def test_a_kv_load_gets_no_block_a_step_in_flight_still_reads(tmp_path):
+    import collections
+
+    steps = A_MAX_TOKENS
+    n_a = _cdiv(A_LEN + steps + 2, BLOCK_SIZE)
+    kw = dict(num_blocks=NUM_BLOCKS, max_model_len=n_a * BLOCK_SIZE + 64, max_num_seqs=4,
+              max_num_batched_tokens=max(n_a * BLOCK_SIZE, 128))
+    p = _scheduler(tmp_path, "kv_producer", **kw)
+    d = _scheduler(tmp_path, "kv_consumer", **kw)
+    a = _request(A_REQ, [700 + i for i in range(A_LEN)], steps)
+    d.add_request(a)
+    queue = collections.deque()  # (scheduler output, step), newest first
+    reads = {}  # step -> {(block, offset)} its window reads for A (A's own block list, vLLM's window rule)
+    processed, step, b_added = set(), 0, False
+    for _ in range(6 * steps):
+        if d.has_requests():
+            out = d.schedule()
+            step += 1
+            queue.appendleft((out, step))
+            if A_REQ in out.num_scheduled_tokens and A_REQ in d.requests:
+                n, c = out.num_scheduled_tokens[A_REQ], a.num_computed_tokens  # (schedule() advanced it)
+                ids = d.kv_cache_manager.get_block_ids(A_REQ)[0]
+                first = max(c - n - SLIDING_WINDOW + 1, 0)  # the window of its first query position
+                reads[step] = {(ids[q // BLOCK_SIZE], q % BLOCK_SIZE) for q in range(first, c)
+                               if q // BLOCK_SIZE < len(ids) and ids[q // BLOCK_SIZE]}
+            if b_added and B_REQ in d.requests and d.kv_cache_manager.get_block_ids(B_REQ)[0]:
+                b_ids = list(d.kv_cache_manager.get_block_ids(B_REQ)[0])
+                loads = {(b_ids[q // BLOCK_SIZE], q % BLOCK_SIZE) for q in range(B_LEN)
+                         if q // BLOCK_SIZE < len(b_ids) and b_ids[q // BLOCK_SIZE]}  # what NIXL fills
+                pending = sorted(s for _o, s in queue if s not in processed and s in reads and s != step)
+                hit = sorted(loads & set().union(*(reads[s] for s in pending))) if pending else []
+                assert not hit, (
+                    f"{B_REQ} was handed blocks {b_ids} to load {B_LEN} prompt tokens from P while step(s) {pending} "
+                    f"of {A_REQ}, still in flight (their outputs not processed), read (block, offset) {hit} in its "
+                    f"{SLIDING_WINDOW}-token window: the block was pruned from {A_REQ} by the optimistic computed "
+                    f"count; the NIXL read and that step's attention are unordered (vLLM #47282, fixed by PR #47728)")
+                return
+            if not b_added and A_REQ in d.requests and a.num_computed_tokens > A_LEN + BLOCK_SIZE \\
+                    and (a.num_computed_tokens - SLIDING_WINDOW + 1) % BLOCK_SIZE == 0:
+                # the next schedule() prunes a block this step (in flight then) still reads: B arrives now
+                prompt = [1700 + i for i in range(B_LEN)]
+                params = _prefill_on_p(p, P_REQ, prompt)
+                d.add_request(_request(B_REQ, prompt, 8, dict(params)))
+                b_added = True
+            if len(queue) < 2:
+                continue
+        if not queue:
+            break
+        old, s = queue.pop()
+        _feed(d, old, {A_REQ: 900 + s} if A_REQ in old.num_scheduled_tokens and A_REQ in d.requests else {})
+        processed.add(s)
+    pytest.fail(f"{B_REQ} was never allocated: the situation was not rebuilt")
+'''

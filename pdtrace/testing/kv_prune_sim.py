@@ -85,6 +85,10 @@ def prune_in_flight(*, prompt_len: int = 40, window: int = 32, block_size: int =
         a = _make_request(a_req, [700 + i for i in range(prompt_len)], steps, None, block_size)
         rec.emit("mark", label="scenario", sim=True, detail=f"prune_in_flight vllm={vllm.__version__} (engine order)"
                  + (": LABELLED FAULT, PR #47728 reverted (pruning by the optimistic count)" if fault else ""))
+        if fault:
+            rec.emit("fault.inject", rule="pr47728-reverted", sim=True, inst="D",
+                     detail="the sliding window pruned by the optimistic count (the processed count plus the tokens "
+                            "in flight), as vLLM 0.19-0.25 prune (the fix of vLLM #47282 reverted)")
         d.add_request(a)
         b_added = False
         for _i, kind, out, step, queue in engine_order(d, 6 * steps):
@@ -121,3 +125,29 @@ def prune_in_flight(*, prompt_len: int = 40, window: int = 32, block_size: int =
         rec.emit("mark", label="scenario-end", sim=True)
     rec.flush()
     return Prune(run_events(pair, start), a_req, b_req, b_step, reowned, handed, a_reads, vllm.__version__)
+
+
+def scenario(revert_fix: bool) -> Any:
+    """The sample pair's builder (``scenarios.SCENARIOS``): vLLM 0.32.0 prunes by the processed count (PR #47728);
+    the buggy sample reverts it as a LABELLED FAULT (``revert_fix``), as 0.19-0.25 prune. Expected findings from
+    vLLM's objects (``Prune.reowned``), never from the detector."""
+    def build() -> Any:
+        from pdtrace.detectors.base import KV_INVARIANT
+
+        from .scenario_builders import Scenario
+
+        r = prune_in_flight(revert_fix=revert_fix, tag="prune")
+        real = ("vLLM 0.32.0 AsyncScheduler / KVCacheManager with one sliding-window group (32 tokens) / block pool / "
+                "NIXL connector scheduler side of D (a pool of a window's blocks and one more), P's scheduler for B's "
+                "prefill, on CPU with pdtrace hooks")
+        sim = ("the engine core's order under async scheduling (EngineCore.step_with_batch_queue: step n+1 scheduled "
+               "before step n's output is processed) and the sampled tokens; no attention kernel and no NIXL read run")
+        fault = ("pr47728-reverted: the sliding window pruned by the optimistic count, as vLLM 0.19-0.25 prune "
+                 "(vLLM #47282)")
+        return Scenario("", "", r.events, [KV_INVARIANT] if r.reowned else [], {
+            "real": [real], "simulated": [sim], "faults": [fault] if revert_fix else [], "fixture": [],
+            "own_bug": "", "clean_twin": "" if revert_fix else ("vLLM 0.32.0 as released: PR #47728 prunes by the "
+                                                                  "processed count"),
+            "facts": {"reowned": r.reowned, "handed": r.handed, "b_step": r.b_step},
+        }, [])
+    return build

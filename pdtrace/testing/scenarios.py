@@ -22,6 +22,7 @@ from typing import Callable
 
 from .crossed_sim import drafter_scenario as _drafter_group
 from .crossed_sim import scenario as _crossed
+from .kv_prune_sim import scenario as _kv_prune
 from .kv_reown_sim import scenario as _kv_reown
 from .kv_shared_sim import scenario as _kv_shared
 from .scenario_builders import (  # noqa: F401 - Scenario and the fixtures' kinds are part of this module's API
@@ -143,6 +144,14 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
                                  "the in-flight step writes A's KV where B's NIXL read lands", _kv_reown(True)),
     "kv_reown_in_flight_fixed": ("the same on vLLM 0.32.0 as released: A's blocks are deferred until the step in "
                                  "flight is processed; B gets none of them while it is", _kv_reown(False)),
+    # issue 59 / 61: a sliding-window block pruned while a step in flight reads it, handed to a KV load (vLLM #47282,
+    # fixed by PR #47728 in 0.26)
+    "kv_prune_in_flight_buggy": ("request A decodes with a 32-token sliding window under async scheduling; the next "
+                                 "schedule() prunes a block its step in flight still reads (FAULT: PR #47728 "
+                                 "reverted, as 0.19-0.25 prune by the optimistic count) and request B, loading 32 "
+                                 "prompt tokens from P, gets it", _kv_prune(True)),
+    "kv_prune_in_flight_fixed": ("the same on vLLM 0.32.0 as released: the window is pruned by the processed count; "
+                                 "B gets no block a step in flight reads", _kv_prune(False)),
     # issue 19: two schedulers per role in one process reusing request ids
     "reused_ids_two_pairs_buggy": ("two P/D pairs in one process (block 16 and 32), both with request id "
                                    "'id-1'; pair 1 under the pre-fix P rule", _reused_ids(True)),
@@ -168,6 +177,7 @@ SAMPLES = (
     "kv_never_crossed_dropped_params_buggy", "kv_never_crossed_dropped_params_fixed",
     "kv_never_crossed_drafter_group_buggy", "kv_never_crossed_drafter_group_fixed",
     "kv_reown_in_flight_buggy", "kv_reown_in_flight_fixed",
+    "kv_prune_in_flight_buggy", "kv_prune_in_flight_fixed",
 )
 DEMO_SAMPLE = "lookahead_aligned16_k1_buggy"
 
