@@ -237,9 +237,13 @@ def test_each_class_fails_with_the_bug_and_passes_without_it(tmp_path):
 
 
 def test_a_cause_of_another_class_or_a_damaged_trace_is_one_line_and_exit_2(tmp_path):
-    r = _pdtrace("repro", str(ROOT / "sample_traces" / "metadata_cleared_before_drafter_buggy.jsonl"), "--cause", "1",
+    r = _pdtrace("repro", str(ROOT / "sample_traces" / "kv_never_crossed_drafter_group_buggy.jsonl"), "--cause", "1",
                  "-o", str(tmp_path / "t.py"))
     assert r.returncode == 2 and "cannot be rebuilt yet" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    # a cause outside vLLM (the router dropped P's params): said so, not "yet"
+    r = _pdtrace("repro", str(ROOT / "sample_traces" / "kv_never_crossed_dropped_params_buggy.jsonl"), "--cause", "1",
+                 "-o", str(tmp_path / "t.py"))
+    assert r.returncode == 2 and "outside vLLM" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text(SAMPLE.read_text().splitlines()[0] + "\n{not json\n")
     r = _pdtrace("repro", str(bad), "--cause", "1", "-o", str(tmp_path / "t.py"))

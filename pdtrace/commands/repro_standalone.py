@@ -205,6 +205,19 @@ REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load 
           "(#37285) or reads (#47282), an accepted count read after row moves (seed 004, #51571)"
 
 
+# why a mechanism is not rebuilt, where there is more to say than "not yet" (one line each)
+REFUSED = {
+    "never-crossed/no-params": "the params were dropped outside vLLM (a router or proxy between P and D), so no vLLM "
+                               "test can fail for it: the fix, and its test, belong to that component",
+    "never-crossed/expired-lease": "P's lease runs out in P's NIXL worker (VLLM_NIXL_ABORT_REQUEST_TIMEOUT) and D's "
+                                   "read lands by RDMA: the worker side with a NIXL agent, which a pytest file with "
+                                   "vLLM alone cannot stand up yet (tests/test_live_expired_lease_cpu.py does it "
+                                   "live)",
+    "metadata-cleared": "vLLM 0.17.0 fixed it, before every release pdtrace installs, and the order it needs (target "
+                        "forward, drafter, clear) is the GPU model runner's",
+}
+
+
 def render(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> str:
     """The lookahead test for ``s`` (``repro_situation.situation``) of root cause ``cause`` (a ``causes.Cause``)."""
     doc, const = _common(s, trace, cause, vllm)
@@ -247,6 +260,9 @@ def for_cause(events: list, header: dict, c: Any, trace: str, findings: list | N
     from pdtrace.detectors.causes import header_vllm
 
     build = BUILDERS.get(c.mechanism) or BUILDERS.get(c.kind)
+    if build is None and c.mechanism in REFUSED:
+        raise PdtraceError(f"{trace}: cause {c.n} ({c.kind}: {c.mechanism}) is not rebuilt as a vLLM test: "
+                           f"{REFUSED[c.mechanism]}; attach the trace (pdtrace bundle)")
     if build is None:
         raise PdtraceError(f"{trace}: cause {c.n} ({c.kind}: {c.mechanism}) cannot be rebuilt yet: repro writes a "
                            f"standalone vLLM test for {REBUILT} so far; attach the trace (pdtrace bundle) and see "
