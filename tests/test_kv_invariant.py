@@ -26,6 +26,7 @@ KV_CONTENT = {
     "lookahead_aligned16_k1_buggy.jsonl": "lookahead-block-misalignment",
     "dflash_window_buggy.jsonl": "drafter-window-outside-allocation",
     "kv_load_shared_block_buggy.jsonl": "kv-load-failure-recovery",
+    "kv_load_in_flight_token_buggy.jsonl": "kv-load-failure-recovery",  # (the step in flight read the failed block)
     "kv_never_crossed_drafter_group_buggy.jsonl": "kv-never-crossed",
     "live_cpu_expired_lease.jsonl.zst": "kv-never-crossed",
     "live_gpu_seed000_v024.jsonl.zst": "lookahead-block-misalignment",

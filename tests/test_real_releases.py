@@ -192,6 +192,8 @@ def test_entry_point_prints_one_json_line(tmp_path):
 # - the KV-load rollback sample (#49250 / #45138): open upstream, every release;
 # - the shared failed block sample: 0.30.0 on (the matrix's "KV load, shared block read early"); before it the second
 #   request gets no block from the prefix cache in this situation (the written test skips, saying so);
+# - the token of the step in flight at a KV-load rollback: appended after it on every release (the matrix's "KV
+#   load, token of the step in flight", 2 of 2 on each);
 # - the in-flight write sample (vLLM #37285): 0.19.0-0.23.0 free a stopped request's blocks at once; 0.24.0 on defer
 #   them (PR #45357; the matrix's "KV load into blocks a step in flight writes");
 # - the in-flight read sample (vLLM #47282): 0.19.0-0.25.x prune a sliding window by the optimistic count; 0.26.0 on
@@ -206,6 +208,7 @@ REPRO = {  # sample -> (releases failing, releases skipping)
     "sample_traces/kv_load_shared_block_buggy.jsonl": ({"0.30.0", "0.32.0", "0.33.0"},
                                                        {"0.19.1", "0.20.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0",
                                                         "0.28.0"}),
+    "sample_traces/kv_load_in_flight_token_buggy.jsonl": ({"ALL"}, set()),
     "sample_traces/kv_reown_in_flight_buggy.jsonl": ({"0.19.1", "0.20.0", "0.22.1", "0.23.0"}, set()),
     "sample_traces/kv_prune_in_flight_buggy.jsonl": ({"0.19.1", "0.20.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0"},
                                                      set()),
@@ -218,6 +221,7 @@ REPRO_SAYS = {
                            "blocks [1, 2]: 32 slots",
     "kv_load_async_rollback_buggy": "the next schedule() gave it 34, 1 past its tokens",
     "kv_load_shared_block_buggy": "shared-2-D attends to the failed load's KV in block(s) [3, 4]",
+    "kv_load_in_flight_token_buggy": "its token 5005 is in the output after the rollback",
     "kv_reown_in_flight_buggy": "reown-B was handed blocks [3, 2, 1] to load 40 prompt tokens from P while step(s) "
                                 "[4], still in flight",
     "kv_prune_in_flight_buggy": "prune-B was handed blocks [1, 2] to load 32 prompt tokens from P while step(s) [24] "

@@ -174,6 +174,30 @@ def optimistic_prune(monkeypatch):
     monkeypatch.setattr(Scheduler, "__init__", old_init)
 '''
 
+DROP_IN_FLIGHT_FIX = '''"""LABELLED FIX (a fixture, not in any vLLM release): a KV-load rollback drops the request's in-flight output
+(drop_stale_output, as vLLM 0.32+ does on preemption) and resets its output placeholders (PRs #45430 / #49252)."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def drop_in_flight(monkeypatch):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    orig = Scheduler._update_requests_with_invalid_blocks
+
+    def fixed(self, requests, *a, **kw):
+        requests = list(requests)
+        out = orig(self, requests, *a, **kw)
+        for r in requests:
+            if r.request_id in out[0]:
+                r.drop_stale_output = True
+                r.num_stale_output_tokens = r.num_in_flight_tokens
+                r.num_output_placeholders = 0
+        return out
+
+    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", fixed)
+'''
+
 # sample -> (conftest or None, expected outcome, what the failure message says): vLLM 0.32.0 has DFlash's fix and
 # carries #49250 and the shared-block read (open upstream)
 CLASSES = [
@@ -188,6 +212,11 @@ CLASSES = [
      "scheduled shared-2-D, which keeps block(s) [3, 4] as computed (82 computed tokens), while shared-1-D, which "
      "recomputes them, had rewritten only its first 32 tokens"),
     ("kv_load_shared_block_buggy", "fix", SHARED_FIX, "passed", ""),
+    # the token of the step in flight at a KV-load rollback (open upstream) and the labelled fix
+    ("kv_load_in_flight_token_buggy", "plain", None, "failed",
+     "inflight-D's block(s) [3] were reported failed while step 5 was in flight; that step ran on the failed KV, and "
+     "its token 5005 is in the output after the rollback"),
+    ("kv_load_in_flight_token_buggy", "fix", DROP_IN_FLIGHT_FIX, "passed", ""),
     # the KV invariant's in-flight write (vLLM #37285): 0.32.0 has PR #45357's fix; the labelled fault reverts it
     ("kv_reown_in_flight_buggy", "plain", None, "passed", ""),
     ("kv_reown_in_flight_buggy", "fault", NO_DEFERRED_FREE, "failed",

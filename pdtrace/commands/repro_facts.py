@@ -187,3 +187,18 @@ def in_flight_read(events: list[dict], finding: Any, trace: str, n: int) -> dict
     return {**s, "a": a, "b": b, "p": str(p_req), "a_len": int(aa["prompt_len"]),
             "a_max_tokens": int(aa.get("max_tokens") or 64), "b_len": int(ab["prompt_len"]), "num_blocks": nb,
             "window": int(d["window"])}
+
+
+def in_flight_token(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """The token a step in flight at a KV-load rollback sampled, appended after it (engine order, async)."""
+    f = _need(finding, trace, n)
+    d = f.data or {}
+    s = rollback(events, finding, trace, n)  # (the same recorded facts: prompt, failed indexes, P's id)
+    steps = [e.get("step") for e in events if e["ev"] == "sched.step" and e.get("inst") == f.inst
+             and f.req in (e.get("tokens") or {})]
+    rb, fl = d.get("rollback_step"), d.get("in_flight_step")
+    if rb not in steps or fl is None:
+        raise PdtraceError(f"{trace}: cause {n}: the rollback's step is not among {f.req!r}'s scheduled steps: the "
+                           f"engine order cannot be rebuilt")
+    return {**s, "report_at": steps.index(rb), "in_flight": int(fl), "report_step": int(fl) - 1, "first_step": steps[0],
+            "steps": max(10, steps.index(rb) + 8)}

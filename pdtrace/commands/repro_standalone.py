@@ -8,10 +8,11 @@ what the finding says was broken, never on pdtrace's verdict. It fails on the re
 passes where that bug is fixed.
 
 Rebuilt so far (``BUILDERS``, by the root cause's mechanism): lookahead-block-misalignment (vLLM #44151), the DFlash
-drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138), failed blocks
-shared through D's prefix cache read before they are recomputed, the KV invariant's in-flight write and read (vLLM #37285, #47282),
-and (worker side, a faithful minimal caller) an
-accepted-token count read after InputBatch row moves (seed 004, vLLM #51571). Every other cause gets one line saying so and exit
+drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138) or keeps the token
+of the step in flight, failed blocks shared through D's prefix cache read before they are recomputed, the KV
+invariant's in-flight write and read (vLLM #37285, #47282), and (worker side, a faithful minimal caller) an
+accepted-token count read after InputBatch row moves (seed 004, vLLM #51571). Some causes are refused with their
+reason (``REFUSED``). Every other cause gets one line saying so and exit
 2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
 """
 
@@ -141,6 +142,18 @@ def _rollback(events: list, header: dict, c: Any, finding: Any, trace: str, vllm
                                             **const}, tpl_kv.ROLLBACK_TEST, events, header, c)
 
 
+def _inflight(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.in_flight_token(events, finding, trace, c.n)
+    doc, const = _common(s, trace, c, vllm)
+    doc.update(req=s["req"], prompt_len=s["prompt_len"], max_tokens=s["max_tokens"], failed=s["failed_indexes"],
+               report_step=s["report_step"], in_flight=s["in_flight"])
+    return _file(tpl_kv.INFLIGHT_DOC, doc, {
+        "P_REQ": s["p_req"], "D_REQ": s["req"], "PROMPT_LEN": s["prompt_len"], "MAX_TOKENS": s["max_tokens"],
+        "FAILED_BLOCK_INDEXES": s["failed_indexes"], "REPORT_AT": s["report_at"], "FIRST_STEP": s["first_step"], "STEPS": s["steps"],
+        **const},
+        tpl_kv.INFLIGHT_TEST, events, header, c)
+
+
 def _shared(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.shared_block(events, finding, trace, c.n)
     doc, const = _common(s, trace, c, vllm)
@@ -196,12 +209,13 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "drafter-window": _dflash,
     "kv-load/placeholders": _rollback,
     "kv-load/shared-block-read-early": _shared,
+    "kv-load/in-flight-token": _inflight,
     "kv-invariant/in-flight-write": _reown,
     "kv-invariant/in-flight-read": _prune,
     "stale-accepted-count-read": _stale,  # (by class: every mechanism is a read after row moves, or refused)
 }
-REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load rollback's placeholders (vLLM " \
-          "#49250), failed blocks shared through the prefix cache, a KV load into blocks a step in flight writes " \
+REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load rollback's placeholders and its " \
+          "step in flight (vLLM #49250), failed blocks shared through the prefix cache, a KV load into blocks a step in flight writes " \
           "(#37285) or reads (#47282), an accepted count read after row moves (seed 004, #51571)"
 
 

@@ -117,9 +117,10 @@ def _step(sched, tokens=None, **kvo):
     return out, _feed(sched, out, tokens, **kvo)
 
 
-def _feed(sched, out, tokens=None, **kvo):
+def _feed(sched, out, tokens=None, force=False, **kvo):
     """update_from_output() for the scheduler output ``out`` (``_step``'s second half; under async scheduling the
-    engine core feeds a step's output after it scheduled the next step)."""
+    engine core feeds a step's output after it scheduled the next step). ``force``: every request in ``tokens``
+    gets its token, as the worker sampled it, even where the scheduler has since cut the request back."""
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
     ids, sampled = [], []
@@ -129,7 +130,7 @@ def _feed(sched, out, tokens=None, **kvo):
             continue
         ids.append(rid)
         done = req.num_computed_tokens >= req.num_prompt_tokens  # (schedule() counted this step's tokens)
-        sampled.append([tokens[rid]] if done else [])
+        sampled.append([tokens[rid]] if done or force else [])
     kv_out = None
     if kvo:
         kv_out = KVConnectorOutput(finished_sending=kvo.get("finished_sending"),

@@ -278,3 +278,70 @@ def test_a_kv_load_gets_no_block_a_step_in_flight_still_reads(tmp_path):
         processed.add(s)
     pytest.fail(f"{B_REQ} was never allocated: the situation was not rebuilt")
 '''
+
+INFLIGHT_DOC = '''"""Regression test for the token of the step in flight at a KV-load rollback (kv-load-failure-recovery: in-flight token), written by `pdtrace repro` on {created}.
+
+Trace: {trace}
+Root cause {n}: {title}
+Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; D request {req}: a {prompt_len}-token prompt loaded
+from P, max_tokens {max_tokens}; block index(es) {failed} of its KV blocks reported failed (invalid_block_ids) in the
+output of step {report_step}, with step {in_flight} in flight; kv_load_failure_policy "recompute".
+
+Under async scheduling the engine core (EngineCore.step_with_batch_queue, a batch queue of two) schedules step n+1
+before it processes step n's output. When step n's output reports a running request's blocks as failed, the
+scheduler cuts the request back and recomputes; but step n+1 already ran on the failed KV, and when its output is
+processed after the rollback its sampled token is appended to the request's output (nothing marks it stale): a token
+of garbage KV reaches the user, silently. Open upstream in every release pdtrace installs (0.19.1-0.33.0); vLLM
+0.32+ drops a preempted request's in-flight output (drop_stale_output) but not a rolled-back one's.
+
+Runs with pytest and vLLM alone, on CPU: the real AsyncScheduler, KV cache manager and NixlConnector scheduler side of
+P and D, the scheduler's own failure path and output processing. What is written by hand: the engine core's order
+and the worker's ModelRunnerOutput (each step samples a distinct token id, so the test can tell which step's token
+reached the output; the failed blocks in invalid_block_ids).
+"""
+'''
+
+INFLIGHT_TEST = '''
+
+def test_a_kv_load_rollback_keeps_no_token_of_the_step_in_flight(tmp_path):
+    import collections
+
+    p = _scheduler(tmp_path, "kv_producer")
+    d = _scheduler(tmp_path, "kv_consumer", policy="recompute")
+    prompt = _prompt(PROMPT_LEN)
+    params = _prefill_on_p(p, P_REQ, prompt)
+    req = _request(D_REQ, prompt, MAX_TOKENS, dict(params))
+    d.add_request(req)
+    _step(d)  # D allocates the blocks the load fills
+    _step(d, finished_recving={D_REQ})  # the load lands
+    queue = collections.deque()  # (scheduler output, step), newest first
+    sampled, step, in_flight, failed = {}, FIRST_STEP - 1, None, set()  # (steps numbered as the trace's)
+    for i in range(STEPS + 3):  # the engine core's order
+        if d.has_requests():
+            out = d.schedule()
+            step += 1
+            queue.appendleft((out, step))
+            if len(queue) < 2:
+                continue
+        if not queue:
+            break
+        old, s = queue.pop()
+        toks = {}
+        if D_REQ in old.num_scheduled_tokens:
+            toks = {D_REQ: 5000 + s}  # what the worker sampled for that step
+            sampled[s] = 5000 + s
+        kvo = {}
+        if i == REPORT_AT:  # this output reports the failed blocks; the newer step is in flight
+            blocks = list(d.kv_cache_manager.get_block_ids(D_REQ)[0])
+            failed = {blocks[j] for j in FAILED_BLOCK_INDEXES if j < len(blocks)}
+            kvo["invalid_block_ids"] = failed
+            in_flight = queue[-1][1] if queue else None
+        _feed(d, old, toks, force=True, **kvo)
+    assert in_flight is not None, "no step was in flight at the rollback: the situation was not rebuilt"
+    token = sampled.get(in_flight)
+    out_ids = list(req.output_token_ids)
+    assert token not in out_ids, (
+        f"{D_REQ}'s block(s) {sorted(failed)} were reported failed while step {in_flight} was in flight; that step ran "
+        f"on the failed KV, and its token {token} is in the output after the rollback: {out_ids} (position "
+        f"{out_ids.index(token)}); nothing marked the in-flight output stale (kv-load-failure-recovery, vLLM #49250)")
+'''

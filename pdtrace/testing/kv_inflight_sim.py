@@ -62,12 +62,26 @@ def discard_in_flight(scheduler: Any, rec: Any) -> Any:
                                             "as vLLM 0.32+ does on preemption)", drop)
 
 
-def in_flight_rollback(*, fix: bool = False, prompt_len: int = 64, failed: tuple[int, ...] = (2,),
+def discard_in_flight_and_placeholders(scheduler: Any, rec: Any) -> Any:
+    """LABELLED fixture: ``discard_in_flight`` and the placeholders reset of vLLM PRs #45430 / #49252 together (the
+    clean twin of a rollback with a step in flight: neither is in any release)."""
+    def drop(r: Any) -> None:
+        r.drop_stale_output = True
+        r.num_stale_output_tokens = r.num_in_flight_tokens
+        r.num_output_placeholders = 0
+
+    return patched_rollback(scheduler, rec, "LABELLED FIX (not in any vLLM release): a KV-load rollback drops the "
+                                            "request's in-flight output (as vLLM 0.32+ does on preemption) and resets "
+                                            "its output placeholders (vLLM PRs #45430 / #49252)", drop)
+
+
+def in_flight_rollback(*, fix: bool | str = False, prompt_len: int = 64, failed: tuple[int, ...] = (2,),
                        max_tokens: int = 8, steps: int = 10, tag: str = "inflight") -> InFlight:
     """One disaggregated request on D's AsyncScheduler: loaded, decoding in the engine's order;
     its blocks ``failed`` (indices of its group-0 blocks) reported failed in step n's output
     while step n+1 is in flight; then D runs on (``steps`` engine iterations). ``tag``: the
-    request ids' prefix."""
+    request ids' prefix. ``fix``: True runs D under ``discard_in_flight``; "both" under
+    ``discard_in_flight_and_placeholders``."""
     cfg = PDConfig(spec_method="", async_scheduling=True, kv_load_failure_policy="recompute")
     pair = make_pair(cfg)
     rec, d = pair.rec, pair.d
@@ -79,7 +93,7 @@ def in_flight_rollback(*, fix: bool = False, prompt_len: int = 64, failed: tuple
     with contextlib.ExitStack() as stack:
         stack.enter_context(recording(rec))
         if fix:
-            stack.enter_context(discard_in_flight(d, rec))
+            stack.enter_context((discard_in_flight_and_placeholders if fix == "both" else discard_in_flight)(d, rec))
         rec.emit("mark", label="scenario", sim=True,
                  detail=f"in_flight_rollback fix={fix} failed={failed} prompt_len={prompt_len} (engine order)")
         params = p_prefill(pair.p, p_req, prompt, cfg.block_size)
@@ -109,3 +123,30 @@ def in_flight_rollback(*, fix: bool = False, prompt_len: int = 64, failed: tuple
     output = list(req.output_token_ids)
     token = sampled.get(in_flight_step, -1)
     return InFlight(run_events(pair, start), d_req, rollback_step, in_flight_step, token, token in output, output)
+
+
+def scenario(fix: bool) -> Any:
+    """The sample pair's builder (``scenarios.SCENARIOS``): vLLM 0.32.0 as released (its own bug, open upstream), and
+    beside it the labelled fix of both (``discard_in_flight_and_placeholders``). Expected findings from vLLM's request
+    object (``InFlight.appended``), never from the detector."""
+    def build() -> Any:
+        from pdtrace.detectors.base import KV_INVARIANT, KV_LOAD_FAILURE_RECOVERY
+
+        from .scenario_builders import REAL_KV_LOAD, SIM_KV_SYNC, Scenario
+
+        r = in_flight_rollback(fix="both" if fix else False, tag="inflight")
+        own = ("vLLM 0.32.0's own AsyncScheduler in the engine core's order: the output of the step in flight at the "
+               "rollback is appended after it (nothing marks it stale), and the rollback keeps the output "
+               "placeholders (open upstream: #49250, #45138)")
+        fixture = ("LABELLED FIX (not in vLLM 0.32.0): the rollback drops the request's in-flight output "
+                   "(drop_stale_output, as vLLM 0.32+ does on preemption) and resets its output placeholders (vLLM "
+                   "PRs #45430 / #49252)")
+        return Scenario("", "", r.events, [KV_LOAD_FAILURE_RECOVERY, KV_INVARIANT] if r.appended else [], {
+            "real": [REAL_KV_LOAD], "faults": [], "fixture": [fixture] if fix else [],
+            "simulated": [SIM_KV_SYNC, "the engine core's order under async scheduling (EngineCore."
+                          "step_with_batch_queue: step n+1 scheduled before step n's output is processed)"],
+            "own_bug": "" if fix else own,
+            "facts": {"appended": r.appended, "in_flight_step": r.in_flight_step, "rollback_step": r.rollback_step,
+                      "output": r.output},
+        }, [KV_INVARIANT])  # (as the rollback pair: no NIXL read recorded on D, so most reads cannot be judged)
+    return build

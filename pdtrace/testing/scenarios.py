@@ -22,6 +22,7 @@ from typing import Callable
 
 from .crossed_sim import drafter_scenario as _drafter_group
 from .crossed_sim import scenario as _crossed
+from .kv_inflight_sim import scenario as _kv_inflight
 from .kv_prune_sim import scenario as _kv_prune
 from .kv_reown_sim import scenario as _kv_reown
 from .kv_shared_sim import scenario as _kv_shared
@@ -137,6 +138,14 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
                                              "only and counts them computed", _drafter_group("kept")),
     "kv_never_crossed_drafter_group_fixed": ("the same with vLLM's default, every group transfers: the connector "
                                              "loads the drafter's group too", _drafter_group("transfer")),
+    # issue 50 / 61: the token of the step in flight at a KV-load rollback, appended after it (open upstream)
+    "kv_load_in_flight_token_buggy": ("block index 2 of a running request reported failed, policy 'recompute', on "
+                                      "vLLM 0.32.0's own AsyncScheduler in the engine core's order, no planted "
+                                      "fault: the step in flight at the rollback ran on the failed KV and its token "
+                                      "is appended to the output after the rollback", _kv_inflight(False)),
+    "kv_load_in_flight_token_fixed": ("the same with a labelled fix: the rollback drops the in-flight output and "
+                                      "resets the placeholders: exactly what is left is recomputed, no token of the "
+                                      "failed KV reaches the output", _kv_inflight(True)),
     # issue 59 / 61: a KV load into blocks a step in flight still writes (vLLM #37285, fixed by PR #45357 in 0.24)
     "kv_reown_in_flight_buggy": ("request A stops (a stop token) while its next step is in flight under async "
                                  "scheduling; its blocks return to the pool at once (FAULT: PR #45357 reverted, as "
@@ -176,6 +185,7 @@ SAMPLES = (
     "kv_load_shared_block_buggy", "kv_load_shared_block_fixed",
     "kv_never_crossed_dropped_params_buggy", "kv_never_crossed_dropped_params_fixed",
     "kv_never_crossed_drafter_group_buggy", "kv_never_crossed_drafter_group_fixed",
+    "kv_load_in_flight_token_buggy", "kv_load_in_flight_token_fixed",
     "kv_reown_in_flight_buggy", "kv_reown_in_flight_fixed",
     "kv_prune_in_flight_buggy", "kv_prune_in_flight_fixed",
 )
