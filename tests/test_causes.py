@@ -93,13 +93,16 @@ def test_request_by_the_clients_id_and_prefix():
 @pytest.mark.parametrize("expected", sorted(SAMPLES.glob("*.expected.json")), ids=lambda p: p.name.split(".")[0])
 def test_every_sample_one_cause_per_bug(expected):
     """Each sample stands for one bug (its README says which): at most one cause per class it
-    expects, and a fixed or clean sample none."""
+    expects, and a fixed or clean sample none; the in-flight token sample shows two of vLLM 0.32.0's own (the token
+    of the step in flight and the rollback's placeholders), two causes of one class."""
     trace = next(SAMPLES.glob(expected.name.replace(".expected.json", ".jsonl*")))
     doc = json.loads(_check(str(trace), "-f", "json").stdout)
     want = set(json.loads(expected.read_text())["findings"])
     # the KV invariant's findings join the cause of the rule that names the same request: one bug, one cause
     rules = want - {"kv-invariant"} or want
-    assert len(doc["causes"]) <= len(rules), [c["title"] for c in doc["causes"]]
+    # a sample that shows two bugs of vLLM's own at once (its README says so): one cause per bug
+    bugs = {"kv_load_in_flight_token_buggy": 2}.get(trace.name.split(".")[0], len(rules))
+    assert len(doc["causes"]) <= bugs, [c["title"] for c in doc["causes"]]
     assert {c["kind"] for c in doc["causes"]} == rules
     if "kv-invariant" in want and rules != want:
         assert sum(c["confirmed"] for c in doc["causes"]) == doc["summary"]["by_kind"]["kv-invariant"] > 0

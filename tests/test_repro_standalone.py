@@ -84,13 +84,15 @@ def k_slots(monkeypatch):
     monkeypatch.setattr(Scheduler, "__init__", old_init)
 '''
 
-ROLLBACK_FIX = '''"""LABELLED FIX (a fixture, not in any vLLM release): the approach of vLLM PRs #45430 / #49252 for #49250 /
-#45138: _update_requests_with_invalid_blocks also resets the affected requests' num_output_placeholders."""
+def _on_invalid_blocks(doc, body):
+    """A LABELLED FIX conftest: vLLM's _update_requests_with_invalid_blocks as released, then ``body`` for each
+    request it affected (``r``)."""
+    return (f'''"""{doc}"""
 import pytest
 
 
 @pytest.fixture(autouse=True)
-def reset_placeholders(monkeypatch):
+def labelled_fix(monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
 
     orig = Scheduler._update_requests_with_invalid_blocks
@@ -100,11 +102,16 @@ def reset_placeholders(monkeypatch):
         out = orig(self, requests, *a, **kw)
         for r in requests:
             if r.request_id in out[0]:
-                r.num_output_placeholders = 0
-        return out
+''' + "".join(f"                {line}\n" for line in body) + '''        return out
 
     monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", fixed)
-'''
+''')
+
+
+ROLLBACK_FIX = _on_invalid_blocks(
+    "LABELLED FIX (a fixture, not in any vLLM release): the approach of vLLM PRs #45430 / #49252 for #49250 / "
+    "#45138: _update_requests_with_invalid_blocks also resets the affected requests' num_output_placeholders.",
+    ["r.num_output_placeholders = 0"])
 
 SHARED_FIX = '''"""LABELLED FIX (a fixture, not in any vLLM release): every request that holds a failed block recomputes it
 from its own first failed block (vLLM 0.32.0 lets only the first holder recompute and the others keep the block as
@@ -174,29 +181,11 @@ def optimistic_prune(monkeypatch):
     monkeypatch.setattr(Scheduler, "__init__", old_init)
 '''
 
-DROP_IN_FLIGHT_FIX = '''"""LABELLED FIX (a fixture, not in any vLLM release): a KV-load rollback drops the request's in-flight output
-(drop_stale_output, as vLLM 0.32+ does on preemption) and resets its output placeholders (PRs #45430 / #49252)."""
-import pytest
-
-
-@pytest.fixture(autouse=True)
-def drop_in_flight(monkeypatch):
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    orig = Scheduler._update_requests_with_invalid_blocks
-
-    def fixed(self, requests, *a, **kw):
-        requests = list(requests)
-        out = orig(self, requests, *a, **kw)
-        for r in requests:
-            if r.request_id in out[0]:
-                r.drop_stale_output = True
-                r.num_stale_output_tokens = r.num_in_flight_tokens
-                r.num_output_placeholders = 0
-        return out
-
-    monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", fixed)
-'''
+DROP_IN_FLIGHT_FIX = _on_invalid_blocks(
+    "LABELLED FIX (a fixture, not in any vLLM release): a KV-load rollback drops the request's in-flight output "
+    "(drop_stale_output, as vLLM 0.32+ does on preemption) and resets its output placeholders (PRs #45430 / #49252).",
+    ["r.drop_stale_output = True", "r.num_stale_output_tokens = r.num_in_flight_tokens",
+     "r.num_output_placeholders = 0"])
 
 # sample -> (conftest or None, expected outcome, what the failure message says): vLLM 0.32.0 has DFlash's fix and
 # carries #49250 and the shared-block read (open upstream)

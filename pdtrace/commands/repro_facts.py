@@ -87,9 +87,7 @@ def rollback(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, 
     if not s["async_scheduling"]:
         raise PdtraceError(f"{trace}: cause {n}: recorded without async scheduling, where no output placeholder "
                            f"exists: nothing to rebuild")
-    ra = _first(events, "nixl.remote_alloc", req=f.req) or {}
-    p_req = ra.get("remote_req") or (add.get("kv") or {}).get("remote_request_id") or "p-req"
-    return {**s, "req": f.req, "p_req": str(p_req), "prompt_len": int(add["prompt_len"]),
+    return {**s, "req": f.req, "p_req": _p_of(events, f.req, add), "prompt_len": int(add["prompt_len"]),
             "max_tokens": int(add.get("max_tokens") or 8),
             "failed_indexes": sorted(set(failed)), "n_blocks": len(blocks)}
 
@@ -145,6 +143,22 @@ def stale_read(events: list[dict], finding: Any, trace: str, n: int, mechanism: 
             else "none"}
 
 
+def _small_pool(events: list[dict], f: Any, trace: str, n: int) -> int:
+    """D's pool size, when small enough that the next allocation takes the blocks just freed (as under load)."""
+    conf = _first(events, "sched.config", inst=f.inst) or {}
+    nb = int(conf.get("num_blocks") or 0)
+    if not nb or nb > 64:
+        raise PdtraceError(f"{trace}: cause {n}: D's pool of {nb or '?'} blocks: repro rebuilds a pool small enough "
+                           f"that the next allocation takes the blocks just freed (as under load) so far")
+    return nb
+
+
+def _p_of(events: list[dict], d_req: str, add: dict, named: Any = None) -> str:
+    """P's request id for D's ``d_req``: as the finding names it, else vLLM's remote_request_id."""
+    ra = _first(events, "nixl.remote_alloc", req=d_req) or {}
+    return str(named or ra.get("remote_req") or (add.get("kv") or {}).get("remote_request_id") or "p-req")
+
+
 def in_flight_write(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
     """A request's KV load handed blocks a step in flight still writes for a request that stopped (vLLM #37285)."""
     f = _need(finding, trace, n)
@@ -154,16 +168,9 @@ def in_flight_write(events: list[dict], finding: Any, trace: str, n: int) -> dic
     if not a or fin.get("status") != "FINISHED_STOPPED":
         raise PdtraceError(f"{trace}: cause {n}: the writer {a!r} did not stop on a stop token in the trace: repro "
                            f"rebuilds a request that stops with its next step in flight so far")
-    s = _config(events, f.inst, trace, n)
-    conf = _first(events, "sched.config", inst=f.inst) or {}
-    nb = int(conf.get("num_blocks") or 0)
-    if not nb or nb > 64:
-        raise PdtraceError(f"{trace}: cause {n}: D's pool of {nb or '?'} blocks: repro rebuilds a pool small enough "
-                           f"that the next allocation takes the blocks just freed (as under load) so far")
+    s, nb = _config(events, f.inst, trace, n), _small_pool(events, f, trace, n)
     aa, ab = _added(events, a, f.inst, trace, n), _added(events, b, f.inst, trace, n)
-    ra = _first(events, "nixl.remote_alloc", req=b) or {}
-    p_req = d.get("p_req") or ra.get("remote_req") or (ab.get("kv") or {}).get("remote_request_id") or "p-req"
-    return {**s, "a": a, "b": b, "p": str(p_req), "a_len": int(aa["prompt_len"]),
+    return {**s, "a": a, "b": b, "p": _p_of(events, b, ab, d.get("p_req")), "a_len": int(aa["prompt_len"]),
             "a_max_tokens": int(aa.get("max_tokens") or 32), "stop_at": int(fin.get("num_output_tokens") or 3),
             "b_len": int(ab["prompt_len"]), "num_blocks": nb, "max_model_len": (nb - 1) * s["block_sizes"][0]}
 
@@ -175,16 +182,9 @@ def in_flight_read(events: list[dict], finding: Any, trace: str, n: int) -> dict
     a, b = f.req, d.get("loader")
     if not b or not d.get("window"):
         raise PdtraceError(f"{trace}: cause {n}: the finding names no loading request or window")
-    s = _config(events, f.inst, trace, n)
-    conf = _first(events, "sched.config", inst=f.inst) or {}
-    nb = int(conf.get("num_blocks") or 0)
-    if not nb or nb > 64:
-        raise PdtraceError(f"{trace}: cause {n}: D's pool of {nb or '?'} blocks: repro rebuilds a pool small enough "
-                           f"that the next allocation takes the block just pruned (as under load) so far")
+    s, nb = _config(events, f.inst, trace, n), _small_pool(events, f, trace, n)
     aa, ab = _added(events, a, f.inst, trace, n), _added(events, b, f.inst, trace, n)
-    ra = _first(events, "nixl.remote_alloc", req=b) or {}
-    p_req = ra.get("remote_req") or (ab.get("kv") or {}).get("remote_request_id") or "p-req"
-    return {**s, "a": a, "b": b, "p": str(p_req), "a_len": int(aa["prompt_len"]),
+    return {**s, "a": a, "b": b, "p": _p_of(events, b, ab), "a_len": int(aa["prompt_len"]),
             "a_max_tokens": int(aa.get("max_tokens") or 64), "b_len": int(ab["prompt_len"]), "num_blocks": nb,
             "window": int(d["window"])}
 

@@ -155,6 +155,20 @@ def _prefill_on_p(sched, rid, prompt):
                 if o.request_id == rid and o.kv_transfer_params:
                     return dict(o.kv_transfer_params)
     raise AssertionError("P never finished the prefill with kv_transfer_params")
+
+
+def _loaded_on_d(tmp_path, p_req, d_req, prompt_len, max_tokens):
+    """P prefills a prompt for a remote decode; D (kv_consumer, kv_load_failure_policy "recompute") allocates the
+    blocks the load fills and the load lands. Returns (D's scheduler, D's request)."""
+    p = _scheduler(tmp_path, "kv_producer")
+    d = _scheduler(tmp_path, "kv_consumer", policy="recompute")
+    prompt = _prompt(prompt_len)
+    params = _prefill_on_p(p, p_req, prompt)
+    req = _request(d_req, prompt, max_tokens, dict(params))
+    d.add_request(req)
+    _step(d)  # D allocates the blocks the load fills (WAITING_FOR_REMOTE_KVS)
+    _step(d, finished_recving={d_req})  # the load lands
+    return d, req
 '''
 
 LOOKAHEAD_DOC = '''"""Regression test for vLLM #44151's class (lookahead-block-misalignment), written by `pdtrace repro` on {created}.

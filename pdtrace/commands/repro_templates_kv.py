@@ -30,14 +30,8 @@ ModelRunnerOutput (the sampled tokens, the load finishing, the failed blocks in 
 ROLLBACK_TEST = '''
 
 def test_a_kv_load_rollback_schedules_no_more_than_the_request_has_left(tmp_path):
-    p = _scheduler(tmp_path, "kv_producer")
-    d = _scheduler(tmp_path, "kv_consumer", policy="recompute")
-    prompt = _prompt(PROMPT_LEN)
-    params = _prefill_on_p(p, P_REQ, prompt)
-    d.add_request(_request(D_REQ, prompt, MAX_TOKENS, dict(params)))
-    _step(d)  # D allocates the blocks the load fills (WAITING_FOR_REMOTE_KVS)
-    local = list(d.kv_cache_manager.get_block_ids(D_REQ)[0])
-    _step(d, finished_recving={D_REQ})  # the load lands
+    d, _req = _loaded_on_d(tmp_path, P_REQ, D_REQ, PROMPT_LEN, MAX_TOKENS)
+    local = list(d.kv_cache_manager.get_block_ids(D_REQ)[0])  # the blocks the load filled
     _step(d, {D_REQ: 300})  # the request runs a step
     failed = {local[i] for i in FAILED_BLOCK_INDEXES if i < len(local)}
     _step(d, {D_REQ: 301}, invalid_block_ids=failed)  # its loaded blocks are reported invalid
@@ -306,14 +300,7 @@ INFLIGHT_TEST = '''
 def test_a_kv_load_rollback_keeps_no_token_of_the_step_in_flight(tmp_path):
     import collections
 
-    p = _scheduler(tmp_path, "kv_producer")
-    d = _scheduler(tmp_path, "kv_consumer", policy="recompute")
-    prompt = _prompt(PROMPT_LEN)
-    params = _prefill_on_p(p, P_REQ, prompt)
-    req = _request(D_REQ, prompt, MAX_TOKENS, dict(params))
-    d.add_request(req)
-    _step(d)  # D allocates the blocks the load fills
-    _step(d, finished_recving={D_REQ})  # the load lands
+    d, req = _loaded_on_d(tmp_path, P_REQ, D_REQ, PROMPT_LEN, MAX_TOKENS)
     queue = collections.deque()  # (scheduler output, step), newest first
     sampled, step, in_flight, failed = {}, FIRST_STEP - 1, None, set()  # (steps numbered as the trace's)
     for i in range(STEPS + 3):  # the engine core's order

@@ -142,7 +142,9 @@ SCENARIOS: dict[str, tuple[str, Callable[[], Scenario]]] = {
     "kv_load_in_flight_token_buggy": ("block index 2 of a running request reported failed, policy 'recompute', on "
                                       "vLLM 0.32.0's own AsyncScheduler in the engine core's order, no planted "
                                       "fault: the step in flight at the rollback ran on the failed KV and its token "
-                                      "is appended to the output after the rollback", _kv_inflight(False)),
+                                      "is appended to the output after the rollback; the same rollback keeps the "
+                                      "output placeholders (the rollback sample's bug): two causes, both vLLM's own",
+                                      _kv_inflight(False)),
     "kv_load_in_flight_token_fixed": ("the same with a labelled fix: the rollback drops the in-flight output and "
                                       "resets the placeholders: exactly what is left is recomputed, no token of the "
                                       "failed KV reaches the output", _kv_inflight(True)),
