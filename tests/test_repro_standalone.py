@@ -66,23 +66,29 @@ def test_what_repro_cannot_do_is_one_line_and_exit_2(tmp_path, args, says):
     assert not (tmp_path / "t.py").exists()
 
 
-DFLASH_K_SLOTS = '''"""LABELLED FAULT (a fixture, never vLLM): seed 003's rule. vLLM 0.32.0's scheduler reserves k + 1 lookahead
-slots for DFlash (vllm_config.num_lookahead_tokens); before 0.23.0 it reserved k, as for EAGLE."""
+def _after_init(doc, body):
+    """A LABELLED FAULT conftest: vLLM's Scheduler built as released, then ``body`` run on it (``self``)."""
+    return (f'''"""{doc}"""
 import pytest
 
 
 @pytest.fixture(autouse=True)
-def k_slots(monkeypatch):
+def labelled_fault(monkeypatch):
     from vllm.v1.core.sched.scheduler import Scheduler
 
     init = Scheduler.__init__
 
     def old_init(self, *a, **kw):
         init(self, *a, **kw)
-        self.num_lookahead_tokens = self.num_spec_tokens
-
+''' + "".join(f"        {line}\n" for line in body) + '''
     monkeypatch.setattr(Scheduler, "__init__", old_init)
-'''
+''')
+
+
+DFLASH_K_SLOTS = _after_init(
+    "LABELLED FAULT (a fixture, never vLLM): seed 003's rule. vLLM 0.32.0's scheduler reserves k + 1 lookahead slots "
+    "for DFlash (vllm_config.num_lookahead_tokens); before 0.23.0 it reserved k, as for EAGLE.",
+    ["self.num_lookahead_tokens = self.num_spec_tokens"])
 
 def _on_invalid_blocks(doc, body):
     """A LABELLED FIX conftest: vLLM's _update_requests_with_invalid_blocks as released, then ``body`` for each
@@ -137,49 +143,23 @@ def each_holder_recomputes(monkeypatch):
     monkeypatch.setattr(Scheduler, "_update_requests_with_invalid_blocks", fixed)
 '''
 
-NO_DEFERRED_FREE = '''"""LABELLED FAULT (a fixture, never vLLM 0.24+): vLLM #37285's rule. vLLM 0.32.0 defers a finished request's
-blocks until the steps in flight have had their outputs processed (PR #45357, Scheduler.defer_block_free); 0.19-0.23
-return them to the pool at once."""
-import pytest
+NO_DEFERRED_FREE = _after_init(
+    "LABELLED FAULT (a fixture, never vLLM 0.24+): vLLM #37285's rule. vLLM 0.32.0 defers a finished request's blocks "
+    "until the steps in flight have had their outputs processed (PR #45357, Scheduler.defer_block_free); 0.19-0.23 "
+    "return them to the pool at once.",
+    ["self.defer_block_free = False"])
 
-
-@pytest.fixture(autouse=True)
-def free_at_once(monkeypatch):
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    init = Scheduler.__init__
-
-    def old_init(self, *a, **kw):
-        init(self, *a, **kw)
-        self.defer_block_free = False
-
-    monkeypatch.setattr(Scheduler, "__init__", old_init)
-'''
-
-OPTIMISTIC_PRUNE = '''"""LABELLED FAULT (a fixture, never vLLM 0.26+): vLLM #47282's rule. vLLM 0.32.0 prunes the sliding window by
-the processed count (PR #47728); 0.19-0.25 by the optimistic one, the tokens still in flight included."""
-import pytest
-
-
-@pytest.fixture(autouse=True)
-def optimistic_prune(monkeypatch):
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    init = Scheduler.__init__
-
-    def old_init(self, *a, **kw):
-        init(self, *a, **kw)
-        coord = self.kv_cache_manager.coordinator
-        prune = coord.remove_skipped_blocks
-
-        def optimistic(request_id, processed, *a, **kw):
-            r = self.requests.get(request_id)
-            return prune(request_id, processed + (r.num_in_flight_tokens if r is not None else 0), *a, **kw)
-
-        coord.remove_skipped_blocks = optimistic
-
-    monkeypatch.setattr(Scheduler, "__init__", old_init)
-'''
+OPTIMISTIC_PRUNE = _after_init(
+    "LABELLED FAULT (a fixture, never vLLM 0.26+): vLLM #47282's rule. vLLM 0.32.0 prunes the sliding window by the "
+    "processed count (PR #47728); 0.19-0.25 by the optimistic one, the tokens still in flight included.",
+    ["coord, sched = self.kv_cache_manager.coordinator, self",
+     "prune = coord.remove_skipped_blocks",
+     "",
+     "def optimistic(request_id, processed, *a, **kw):",
+     "    r = sched.requests.get(request_id)",
+     "    return prune(request_id, processed + (r.num_in_flight_tokens if r is not None else 0), *a, **kw)",
+     "",
+     "coord.remove_skipped_blocks = optimistic"])
 
 DROP_IN_FLIGHT_FIX = _on_invalid_blocks(
     "LABELLED FIX (a fixture, not in any vLLM release): a KV-load rollback drops the request's in-flight output "

@@ -157,6 +157,30 @@ def _prefill_on_p(sched, rid, prompt):
     raise AssertionError("P never finished the prefill with kv_transfer_params")
 
 
+def _engine_order(sched, iterations, first_step=1):
+    """EngineCore.step_with_batch_queue's order under async scheduling (a batch queue of two): each iteration
+    schedules a step while the scheduler has requests, then hands back the oldest scheduled step's output once two
+    are queued (or once nothing more is scheduled). Yields (iteration, "scheduled" or "output", the scheduler output,
+    its step, the queue of (output, step) newest first, the yielded output already popped); the caller feeds each
+    "output" (``_feed``). Steps are numbered from ``first_step``."""
+    import collections
+
+    queue = collections.deque()
+    step = first_step - 1
+    for i in range(iterations):
+        if sched.has_requests():
+            out = sched.schedule()
+            step += 1
+            queue.appendleft((out, step))
+            yield i, "scheduled", out, step, queue
+            if len(queue) < 2:
+                continue
+        if not queue:
+            return
+        old, s = queue.pop()
+        yield i, "output", old, s, queue
+
+
 def _loaded_on_d(tmp_path, p_req, d_req, prompt_len, max_tokens):
     """P prefills a prompt for a remote decode; D (kv_consumer, kv_load_failure_policy "recompute") allocates the
     blocks the load fills and the load lands. Returns (D's scheduler, D's request)."""

@@ -143,8 +143,6 @@ run: the test asserts on vLLM's block lists which (block, offset) the in-flight 
 REOWN_TEST = '''
 
 def test_a_kv_load_gets_no_block_a_step_in_flight_still_writes(tmp_path):
-    import collections
-
     kw = dict(num_blocks=NUM_BLOCKS, max_model_len=MAX_MODEL_LEN, max_num_seqs=4,
               max_num_batched_tokens=max(MAX_MODEL_LEN, 64))
     p = _scheduler(tmp_path, "kv_producer", **kw)
@@ -152,14 +150,10 @@ def test_a_kv_load_gets_no_block_a_step_in_flight_still_writes(tmp_path):
     stop = 9999
     a = _request(A_REQ, [700 + i for i in range(A_LEN)], A_MAX_TOKENS, stop_token_ids=[stop])
     d.add_request(a)
-    queue = collections.deque()  # (scheduler output, step), newest first
     writes = {}  # step -> {(block, offset)} its forward writes for A (A's own block list, its scheduled positions)
-    processed, step, outputs, b_added = set(), 0, 0, False
-    for _ in range(4 * (A_MAX_TOKENS + 4)):
-        if d.has_requests():
-            out = d.schedule()
-            step += 1
-            queue.appendleft((out, step))
+    processed, outputs, b_added = set(), 0, False
+    for _i, kind, out, step, queue in _engine_order(d, 4 * (A_MAX_TOKENS + 4)):
+        if kind == "scheduled":
             if A_REQ in out.num_scheduled_tokens and A_REQ in d.requests:
                 n, c = out.num_scheduled_tokens[A_REQ], a.num_computed_tokens  # (schedule() advanced it)
                 ids = d.kv_cache_manager.get_block_ids(A_REQ)[0]
@@ -175,17 +169,13 @@ def test_a_kv_load_gets_no_block_a_step_in_flight_still_writes(tmp_path):
                     f"{A_REQ} stopped with those steps in flight and its blocks went back to the pool at once; the "
                     f"NIXL read and that write are unordered (vLLM #37285, fixed by PR #45357)")
                 return
-            if len(queue) < 2:
-                continue
-        if not queue:
-            break
-        old, s = queue.pop()
+            continue
         toks = {}
-        if A_REQ in old.num_scheduled_tokens and A_REQ in d.requests:
+        if A_REQ in out.num_scheduled_tokens and A_REQ in d.requests:
             outputs += 1
-            toks = {A_REQ: stop if outputs == STOP_AT else 900 + s}
-        _feed(d, old, toks)
-        processed.add(s)
+            toks = {A_REQ: stop if outputs == STOP_AT else 900 + step}
+        _feed(d, out, toks)
+        processed.add(step)
         if not b_added and (A_REQ not in d.requests or a.is_finished()):
             prompt = [1700 + i for i in range(B_LEN)]
             params = _prefill_on_p(p, P_REQ, prompt)
@@ -220,8 +210,6 @@ the test asserts on vLLM's block lists which (block, offset) an in-flight step's
 PRUNE_TEST = '''
 
 def test_a_kv_load_gets_no_block_a_step_in_flight_still_reads(tmp_path):
-    import collections
-
     steps = A_MAX_TOKENS
     n_a = _cdiv(A_LEN + steps + 2, BLOCK_SIZE)
     kw = dict(num_blocks=NUM_BLOCKS, max_model_len=n_a * BLOCK_SIZE + 64, max_num_seqs=4,
@@ -230,14 +218,10 @@ def test_a_kv_load_gets_no_block_a_step_in_flight_still_reads(tmp_path):
     d = _scheduler(tmp_path, "kv_consumer", **kw)
     a = _request(A_REQ, [700 + i for i in range(A_LEN)], steps)
     d.add_request(a)
-    queue = collections.deque()  # (scheduler output, step), newest first
     reads = {}  # step -> {(block, offset)} its window reads for A (A's own block list, vLLM's window rule)
-    processed, step, b_added = set(), 0, False
-    for _ in range(6 * steps):
-        if d.has_requests():
-            out = d.schedule()
-            step += 1
-            queue.appendleft((out, step))
+    processed, b_added = set(), False
+    for _i, kind, out, step, queue in _engine_order(d, 6 * steps):
+        if kind == "scheduled":
             if A_REQ in out.num_scheduled_tokens and A_REQ in d.requests:
                 n, c = out.num_scheduled_tokens[A_REQ], a.num_computed_tokens  # (schedule() advanced it)
                 ids = d.kv_cache_manager.get_block_ids(A_REQ)[0]
@@ -263,13 +247,9 @@ def test_a_kv_load_gets_no_block_a_step_in_flight_still_reads(tmp_path):
                 params = _prefill_on_p(p, P_REQ, prompt)
                 d.add_request(_request(B_REQ, prompt, 8, dict(params)))
                 b_added = True
-            if len(queue) < 2:
-                continue
-        if not queue:
-            break
-        old, s = queue.pop()
-        _feed(d, old, {A_REQ: 900 + s} if A_REQ in old.num_scheduled_tokens and A_REQ in d.requests else {})
-        processed.add(s)
+            continue
+        _feed(d, out, {A_REQ: 900 + step} if A_REQ in out.num_scheduled_tokens and A_REQ in d.requests else {})
+        processed.add(step)
     pytest.fail(f"{B_REQ} was never allocated: the situation was not rebuilt")
 '''
 
@@ -298,32 +278,22 @@ reached the output; the failed blocks in invalid_block_ids).
 INFLIGHT_TEST = '''
 
 def test_a_kv_load_rollback_keeps_no_token_of_the_step_in_flight(tmp_path):
-    import collections
-
     d, req = _loaded_on_d(tmp_path, P_REQ, D_REQ, PROMPT_LEN, MAX_TOKENS)
-    queue = collections.deque()  # (scheduler output, step), newest first
-    sampled, step, in_flight, failed = {}, FIRST_STEP - 1, None, set()  # (steps numbered as the trace's)
-    for i in range(STEPS + 3):  # the engine core's order
-        if d.has_requests():
-            out = d.schedule()
-            step += 1
-            queue.appendleft((out, step))
-            if len(queue) < 2:
-                continue
-        if not queue:
-            break
-        old, s = queue.pop()
+    sampled, in_flight, failed = {}, None, set()
+    for i, kind, out, step, queue in _engine_order(d, STEPS + 3, first_step=FIRST_STEP):  # (steps as the trace's)
+        if kind != "output":
+            continue
         toks = {}
-        if D_REQ in old.num_scheduled_tokens:
-            toks = {D_REQ: 5000 + s}  # what the worker sampled for that step
-            sampled[s] = 5000 + s
+        if D_REQ in out.num_scheduled_tokens:
+            toks = {D_REQ: 5000 + step}  # what the worker sampled for that step
+            sampled[step] = 5000 + step
         kvo = {}
         if i == REPORT_AT:  # this output reports the failed blocks; the newer step is in flight
             blocks = list(d.kv_cache_manager.get_block_ids(D_REQ)[0])
             failed = {blocks[j] for j in FAILED_BLOCK_INDEXES if j < len(blocks)}
             kvo["invalid_block_ids"] = failed
             in_flight = queue[-1][1] if queue else None
-        _feed(d, old, toks, force=True, **kvo)
+        _feed(d, out, toks, force=True, **kvo)
     assert in_flight is not None, "no step was in flight at the rollback: the situation was not rebuilt"
     token = sampled.get(in_flight)
     out_ids = list(req.output_token_ids)
