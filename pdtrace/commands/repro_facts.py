@@ -89,7 +89,8 @@ def rollback(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, 
                            f"exists: nothing to rebuild")
     return {**s, "req": f.req, "p_req": _p_of(events, f.req, add), "prompt_len": int(add["prompt_len"]),
             "max_tokens": int(add.get("max_tokens") or 8),
-            "failed_indexes": sorted(set(failed)), "n_blocks": len(blocks)}
+            "failed_indexes": sorted(set(failed)), "n_blocks": len(blocks),
+            "placeholders": int(k.get("placeholders_before") or 0)}
 
 
 def shared_block(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def _provenance(header: dict, c: Any, faults: list[str], vllm: str) -> str:
         said.append(f"The trace's finding came from a LABELLED FAULT put on vLLM {vllm or '?'} ({', '.join(faults)}): "
                     f"that vLLM's own code has the fix, so this test passes on it; it fails on the releases whose own "
                     f"code has the bug (above).")
-    return "\n" + textwrap.fill(" ".join(said), 116) + "\n"
+    return "\n" + textwrap.fill(" ".join(said), 116, break_on_hyphens=False, break_long_words=False) + "\n"
 
 
 def _short(link: str) -> str:
@@ -136,7 +136,7 @@ def _rollback(events: list, header: dict, c: Any, finding: Any, trace: str, vllm
     s = facts.rollback(events, finding, trace, c.n)
     doc, const = _common(s, trace, c, vllm)
     doc.update(req=s["req"], prompt_len=s["prompt_len"], max_tokens=s["max_tokens"], failed=s["failed_indexes"],
-               n_blocks=s["n_blocks"])
+               n_blocks=s["n_blocks"], placeholders=s["placeholders"])
     return _file(tpl_kv.ROLLBACK_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["req"], "PROMPT_LEN": s["prompt_len"],
                                             "MAX_TOKENS": s["max_tokens"], "FAILED_BLOCK_INDEXES": s["failed_indexes"],
                                             **const}, tpl_kv.ROLLBACK_TEST, events, header, c)

@@ -10,7 +10,9 @@ Trace: {trace}
 Root cause {n}: {title}
 Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; D request {req}: a {prompt_len}-token prompt loaded
 from P, max_tokens {max_tokens}; after it ran, block index(es) {failed} of its {n_blocks} KV block(s) were reported
-failed (KVConnectorOutput.invalid_block_ids), kv_load_failure_policy "recompute".
+failed (KVConnectorOutput.invalid_block_ids), kv_load_failure_policy "recompute"; it carried {placeholders} output
+placeholder(s) then. This test rebuilds the step-by-step order (each output fed before the next schedule), where one
+placeholder is left: the same rule, whatever the count (a step in flight in the engine core's order leaves more).
 
 When a running request's loaded blocks are reported invalid, the scheduler cuts its num_computed_tokens back to the
 first failed block (_update_requests_with_invalid_blocks) and recomputes from there. Under async scheduling the
@@ -259,7 +261,8 @@ Trace: {trace}
 Root cause {n}: {title}
 Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; D request {req}: a {prompt_len}-token prompt loaded
 from P, max_tokens {max_tokens}; block index(es) {failed} of its KV blocks reported failed (invalid_block_ids) in the
-output of step {report_step}, with step {in_flight} in flight; kv_load_failure_policy "recompute".
+output of step {report_step}, while step {in_flight} was in flight (the newest step scheduled, which `pdtrace check`
+names as the failure's step); kv_load_failure_policy "recompute".
 
 Under async scheduling the engine core (EngineCore.step_with_batch_queue, a batch queue of two) schedules step n+1
 before it processes step n's output. When step n's output reports a running request's blocks as failed, the
