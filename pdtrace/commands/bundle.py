@@ -135,7 +135,9 @@ def _readme(trace_name: str, header: dict[str, Any], check_status: str, n_findin
     what = ("JSON Lines compressed with zstd: `zstd -dc` or `zstdcat` it for `head` / `jq`; pdtrace reads it "
             "as it is" if zst else "JSON Lines")
     said = "\n".join(ln for c in (causes or []) for ln in textwrap.wrap(c, 90, subsequent_indent="    ", break_on_hyphens=False, break_long_words=False))
-    return f"""pdtrace bug-report bundle
+    # (a trace name longer than the Files column gets a line of its own)
+    name_col = f"{trace_name:<16}" if len(trace_name) <= 16 else f"{trace_name}\n{'':<16}"
+    return _fold(f"""pdtrace bug-report bundle
 =========================
 
 Made {time.strftime('%Y-%m-%d %H:%M:%S %Z')} by `pdtrace bundle` from the trace {trace_name}
@@ -147,7 +149,7 @@ Root causes ({len(causes or [])}; `pdtrace check {trace_name}{lenient}` says the
 
 Files
 -----
-{trace_name:<16} the pdtrace trace itself ({what}: header line, events, footer line;
+{name_col} the pdtrace trace itself ({what}: header line, events, footer line;
                  format: docs/trace-format.md). Re-run everything below from it.
 check.md         `pdtrace check --format markdown` on the trace: the findings, ready to
                  paste into a GitHub issue ({check_status}).
@@ -161,15 +163,30 @@ doctor.txt       `pdtrace doctor` run on the machine that made this bundle: whic
 versions.json    vLLM / torch / NIXL / Python versions from the trace header ("trace")
                  and on the machine that made this bundle ("here").
 README.txt       this file.
-test_cause_N.py  for each root cause `pdtrace repro --cause N` can rebuild (lookahead blocks,
-                 the DFlash window, a KV-load rollback, failed blocks shared through the prefix
-                 cache, a KV load into blocks a step in flight writes or reads, an accepted count
-                 read after row moves, so far): the regression test a fix lands with; runs with pytest and
-                 vLLM alone (`python -m pytest test_cause_N.py`), fails where the bug is.
+test_cause_N.py  for each root cause `pdtrace repro --cause N` can rebuild (lookahead
+                 blocks, the DFlash window, a KV-load rollback, failed blocks shared
+                 through the prefix cache, a KV load into blocks a step in flight writes
+                 or reads, an accepted count read after row moves, so far): the regression
+                 test a fix lands with; runs with pytest and vLLM alone (`python -m pytest
+                 test_cause_N.py`), fails where the bug is.
 
 To look at it yourself: `pdtrace check {trace_name}{lenient}`, `pdtrace view {trace_name}`,
 `pdtrace export {trace_name} --perfetto out.json` (open in https://ui.perfetto.dev).
-"""
+""")
+
+
+def _fold(text: str, width: int = 90) -> str:
+    """Lines over ``width`` wrapped at spaces, continuing at their own indent (URLs and paths kept whole)."""
+    import textwrap
+
+    out = []
+    for ln in text.split("\n"):
+        if len(ln) <= width:
+            out.append(ln)
+            continue
+        indent = ln[:len(ln) - len(ln.lstrip())]
+        out += textwrap.wrap(ln, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
+    return "\n".join(out)
 
 
 def run(trace: Path, output: Path, allow_unredacted: bool = False, lenient: bool = False) -> int:
