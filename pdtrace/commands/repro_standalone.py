@@ -200,7 +200,7 @@ def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: s
              "ASYNC_SCHEDULING": s["async_scheduling"], "MAMBA_CACHE_MODE": mode,
              "UPSTREAM": ", ".join(_short(u) for u in c.upstream) or "seed 004 / vLLM #51571"}
     return (_close(tpl_worker.STALE_DOC.format(**doc), events, header, c, vllm) + tpl.PREAMBLE + f"# recorded: {trace}, root cause {c.n}\n"
-            + _constants(**const) + "\n\ndef _cdiv(a, b):\n    return -(-a // b)\n" + tpl_worker.STALE_TEST)
+            + _constants(**const) + "\n\ndef _cdiv(a, b):\n    return -(-a // b)\n" + tpl_worker.stale_test_text())
 
 
 # mechanism (causes.Cause.mechanism), or class, -> builder; a cause of another mechanism gets one line and exit 2
@@ -230,13 +230,6 @@ REFUSED = {
     "metadata-cleared": "vLLM 0.17.0 fixed it, before every release pdtrace installs, and the order it needs (target "
                         "forward, drafter, clear) is the GPU model runner's",
 }
-
-
-def render(s: dict[str, Any], trace: str, cause: Any, vllm: str) -> str:
-    """The lookahead test for ``s`` (``repro_situation.situation``) of root cause ``cause`` (a ``causes.Cause``)."""
-    doc, const = _common(s, trace, cause, vllm)
-    doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"])
-    return _file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], **const}, tpl.LOOKAHEAD_TEST)
 
 
 def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:

@@ -157,6 +157,13 @@ def _prefill_on_p(sched, rid, prompt):
     raise AssertionError("P never finished the prefill with kv_transfer_params")
 
 
+def _slots(ids, positions):
+    """The (block, offset) pairs that hold ``positions`` in the block list ``ids`` (vLLM's own list, in token order),
+    positions past the list and the null block (id 0: pruned from a sliding window) left out."""
+    return {(ids[q // BLOCK_SIZE], q % BLOCK_SIZE) for q in positions
+            if q // BLOCK_SIZE < len(ids) and ids[q // BLOCK_SIZE]}
+
+
 def _engine_order(sched, iterations, first_step=1):
     """EngineCore.step_with_batch_queue's order under async scheduling (a batch queue of two): each iteration
     schedules a step while the scheduler has requests, then hands back the oldest scheduled step's output once two

@@ -159,10 +159,10 @@ def test_a_kv_load_gets_no_block_a_step_in_flight_still_writes(tmp_path):
             if A_REQ in out.num_scheduled_tokens and A_REQ in d.requests:
                 n, c = out.num_scheduled_tokens[A_REQ], a.num_computed_tokens  # (schedule() advanced it)
                 ids = d.kv_cache_manager.get_block_ids(A_REQ)[0]
-                writes[step] = {(ids[q // BLOCK_SIZE], q % BLOCK_SIZE) for q in range(c - n, c)}
+                writes[step] = _slots(ids, range(c - n, c))
             if b_added and B_REQ in d.requests and d.kv_cache_manager.get_block_ids(B_REQ)[0]:
                 b_ids = list(d.kv_cache_manager.get_block_ids(B_REQ)[0])
-                loads = {(b_ids[q // BLOCK_SIZE], q % BLOCK_SIZE) for q in range(B_LEN)}  # what NIXL fills
+                loads = _slots(b_ids, range(B_LEN))  # what NIXL fills
                 pending = sorted(s for _o, s in queue if s not in processed and s in writes)
                 hit = sorted(loads & set().union(*(writes[s] for s in pending))) if pending else []
                 assert not hit, (
@@ -228,12 +228,10 @@ def test_a_kv_load_gets_no_block_a_step_in_flight_still_reads(tmp_path):
                 n, c = out.num_scheduled_tokens[A_REQ], a.num_computed_tokens  # (schedule() advanced it)
                 ids = d.kv_cache_manager.get_block_ids(A_REQ)[0]
                 first = max(c - n - SLIDING_WINDOW + 1, 0)  # the window of its first query position
-                reads[step] = {(ids[q // BLOCK_SIZE], q % BLOCK_SIZE) for q in range(first, c)
-                               if q // BLOCK_SIZE < len(ids) and ids[q // BLOCK_SIZE]}
+                reads[step] = _slots(ids, range(first, c))
             if b_added and B_REQ in d.requests and d.kv_cache_manager.get_block_ids(B_REQ)[0]:
                 b_ids = list(d.kv_cache_manager.get_block_ids(B_REQ)[0])
-                loads = {(b_ids[q // BLOCK_SIZE], q % BLOCK_SIZE) for q in range(B_LEN)
-                         if q // BLOCK_SIZE < len(b_ids) and b_ids[q // BLOCK_SIZE]}  # what NIXL fills
+                loads = _slots(b_ids, range(B_LEN))  # what NIXL fills
                 pending = sorted(s for _o, s in queue if s not in processed and s in reads and s != step)
                 hit = sorted(loads & set().union(*(reads[s] for s in pending))) if pending else []
                 assert not hit, (

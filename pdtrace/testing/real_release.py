@@ -46,7 +46,6 @@ never looks at a trace or a detector:
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import math
@@ -172,24 +171,11 @@ def release_acc_block() -> tuple[Any, str]:
     import numpy as np
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    src = textwrap.dedent(inspect.getsource(inspect.unwrap(GPUModelRunner._prepare_inputs)))
-    fn = ast.parse(src).body[0]
-    # each statement's source with its first line at the statement's own column, so that dedent
-    # keeps the relative indentation of an `else:` under its `if`
-    # by the statements' names and calls, not their text: 0.30+ name the correction kernel in a comment inside the
-    # `if needs_cpu_accepted_counts:` statement, which a text match dropped whole (no read at all, in align mode too)
-    keep = []
-    for s in fn.body:
-        names = {getattr(n, "attr", None) or getattr(n, "id", None) for n in ast.walk(s)}
-        if not any(x and "num_accepted_tokens" in x for x in names):
-            continue
-        if any(isinstance(n, ast.Call) and "update_num_computed_tokens_for_batch_change" in ast.unparse(n.func)
-               for n in ast.walk(s)):
-            continue
-        keep.append(" " * s.col_offset + (ast.get_source_segment(src, s) or ""))
-    if not keep:
+    from pdtrace.commands.repro_templates_worker import accepted_count_statements
+
+    body = accepted_count_statements(inspect.getsource(inspect.unwrap(GPUModelRunner._prepare_inputs)))
+    if not body:
         raise RuntimeError("this vLLM's _prepare_inputs has no accepted-count statements")
-    body = textwrap.dedent("\n".join(keep))
     code = "def block(self, num_reqs, prev_req_id_to_index):\n" + textwrap.indent(body, "    ") + "\n"
     ns: dict[str, Any] = {"np": np}
     exec(compile(code, "<_prepare_inputs accepted-count statements of vLLM " + vllm_version() + ">", "exec"), ns)
