@@ -83,7 +83,7 @@ def prune_in_flight(*, prompt_len: int = 40, window: int = 32, block_size: int =
     handed: list[int] = []
     with recording(rec):
         a = _make_request(a_req, [700 + i for i in range(prompt_len)], steps, None, block_size)
-        rec.emit("mark", label="scenario", sim=True, detail=f"prune_in_flight vllm={vllm.__version__} (engine order)"
+        rec.emit("mark", label="scenario", sim=True, detail="prune_in_flight (engine order)"
                  + (": LABELLED FAULT, PR #47728 reverted (pruning by the optimistic count)" if fault else ""))
         if fault:
             rec.emit("fault.inject", rule="pr47728-reverted", sim=True, inst="D",

@@ -88,7 +88,7 @@ def reown_in_flight(*, prompt_len: int = 40, b_prompt_len: int = 40, stop_at: in
     in_flight = b_step = -1
     reowned: list[int] = []
     with recording(rec):
-        rec.emit("mark", label="scenario", sim=True, detail=f"reown_in_flight vllm={vllm.__version__} (engine order)"
+        rec.emit("mark", label="scenario", sim=True, detail="reown_in_flight (engine order)"
                  + (": LABELLED FAULT, PR #45357 reverted (Scheduler.defer_block_free = False)" if fault else ""))
         if fault:
             rec.emit("fault.inject", rule="pr45357-reverted", sim=True, inst="D",
