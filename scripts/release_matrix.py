@@ -177,6 +177,9 @@ def document(runs: list[tuple[str, dict, dict]]) -> str:
                       f"built: {', '.join(z.get('engine_core') or []) or 'none'}."]
             if z.get("not_built"):
                 parts += [""] + [f"- {fam} not built here: {_why(why)}" for fam, why in z["not_built"].items()]
+            if z.get("drafter_not_built"):  # (issue 59: checked on the target's layers alone)
+                parts += [""] + [f"- {fam}'s drafter not built here (checked on the target's layers alone): {_why(why)}"
+                                 for fam, why in z["drafter_not_built"].items()]
         if res and res.get("families"):
             parts += ["", "| scenarios of | scenarios | flagged | expected |", "| --- | --- | --- | --- |"]
             for name in FAMILIES:

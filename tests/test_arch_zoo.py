@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 KINDS = {  # family -> {group kind: (how many groups, window)} its architecture gives
     "llama3": {"FullAttentionSpec": (1, 0)},
     "gemma3": {"SlidingWindowSpec": (5, 64), "FullAttentionSpec": (1, 0)},
-    "gpt-oss": {"SlidingWindowSpec": (1, 128), "FullAttentionSpec": (1, 0)},
+    "gpt-oss": {"SlidingWindowSpec": (1, 128), "FullAttentionSpec": (2, 0)},  # (its EAGLE layer's group: below)
     "llama4": {"ChunkedLocalAttentionSpec": (3, 64), "FullAttentionSpec": (1, 0)},
     "deepseek-v3": {"MLAAttentionSpec": (1, 0)},
-    "qwen3-next": {"MambaSpec": (3, 0), "FullAttentionSpec": (1, 0)},
+    "qwen3-next": {"MambaSpec": (2, 0), "FullAttentionSpec": (1, 0)},  # (3 GDN layers in groups of 2, as the
+    # full-attention group holds 2 with the MTP layer: vLLM groups layers by the largest group, padding one)
     "nemotron-h": {"MambaSpec": (1, 0), "FullAttentionSpec": (1, 0)},
 }
 
@@ -61,6 +62,37 @@ def test_the_kv_cache_groups_are_the_architectures(zoo):
         assert set(got) == set(want), (f["family"], got)
         for kind, (n, window) in want.items():
             assert len(got[kind]) == n and set(got[kind]) == {window}, (f["family"], kind, got[kind])
+
+
+# family -> (the drafter's attention layers, the kinds of the groups that hold them, whether they have a
+# group of their own). Layer counts from the configs (zoo_models: EAGLE-1's one layer, DeepSeek-V3's
+# num_nextn_predict_layers, Qwen3-Next's mtp_num_hidden_layers, a draft model's own layers); placement as
+# vLLM 0.32.0's own `LLM()` placed it on CPU (issue 59's note: gpt-oss's EAGLE layer in a group of its own,
+# DeepSeek-V3's MTP layer in the MLA group, Qwen3-Next's in the full-attention group, a draft model's layers
+# beside the target's), not from pdtrace.
+DRAFTERS = {
+    "llama3": (1, {"FullAttentionSpec"}, False),
+    "gemma3": (6, {"SlidingWindowSpec", "FullAttentionSpec"}, False),
+    "gpt-oss": (1, {"FullAttentionSpec"}, True),
+    "llama4": (4, {"ChunkedLocalAttentionSpec", "FullAttentionSpec"}, False),
+    "deepseek-v3": (1, {"MLAAttentionSpec"}, False),
+    "qwen3-next": (1, {"FullAttentionSpec"}, False),
+    "nemotron-h": (0, set(), False),  # ngram: no drafter layers
+}
+
+
+def test_the_drafters_layers_are_built_and_grouped_as_vllm_serves_them(zoo):
+    """Issue 59: the drafter's own layers (built by the proposer's `_get_model`, zoo_drafter) sit in the KV cache
+    groups vLLM gives them, and every family with them is checked with no finding where vLLM was right
+    (test_every_family_... above)."""
+    _rc, fams, _s = zoo
+    for f in fams:
+        n, kinds, own = DRAFTERS[f["family"]]
+        assert f["drafter"] == {"layers": n, "not_built": None}, f
+        holding = [g for g in f["kv_cache_groups"] if g["drafter_layers"]]
+        assert sum(g["drafter_layers"] for g in holding) == n, f
+        assert {g["kind"] for g in holding} == kinds, f
+        assert any(g["layers"] == g["drafter_layers"] for g in holding) == own, f
 
 
 def test_the_window_families_are_exercised_by_the_fault(zoo):

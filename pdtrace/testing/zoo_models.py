@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+PROMPTS = (20, 64, 100, 128, 200, 255)  # the zoo's prompt lengths: below and past every window, block-aligned and not
+
 _COMMON = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 2048,
            "rms_norm_eps": 1e-6, "torch_dtype": "float32", "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
            "tie_word_embeddings": False}
