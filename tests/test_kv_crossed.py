@@ -106,7 +106,7 @@ def test_the_drafters_groups_and_the_transfer_groups_are_recorded():
 
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    from hooks.kv_layout import group_layout
+    from pdtrace.hooks.kv_layout import group_layout  # (not bare `hooks`: bench/hooks.py shadows it once a test puts bench/ on sys.path)
 
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=8, dtype=__import__("torch").float32)
     target = KVCacheGroupSpec(["model.layers.0.self_attn"], spec)
