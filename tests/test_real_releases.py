@@ -200,7 +200,10 @@ def test_entry_point_prints_one_json_line(tmp_path):
 #   by the processed count (PR #47728; the matrix's "KV load into a sliding-window block a step in flight reads");
 # - the accepted-count samples (a hybrid model's count read after row moves): seed 004's outside align mode, 0.19.0-
 #   0.23.0 (0.24.0 skips the CPU read under async scheduling); #51571's in align mode (the live GPU recording), open:
-#   every release (0.19.1-0.23.0 by seed 004's read, 0.24.0 on by the gather through prev_positions).
+#   every release (0.19.1-0.23.0 by seed 004's read, 0.24.0 on by the gather through prev_positions);
+# - the drafter-group sample (vLLM #54926's shape): the test rebuilds the recorded layout, the drafter's group left out
+#   of the transfer; KVCacheGroupSpec has enable_kv_transfer from 0.30.0 (skips before: every group transfers), and
+#   every release that has it still counts the loaded tokens computed for that group.
 REPRO = {  # sample -> (releases failing, releases skipping)
     "pdtrace/samples/demo_lookahead_misalignment.jsonl": ({"0.23.0", "0.24.0"}, set()),
     "sample_traces/dflash_window_buggy.jsonl": ({"0.20.0", "0.22.1"}, {"0.19.1"}),
@@ -214,6 +217,9 @@ REPRO = {  # sample -> (releases failing, releases skipping)
                                                      set()),
     "sample_traces/stale_read_rowmoves_buggy.jsonl": ({"0.19.1", "0.20.0", "0.22.1", "0.23.0"}, set()),
     "sample_traces/live_gpu_race51571_v1_bug.jsonl.zst": ({"ALL"}, set()),
+    "sample_traces/kv_never_crossed_drafter_group_buggy.jsonl": ({"0.30.0", "0.32.0", "0.33.0"},
+                                                                 {"0.19.1", "0.20.0", "0.22.1", "0.23.0", "0.24.0",
+                                                                  "0.25.0", "0.28.0"}),
 }
 REPRO_SAYS = {
     "demo_lookahead_misalignment": "P handed D blocks [1, 2] for 16 computed tokens",
@@ -228,6 +234,8 @@ REPRO_SAYS = {
                                 "of prune-A, still in flight",
     "stale_read_rowmoves_buggy": "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'none'",
     "live_gpu_race51571_v1_bug": "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'align'",
+    "kv_never_crossed_drafter_group_buggy": "D counts 44 of draft-0-D's 45 prompt tokens computed after the load, for "
+                                            "every group, but its block(s) [4, 5, 6]",
 }
 
 

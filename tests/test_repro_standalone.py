@@ -167,6 +167,20 @@ DROP_IN_FLIGHT_FIX = _on_invalid_blocks(
     ["r.drop_stale_output = True", "r.num_stale_output_tokens = r.num_in_flight_tokens",
      "r.num_output_placeholders = 0"])
 
+EVERY_GROUP_TRANSFERS = '''"""LABELLED FIX (a fixture): every KV cache group transfers, the drafter's too, as vLLM 0.32.0's and 0.33.0's
+own layouts are built (enable_kv_transfer is off only for HiSparse's derived groups there):
+KVCacheConfig.transfer_group_ids is every group."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def every_group_transfers(monkeypatch):
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    monkeypatch.setattr(KVCacheConfig, "transfer_group_ids",
+                        property(lambda self: tuple(range(len(self.kv_cache_groups)))))
+'''
+
 # sample -> (conftest or None, expected outcome, what the failure message says): vLLM 0.32.0 has DFlash's fix and
 # carries #49250 and the shared-block read (open upstream)
 CLASSES = [
@@ -195,6 +209,12 @@ CLASSES = [
     ("kv_prune_in_flight_buggy", "fault", OPTIMISTIC_PRUNE, "failed",
      "prune-B was handed blocks [1, 2] to load 32 prompt tokens from P while step(s) [24] of prune-A, still in "
      "flight (their outputs not processed), read (block, offset) [(2, 15)]"),
+    # the drafter's group left out of the transfer (vLLM #54926's shape): the test rebuilds the recorded layout (a
+    # labelled fault on 0.32.0), so it fails on 0.32.0; with every group transferring it passes
+    ("kv_never_crossed_drafter_group_buggy", "plain", None, "failed",
+     "group 1, the drafter's group (is_eagle_group), layers ['draft_model.layers.0.self_attn.attn']: D counts 44 of "
+     "draft-0-D's 45 prompt tokens computed after the load, for every group, but its block(s) [4, 5, 6]"),
+    ("kv_never_crossed_drafter_group_buggy", "fix", EVERY_GROUP_TRANSFERS, "passed", ""),
     # the worker-side class: seed 004's read (fixed in 0.24.0: no CPU read outside align mode) and vLLM #51571's
     # (open: the gather through prev_positions after the copy landed), from the live GPU recording
     ("stale_read_rowmoves_buggy", "plain", None, "passed", ""),
@@ -235,9 +255,25 @@ def test_each_class_fails_with_the_bug_and_passes_without_it(tmp_path):
 
 
 def test_a_cause_of_another_class_or_a_damaged_trace_is_one_line_and_exit_2(tmp_path):
-    r = _pdtrace("repro", str(ROOT / "sample_traces" / "kv_never_crossed_drafter_group_buggy.jsonl"), "--cause", "1",
-                 "-o", str(tmp_path / "t.py"))
-    assert r.returncode == 2 and "cannot be rebuilt yet" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gen_trace import generate  # (a trace with every bug class: an EAGLE-3 drafter window among them)
+
+    generate(str(tmp_path / "gen.jsonl"), 20000, seed=0)
+    said = []
+    for n in range(1, 7):
+        r = _pdtrace("repro", str(tmp_path / "gen.jsonl"), "--cause", str(n), "-o", str(tmp_path / f"g{n}.py"))
+        assert r.returncode in (0, 2) and "Traceback" not in r.stderr, r.stderr
+        if r.returncode == 2:
+            assert r.stderr.count("\n") == 1 and not (tmp_path / f"g{n}.py").exists(), r.stderr
+            said.append(r.stderr)
+    assert any("cannot be rebuilt yet" in x for x in said), said
+    # the drafter-group sample with D's transfer groups cut out of its sched.config: no rule names the mechanism, the
+    # KV invariant's cause (a group no load planned into) is not rebuilt yet
+    lines = (ROOT / "sample_traces" / "kv_never_crossed_drafter_group_buggy.jsonl").read_text().splitlines()
+    (tmp_path / "nogroups.jsonl").write_text("\n".join(x.replace(',"transfer_group_ids":[0]', "") for x in lines) + "\n")
+    r = _pdtrace("repro", str(tmp_path / "nogroups.jsonl"), "--lenient", "--cause", "1", "-o", str(tmp_path / "t.py"))
+    assert r.returncode == 2 and "kv-invariant/not-loaded) cannot be rebuilt yet" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and not (tmp_path / "t.py").exists(), r.stderr
     # a cause outside vLLM (the router dropped P's params): said so, not "yet"
     r = _pdtrace("repro", str(ROOT / "sample_traces" / "kv_never_crossed_dropped_params_buggy.jsonl"), "--cause", "1",
                  "-o", str(tmp_path / "t.py"))

@@ -166,7 +166,8 @@ README.txt       this file.
 test_cause_N.py  for each root cause `pdtrace repro --cause N` can rebuild (lookahead
                  blocks, the DFlash window, a KV-load rollback, failed blocks shared
                  through the prefix cache, a KV load into blocks a step in flight writes
-                 or reads, an accepted count read after row moves, so far): the regression
+                 or reads, the drafter's KV cache group left out of the transfer, an
+                 accepted count read after row moves, so far): the regression
                  test a fix lands with; runs with pytest and vLLM alone (`python -m pytest
                  test_cause_N.py`), fails where the bug is.
 

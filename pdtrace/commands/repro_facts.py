@@ -203,3 +203,26 @@ def in_flight_token(events: list[dict], finding: Any, trace: str, n: int) -> dic
                            f"engine order cannot be rebuilt")
     return {**s, "report_at": steps.index(rb), "in_flight": int(fl), "report_step": int(fl) - 1, "first_step": steps[0],
             "steps": max(10, steps.index(rb) + 8)}
+
+
+def drafter_group(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """The drafter's KV cache group left out of the transfer groups on a loading D (vLLM #54926's shape): D's recorded
+    groups (layers, the drafter's mark, whether each transfers) and the request P prefilled for it."""
+    f = _need(finding, trace, n)
+    conf = _first(events, "sched.config", inst=f.inst) or {}
+    s = _config(events, f.inst, trace, n)
+    kinds, sizes = s["group_kinds"], s["block_sizes"]
+    transfer, drafter = conf.get("transfer_group_ids"), set(conf.get("draft_groups") or [])
+    if transfer is None:
+        raise PdtraceError(f"{trace}: cause {n}: D's sched.config names no transfer_group_ids: the trace does not say "
+                           f"which KV cache groups transfer")
+    if set(kinds) != {"FullAttentionSpec"} or len(set(sizes)) != 1:
+        raise PdtraceError(f"{trace}: cause {n}: D's KV cache groups are {', '.join(kinds)} with block sizes {sizes}: "
+                           f"repro rebuilds full-attention groups of one block size so far")
+    layers = {int(g): list(ls) for g, ls in zip(conf.get("draft_groups") or [], conf.get("draft_layers") or [])}
+    groups = [{"layers": layers.get(g) or [f"model.layers.{g}.self_attn.attn"], "eagle": g in drafter,
+               "transfer": g in set(transfer)} for g in range(len(kinds))]
+    add = _added(events, f.req, f.inst, trace, n)
+    # (one block size and kind for the constants every test has; the groups themselves go in GROUPS)
+    return {**s, "block_sizes": sizes[:1], "group_kinds": kinds[:1], "groups": groups, "req": f.req,
+            "p_req": (f.data or {}).get("p_req") or f"{f.req}-P", "prompt_len": int(add["prompt_len"])}

@@ -10,7 +10,8 @@ passes where that bug is fixed.
 Rebuilt so far (``BUILDERS``, by the root cause's mechanism): lookahead-block-misalignment (vLLM #44151), the DFlash
 drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138) or keeps the token
 of the step in flight, failed blocks shared through D's prefix cache read before they are recomputed, the KV
-invariant's in-flight write and read (vLLM #37285, #47282), and (worker side, a faithful minimal caller) an
+invariant's in-flight write and read (vLLM #37285, #47282), the drafter's KV cache group left out of the transfer
+(vLLM #54926's shape), and (worker side, a faithful minimal caller) an
 accepted-token count read after InputBatch row moves (seed 004, vLLM #51571). Some causes are refused with their
 reason (``REFUSED``). Every other cause gets one line saying so and exit
 2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
@@ -72,7 +73,7 @@ def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str, window: int = 
     return doc, const
 
 
-def _provenance(header: dict, c: Any, faults: list[str], vllm: str) -> str:
+def _provenance(header: dict, c: Any, faults: list[str], vllm: str, fault_words: str = "") -> str:
     """Where the trace came from, the upstream links `check` names, and a labelled fault's warning: the paragraph
     that closes a written test's docstring."""
     import textwrap
@@ -83,7 +84,10 @@ def _provenance(header: dict, c: Any, faults: list[str], vllm: str) -> str:
             + (f" on host {header['host']!r}" if header.get("host") else "") + "."]
     if c.upstream:
         said.append("Upstream, as `pdtrace check` names it: " + ", ".join(c.upstream) + ".")
-    if faults:
+    if faults and fault_words:  # (a class whose fault made the recorded layout, which the test rebuilds)
+        said.append(f"The trace's layout came from a LABELLED FAULT put on vLLM {vllm or '?'} ({', '.join(faults)}): "
+                    + fault_words)
+    elif faults:
         said.append(f"The trace's finding came from a LABELLED FAULT put on vLLM {vllm or '?'} ({', '.join(faults)}): "
                     f"that vLLM's own code has the fix, so this test passes on it; it fails on the releases whose own "
                     f"code has the bug (above).")
@@ -102,7 +106,7 @@ def _faults(events: list) -> list[str]:
 def _close(doc_text: str, events: list, header: dict, c: Any, vllm: str) -> str:
     """The docstring with the provenance paragraph before its closing quotes."""
     head, _, _ = doc_text.rstrip().rpartition('"""')
-    return head + _provenance(header, c, _faults(events), vllm) + '"""\n'
+    return head + _provenance(header, c, _faults(events), vllm, LAYOUT_FAULTS.get(c.mechanism, "")) + '"""\n'
 
 
 def _file(doc_tpl: str, doc: dict[str, Any], const: dict[str, Any], test: str, events: list = (), header: Any = None,
@@ -188,6 +192,28 @@ def _prune(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: s
         "B_LEN": s["b_len"], "NUM_BLOCKS": s["num_blocks"], **const}, tpl_kv.PRUNE_TEST, events, header, c)
 
 
+# mechanism -> what a labelled fault in its trace means, where the fault made the layout the test rebuilds (so the
+# test fails on the trace's own vLLM too)
+LAYOUT_FAULTS = {
+    "never-crossed/drafter-group": "vLLM 0.32.0's and 0.33.0's own builders leave no drafter group out of the transfer (vLLM main's "
+                                   "layouts for draft-model groups do, #54926). This test rebuilds the recorded layout, "
+                                   "so it fails on that vLLM too: what it tests is how the scheduler and the connector "
+                                   "treat such a layout.",
+}
+
+
+def _drafter_group(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.drafter_group(events, finding, trace, c.n)
+    doc, const = _common(s, trace, c, vllm)
+    words = "\n".join(f"- group {g}: {', '.join(x['layers'])}" + (" (the drafter's)" if x["eagle"] else "")
+                       + (", transfers" if x["transfer"] else ", left out of the transfer")
+                       for g, x in enumerate(s["groups"]))
+    doc.update(req=s["req"], p_req=s["p_req"], prompt_len=s["prompt_len"], groups_words=words)
+    return _file(tpl_kv.DRAFTER_GROUP_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["req"], "PROMPT_LEN": s["prompt_len"],
+                                                 "GROUPS": s["groups"], **const},
+                 tpl_kv.DRAFTER_GROUP_TEST, events, header, c)
+
+
 def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.stale_read(events, finding, trace, c.n, c.mechanism)
     mode = s["mamba_cache_mode"]
@@ -212,11 +238,13 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "kv-load/in-flight-token": _inflight,
     "kv-invariant/in-flight-write": _reown,
     "kv-invariant/in-flight-read": _prune,
+    "never-crossed/drafter-group": _drafter_group,
     "stale-accepted-count-read": _stale,  # (by class: every mechanism is a read after row moves, or refused)
 }
 REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load rollback's placeholders and its " \
           "step in flight (vLLM #49250), failed blocks shared through the prefix cache, a KV load into blocks a step in flight writes " \
-          "(#37285) or reads (#47282), an accepted count read after row moves (seed 004, #51571)"
+          "(#37285) or reads (#47282), the drafter's KV cache group left out of the transfer (#54926's shape), an " \
+          "accepted count read after row moves (seed 004, #51571)"
 
 
 # why a mechanism is not rebuilt, where there is more to say than "not yet" (one line each)
@@ -254,10 +282,12 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
     except OSError as exc:
         raise PdtraceError(f"{out}: cannot write the test: {exc.strerror or exc}") from None
     faults = _faults(t.events)
+    said = (f" (the trace's layout came from a labelled fault, {', '.join(faults)}: the test rebuilds that layout, so "
+            f"it fails on its own vLLM too)" if c.mechanism in LAYOUT_FAULTS else
+            f" (the trace's finding came from a labelled fault, {', '.join(faults)}: its own vLLM has the fix)")
     print(f"wrote {out}: cause {n} ({c.kind}), request {c.first.get('req')}: a standalone vLLM test (pytest and "
           f"vLLM only); it fails on the releases whose code has this bug and passes where it is fixed"
-          + (f" (the trace's finding came from a labelled fault, {', '.join(faults)}: its own vLLM has the fix)"
-             if faults else ""))
+          + (said if faults else ""))
     return 0
 
 

@@ -33,10 +33,11 @@ def _model_dir(tmp_path, name, cfg):
 
 
 def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_tokens=1024, num_blocks=256,
-               max_model_len=2048, max_num_seqs=8):
+               max_model_len=2048, max_num_seqs=8, kv_groups=None):
     """vLLM's own Scheduler (AsyncScheduler when the trace's was async), kv_role ``role``, the NIXL connector's
     scheduler side, one KV cache group of the recorded block size (full attention, or a sliding window of
-    SLIDING_WINDOW tokens); no model weights."""
+    SLIDING_WINDOW tokens), or ``kv_groups`` (full attention: each group's layers, whether vLLM marks it the
+    drafter's, whether it transfers); no model weights."""
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, SpeculativeConfig, VllmConfig)
@@ -76,8 +77,15 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
     vc.cache_config.num_gpu_blocks = num_blocks
     common = dict(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=32, dtype=torch.float32)
     spec_ = SlidingWindowSpec(**common, sliding_window=SLIDING_WINDOW) if SLIDING_WINDOW else FullAttentionSpec(**common)
-    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(
-        ["model.layers.0.self_attn.attn"], spec_)])
+    groups = [KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec_)]
+    if kv_groups:
+        import dataclasses
+
+        has = {f.name for f in dataclasses.fields(KVCacheGroupSpec)}  # (the flags, where this vLLM has them)
+        groups = [KVCacheGroupSpec(list(g["layers"]), FullAttentionSpec(**common), **{
+            k: v for k, v in (("is_eagle_group", g["eagle"]), ("enable_kv_transfer", g["transfer"])) if k in has})
+            for g in kv_groups]
+    kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     if ASYNC_SCHEDULING:
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler as cls
     else:

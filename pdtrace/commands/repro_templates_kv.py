@@ -1,6 +1,7 @@
 """The text of `pdtrace repro --cause N`'s tests for the KV-load failure classes (issue 61): a KV load rollback that
 leaves async output placeholders (vLLM #49250 / #45138), and failed blocks shared through D's prefix cache read before
-they are rewritten. Plain Python over ``repro_templates.HELPERS``; this module holds text only."""
+they are rewritten; the KV invariant's in-flight write and read (vLLM #37285, #47282); the drafter's KV cache group
+left out of the transfer (vLLM #54926's shape). Plain Python over ``repro_templates.HELPERS``; this module holds text only."""
 
 from __future__ import annotations
 
@@ -302,4 +303,69 @@ def test_a_kv_load_rollback_keeps_no_token_of_the_step_in_flight(tmp_path):
         f"{D_REQ}'s block(s) {sorted(failed)} were reported failed while step {in_flight} was in flight; that step ran "
         f"on the failed KV, and its token {token} is in the output after the rollback: {out_ids} (position "
         f"{out_ids.index(token)}); nothing marked the in-flight output stale (kv-load-failure-recovery, vLLM #49250)")
+'''
+
+DRAFTER_GROUP_DOC = '''"""Regression test for the drafter's KV cache group left out of a P/D transfer (kv-never-crossed, vLLM #54926's shape), written by `pdtrace repro` on {created}.
+
+Trace: {trace}
+Root cause {n}: {title}
+Recorded: vLLM {vllm}; {method_words}; block size {bs}; async scheduling {async_}; request {req}, a
+prompt of {prompt_len} tokens that P ({p_req}) prefilled for D. D's KV cache groups:
+{groups_words}
+
+D, a NIXL kv_consumer, loads the prompt's KV from P before its first forward. Its scheduler counts the loaded tokens
+computed for every KV cache group (get_num_new_matched_tokens, allocate_slots); the connector loads only into the
+groups of KVCacheConfig.transfer_group_ids (the groups built with enable_kv_transfer). So every group a request's
+computed positions sit in must be among the groups the connector loads into: a group left out holds blocks that no
+transfer and no forward on D wrote, and the layers of that group attend to them. When it is the drafter's group
+(is_eagle_group), the target's tokens stay right (it verifies every draft) while the drafter proposes from garbage
+and acceptance falls (vLLM #54926: draft-model groups left out of NIXL's transfer groups, Gemma 4 with MTP). This
+test builds D's groups as recorded, flags included, so it fails on every vLLM that honours the flag (0.30.0 on) and
+counts the tokens computed anyway; before 0.30.0 KVCacheGroupSpec has no enable_kv_transfer, every group transfers,
+and it skips.
+
+Runs with pytest and vLLM alone, on CPU: the real Scheduler, KV cache manager and NixlConnector scheduler side of P
+and D over the recorded groups, no model weights; the sampled tokens and the load's landing are fed back by hand.
+"""
+'''
+
+DRAFTER_GROUP_TEST = '''
+
+def test_d_loads_every_kv_cache_group_it_counts_computed(tmp_path):
+    import dataclasses
+
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+
+    if not all(g["transfer"] for g in GROUPS) and "enable_kv_transfer" not in {
+            f.name for f in dataclasses.fields(KVCacheGroupSpec)}:
+        pytest.skip("this vLLM has no KVCacheGroupSpec.enable_kv_transfer: every group transfers, so the recorded "
+                    "layout (a group left out of the transfer) cannot be built")
+    p = _scheduler(tmp_path, "kv_producer", kv_groups=GROUPS)
+    d = _scheduler(tmp_path, "kv_consumer", kv_groups=GROUPS)
+    prompt = _prompt(PROMPT_LEN)
+    params = _prefill_on_p(p, P_REQ, prompt)
+    req = _request(D_REQ, prompt, 4, dict(params))
+    d.add_request(req)
+    out, _ = _step(d)  # D allocates the blocks the load fills (WAITING_FOR_REMOTE_KVS)
+    recv = getattr(out.kv_connector_metadata, "reqs_to_recv", None) or {}
+    assert D_REQ in recv, "D's connector planned no load for the request: the situation was not rebuilt"
+    into = [list(x) for x in recv[D_REQ].local_block_ids]
+    if into and not isinstance(recv[D_REQ].local_block_ids[0], (list, tuple)):  # (one list before per-group lists)
+        into = [list(recv[D_REQ].local_block_ids)]
+    kvc = d.kv_cache_manager.kv_cache_config if hasattr(d.kv_cache_manager, "kv_cache_config") else d.kv_cache_config
+    transfer = list(getattr(kvc, "transfer_group_ids", range(len(kvc.kv_cache_groups))))
+    loaded = {g: set(into[i]) for i, g in enumerate(transfer) if i < len(into)}
+    _step(d, finished_recving={D_REQ})  # the load lands
+    out = d.schedule()  # D takes the request up: its computed count is the load's, plus what it schedules now
+    computed = req.num_computed_tokens - out.num_scheduled_tokens.get(D_REQ, 0)
+    assert computed > 0, "D counted nothing computed after the load: the situation was not rebuilt"
+    for g, ids in enumerate(d.kv_cache_manager.get_block_ids(D_REQ)):
+        held = [b for b in list(ids)[:_cdiv(computed, BLOCK_SIZE)] if b]  # D's blocks of the computed positions
+        missing = [b for b in held if b not in loaded.get(g, set())]
+        who = "the drafter's group (is_eagle_group)" if GROUPS[g]["eagle"] else "a target group"
+        assert not missing, (
+            f"group {g}, {who}, layers {GROUPS[g]['layers']}: D counts {computed} of {D_REQ}'s {PROMPT_LEN} prompt "
+            f"tokens computed after the load, for every group, but its block(s) {missing} holding positions "
+            f"0..{computed - 1} in this group are not among the blocks the connector loads into ({into}, transfer "
+            f"groups {transfer}): nothing wrote them, and the layers of this group attend to them (vLLM #54926)")
 '''
