@@ -2,7 +2,8 @@
 # The architecture zoo (issue 47): bash scripts/arch_zoo.sh [--live] [--vllm VERSION] [--markdown] [FAMILY ...]
 #
 # FAMILY: llama3 gemma3 gpt-oss llama4 deepseek-v3 qwen3-next nemotron-h (default: all). Needs vLLM
-# (.venv from scripts/install.sh, or --vllm). One JSON line per model family (pdtrace/testing/zoo_models.py):
+# (.venv from scripts/install.sh --live: plain install.sh lacks compressed-tensors, which Qwen3-Next's GDN
+# layer imports; or --vllm). One JSON line per model family (pdtrace/testing/zoo_models.py):
 # the KV cache groups vLLM builds from the model's own layers,
 # P/D requests through vLLM's real scheduler side on exactly that config, with and without the
 # labelled pre-#44151 P rule, pdtrace's findings against an oracle from vLLM's own block lists

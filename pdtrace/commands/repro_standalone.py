@@ -42,8 +42,40 @@ def _config(name: str) -> Any:
     return json.loads((_CONFIGS / name / "config.json").read_text())
 
 
+WIDTH = 88  # vLLM's line length (ruff): the written file's docstring and constants keep to it
+
+
 def _constants(**kv: Any) -> str:
-    return "".join(f"{k} = {v!r}\n" for k, v in kv.items())
+    import pprint
+
+    out = []
+    for k, v in kv.items():
+        lead = f"{k} = "
+        text = pprint.pformat(v, width=WIDTH - len(lead), compact=True, sort_dicts=False)
+        out.append(lead + text.replace("\n", "\n" + " " * len(lead)) + "\n")
+    return "".join(out)
+
+
+_ITEM = ("Trace:", "Root cause", "Recorded:", "- ")
+
+
+def _reflow(doc_text: str) -> str:
+    """The written docstring filled to WIDTH: each paragraph, and within one each labelled line (Trace:, Root cause,
+    Recorded:) and list item on its own, URLs and paths kept whole."""
+    import textwrap
+
+    head = doc_text.partition('"""')[2].rpartition('"""')[0]  # (between the opening and closing quotes)
+    out = []
+    for para in head.strip("\n").split("\n\n"):
+        items: list[str] = []
+        for line in para.split("\n"):
+            if not items or line.startswith(_ITEM):
+                items.append(line.strip())
+            else:
+                items[-1] += " " + line.strip()
+        out.append("\n".join(textwrap.fill(x, WIDTH, subsequent_indent="  " if x.startswith("- ") else "",
+                                            break_on_hyphens=False, break_long_words=False) for x in items))
+    return '"""' + "\n\n".join(out) + '\n"""\n'
 
 
 def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str, window: int = 0) -> tuple[dict, dict]:
@@ -82,6 +114,9 @@ def _provenance(header: dict, c: Any, faults: list[str], vllm: str, fault_words:
             + (f" {header['scenario']!r}" if header.get("scenario") else "")
             + (f", written {header['created']}" if header.get("created") else "")
             + (f" on host {header['host']!r}" if header.get("host") else "") + "."]
+    if header.get("_damaged"):
+        said.append(f"The trace was damaged ({header['_damaged']}) and read with --lenient: the facts above are those "
+                    f"of the events that survived.")
     if c.upstream:
         said.append("Upstream, as `pdtrace check` names it: " + ", ".join(c.upstream) + ".")
     if faults and fault_words:  # (a class whose fault made the recorded layout, which the test rebuilds)
@@ -91,7 +126,7 @@ def _provenance(header: dict, c: Any, faults: list[str], vllm: str, fault_words:
         said.append(f"The trace's finding came from a LABELLED FAULT put on vLLM {vllm or '?'} ({', '.join(faults)}): "
                     f"that vLLM's own code has the fix, so this test passes on it; it fails on the releases whose own "
                     f"code has the bug (above).")
-    return "\n" + textwrap.fill(" ".join(said), 116, break_on_hyphens=False, break_long_words=False) + "\n"
+    return "\n" + textwrap.fill(" ".join(said), WIDTH, break_on_hyphens=False, break_long_words=False) + "\n"
 
 
 def _short(link: str) -> str:
@@ -106,7 +141,7 @@ def _faults(events: list) -> list[str]:
 def _close(doc_text: str, events: list, header: dict, c: Any, vllm: str) -> str:
     """The docstring with the provenance paragraph before its closing quotes."""
     head, _, _ = doc_text.rstrip().rpartition('"""')
-    return head + _provenance(header, c, _faults(events), vllm, LAYOUT_FAULTS.get(c.mechanism, "")) + '"""\n'
+    return _reflow(head + _provenance(header, c, _faults(events), vllm, LAYOUT_FAULTS.get(c.mechanism, "")) + '"""')
 
 
 def _file(doc_tpl: str, doc: dict[str, Any], const: dict[str, Any], test: str, events: list = (), header: Any = None,
@@ -265,7 +300,11 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
     from pdtrace.detectors.causes import group
     from pdtrace.tracefile.trace import load
 
+    from pdtrace.tracefile.damage import incomplete_reason, warn_problems
+
     t = load(str(trace), lenient=lenient)
+    warn_problems(t)
+    damage = incomplete_reason(t.footer, t.problems)  # (a damaged trace read with --lenient: the test says so)
     findings = by_severity(run_all(t.events, t.header))
     causes = group(findings)
     if not causes:
@@ -275,7 +314,7 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
         raise PdtraceError(f"{trace}: --cause {n}: the trace has {len(causes)} root cause(s), {which} "
                            f"(pdtrace check {trace} lists them)")
     c = causes[n - 1]
-    text = for_cause(t.events, t.header, c, str(trace), findings)
+    text = for_cause(t.events, {**t.header, "_damaged": damage} if damage else t.header, c, str(trace), findings)
     out = Path(output)
     try:
         out.write_text(text)

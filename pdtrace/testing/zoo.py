@@ -225,6 +225,24 @@ def oracle(r: Any) -> bool:
     return False
 
 
+def _import_failure(arch: str, exc: BaseException) -> str:
+    """Where vLLM says only that a model class "failed to be inspected" (its registry imports the class in a
+    subprocess and logs why), the reason itself, from importing the class's module here; else ""."""
+    if "failed to be inspected" not in str(exc):
+        return ""
+    import importlib
+
+    try:
+        from vllm.model_executor.models.registry import ModelRegistry
+
+        module = ModelRegistry.models[arch].module_name
+        importlib.import_module(module)
+    except Exception as err:  # noqa: BLE001 - the reason, said in the output
+        return (f"vLLM's model registry failed to inspect {arch} (importing "
+                f"{locals().get('module', arch)}: {type(err).__name__}: {str(err).splitlines()[0][:120]})")
+    return ""
+
+
 def run_family(name: str, workdir: Path) -> dict:
     from pdtrace import detectors
 
@@ -240,7 +258,8 @@ def run_family(name: str, workdir: Path) -> dict:
         tb = traceback.extract_tb(exc.__traceback__)
         where = next((f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in reversed(tb)
                       if "vllm" in f.filename), "")
-        res.update(level="not_built", why=_reason(exc), where=where)
+        res.update(level="not_built", why=_import_failure(fam["config"]["architectures"][0], exc) or _reason(exc),
+                   where=where)
         return res
     groups = [type(g.kv_cache_spec).__name__ for g in kvc.kv_cache_groups]
     drafter_names, drafter_why = kvc._pdtrace_drafter
