@@ -139,3 +139,22 @@ def test_the_kv_invariant_alone_flags_exactly_the_misaligned_runs(zoo):
     for f in built:
         assert f["invariant"]["flagged"] == f["invariant"]["on_misaligned"] == f["expected"], f
         assert f["invariant"]["missed"] == 0, f
+
+
+def test_a_family_vllms_registry_failed_to_inspect_says_why(monkeypatch):
+    """vLLM's registry says only "failed to be inspected" (it imports the class in a subprocess and logs the reason,
+    as on the release venvs without compressed-tensors for Qwen3-Next): the zoo's reason is the import's own error,
+    from importing the class's module here (found by a new user running arch_zoo.sh after a plain install.sh)."""
+    import types
+
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    from pdtrace.testing.zoo import _import_failure
+
+    monkeypatch.setitem(ModelRegistry.models, "NoSuchForCausalLM",
+                        types.SimpleNamespace(module_name="vllm.model_executor.models.no_such_module"))
+    exc = ValueError("Model architectures ['NoSuchForCausalLM'] failed to be inspected. Please check the logs")
+    assert _import_failure("NoSuchForCausalLM", exc) == (
+        "vLLM's model registry failed to inspect NoSuchForCausalLM (importing vllm.model_executor.models.no_such_module:"
+        " ModuleNotFoundError: No module named 'vllm.model_executor.models.no_such_module')")
+    assert _import_failure("NoSuchForCausalLM", ValueError("another reason")) == ""
