@@ -214,7 +214,7 @@ LOOKAHEAD_DOC = '''"""Regression test for vLLM #44151's class (lookahead-block-m
 
 Trace: {trace}
 Root cause {n}: {title}
-Recorded: vLLM {vllm}; {method_words}; block size {bs}; async scheduling {async_}; a prompt of {prompt_len}
+Recorded: vLLM {vllm}; {method_words}; block size {bs}; async_scheduling={async_}; a prompt of {prompt_len}
 tokens (P request {p_req}).
 
 P, a NIXL kv_producer, prefills one prompt for a remote decode. The block ids it hands D
@@ -254,7 +254,7 @@ DFLASH_DOC = '''"""Regression test for vLLM's DFlash lookahead (drafter-window-o
 
 Trace: {trace}
 Root cause {n}: {title}
-Recorded: vLLM {vllm}; {method_words}; block size {bs}; async scheduling {async_}; a prompt of {prompt_len}
+Recorded: vLLM {vllm}; {method_words}; block size {bs}; async_scheduling={async_}; a prompt of {prompt_len}
 tokens (request {req}, on {inst}: {role}).
 
 After the target model prefills the prompt, the DFlash drafter writes KV at 1 + k query positions from the prompt's

@@ -9,8 +9,8 @@ ROLLBACK_DOC = '''"""Regression test for vLLM #49250 / #45138 (kv-load-failure-r
 
 Trace: {trace}
 Root cause {n}: {title}
-Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; D request {req}: a {prompt_len}-token prompt loaded
-from P, max_tokens {max_tokens}; after it ran, block index(es) {failed} of its {n_blocks} KV block(s) were reported
+Recorded: vLLM {vllm}; async_scheduling={async_}; block size {bs}; D request {req}: a {prompt_len}-token prompt loaded
+from P, max_tokens {max_tokens}; after it ran, block index(es) {failed} (positions in its block list, from 0) of its {n_blocks} KV block(s) were reported
 failed (KVConnectorOutput.invalid_block_ids), kv_load_failure_policy "recompute"; it carried {placeholders} output
 placeholder(s) then. This test rebuilds the step-by-step order (each output fed before the next schedule), where one
 placeholder is left: the same rule, whatever the count (a step in flight in the engine core's order leaves more).
@@ -56,9 +56,9 @@ SHARED_DOC = '''"""Regression test for a failed KV load shared through D's prefi
 
 Trace: {trace}
 Root cause {n}: {title}
-Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; on D: {r1} ({r1_len}-token prompt) prefilled
+Recorded: vLLM {vllm}; async_scheduling={async_}; block size {bs}; on D: {r1} ({r1_len}-token prompt) prefilled
 first, then {r2} ({r2_len} tokens) took the first {shared} tokens' blocks from D's prefix cache; block index(es)
-{failed} of {r1}'s block list, shared with {r2}, were reported failed (invalid_block_ids), policy "recompute"; the
+{failed} (positions from 0) of {r1}'s block list, shared with {r2}, were reported failed (invalid_block_ids), policy "recompute"; the
 recompute ran in chunks of {chunk} token(s) (long_prefill_token_threshold {chunk}, as the recorded steps show it)
 and steps of at most {budget} tokens.
 
@@ -124,7 +124,7 @@ REOWN_DOC = '''"""Regression test for vLLM #37285 (kv-invariant: a KV load into 
 
 Trace: {trace}
 Root cause {n}: {title}
-Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; D's pool of {num_blocks} blocks (the null block
+Recorded: vLLM {vllm}; async_scheduling={async_}; block size {bs}; D's pool of {num_blocks} blocks (the null block
 included); on D, request {a} ({a_len}-token prompt) stopped at its output token {stop_at} (a stop token, as an EOS
 does) while its next step was in flight; then request {b} arrived to load {b_len} prompt tokens from P ({p}).
 
@@ -191,7 +191,7 @@ PRUNE_DOC = '''"""Regression test for vLLM #47282 (kv-invariant: a pruned slidin
 
 Trace: {trace}
 Root cause {n}: {title}
-Recorded: vLLM {vllm}; async scheduling {async_}; one sliding-window group of {window} tokens, block size {bs}; D's
+Recorded: vLLM {vllm}; async_scheduling={async_}; one sliding-window group of {window} tokens, block size {bs}; D's
 pool of {num_blocks} blocks (the null block included); on D, request {a} ({a_len}-token prompt) decodes; request
 {b} arrives to load {b_len} prompt tokens from P ({p}) as the next schedule() prunes a block of {a}'s window.
 
@@ -258,8 +258,8 @@ INFLIGHT_DOC = '''"""Regression test for the token of the step in flight at a KV
 
 Trace: {trace}
 Root cause {n}: {title}
-Recorded: vLLM {vllm}; async scheduling {async_}; block size {bs}; D request {req}: a {prompt_len}-token prompt loaded
-from P, max_tokens {max_tokens}; block index(es) {failed} of its KV blocks reported failed (invalid_block_ids) in the
+Recorded: vLLM {vllm}; async_scheduling={async_}; block size {bs}; D request {req}: a {prompt_len}-token prompt loaded
+from P, max_tokens {max_tokens}; block index(es) {failed} (positions in its block list, from 0) reported failed (invalid_block_ids) in the
 output of step {report_step}, while step {in_flight} was in flight (the newest step scheduled, which `pdtrace check`
 names as the failure's step); kv_load_failure_policy "recompute".
 
@@ -309,7 +309,7 @@ DRAFTER_GROUP_DOC = '''"""Regression test for the drafter's KV cache group left 
 
 Trace: {trace}
 Root cause {n}: {title}
-Recorded: vLLM {vllm}; {method_words}; block size {bs}; async scheduling {async_}; request {req}, a
+Recorded: vLLM {vllm}; {method_words}; block size {bs}; async_scheduling={async_}; request {req}, a
 prompt of {prompt_len} tokens that P ({p_req}) prefilled for D. D's KV cache groups:
 {groups_words}
 

@@ -12,7 +12,7 @@ STALE_DOC = '''"""Regression test for the accepted-count read after InputBatch r
 
 Trace: {trace}
 Root cause {n}: {title}
-Recorded: vLLM {vllm}; {method_words}; async scheduling {async_}; a hybrid model's accepted counts read on the CPU
+Recorded: vLLM {vllm}; {method_words}; async_scheduling={async_}; a hybrid model's accepted counts read on the CPU
 ({mode_words}); the read named: request {req}, row {row}, read {value}, its own count {own}.
 
 For hybrid (Mamba) models with speculative decoding, _update_states_after_model_execute copies each row's accepted
