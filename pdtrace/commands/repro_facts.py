@@ -223,6 +223,5 @@ def drafter_group(events: list[dict], finding: Any, trace: str, n: int) -> dict[
     groups = [{"layers": layers.get(g) or [f"model.layers.{g}.self_attn.attn"], "eagle": g in drafter,
                "transfer": g in set(transfer)} for g in range(len(kinds))]
     add = _added(events, f.req, f.inst, trace, n)
-    # (one block size and kind for the constants every test has; the groups themselves go in GROUPS)
-    return {**s, "block_sizes": sizes[:1], "group_kinds": kinds[:1], "groups": groups, "req": f.req,
-            "p_req": (f.data or {}).get("p_req") or f"{f.req}-P", "prompt_len": int(add["prompt_len"])}
+    return {**s, "groups": groups, "req": f.req, "p_req": _p_of(events, f.req, add, (f.data or {}).get("p_req")),
+            "prompt_len": int(add["prompt_len"])}

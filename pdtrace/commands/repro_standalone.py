@@ -78,15 +78,17 @@ def _reflow(doc_text: str) -> str:
     return '"""' + "\n\n".join(out) + '\n"""\n'
 
 
-def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str, window: int = 0) -> tuple[dict, dict]:
+def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str, window: int = 0,
+            groups: bool = False) -> tuple[dict, dict]:
     """The docstring fields and the constants every written test has (spec, block size, async, the configs, the
-    group's kind). ``window``: a sliding-window group's window, where the finding names it."""
+    group's kind). ``window``: a sliding-window group's window, where the finding names it. ``groups``: the builder
+    writes the recorded KV cache groups itself (full attention, one block size: its facts checked them)."""
     spec = _SPEC.get(s["spec_method"])
     if spec is None:
         raise PdtraceError(f"{trace}: cause {cause.n} was recorded with speculative method {s['spec_method']!r}, "
                            f"which repro cannot rebuild yet (eagle-like methods, DFlash and ngram); attach the trace "
                            f"instead")
-    if len(s["block_sizes"]) > 1 or s["hybrid"]:
+    if not groups and (len(s["block_sizes"]) > 1 or s["hybrid"]):
         raise PdtraceError(f"{trace}: cause {cause.n} was recorded with {len(s['block_sizes'])} KV cache groups "
                            f"({', '.join(s['group_kinds'])}); repro rebuilds one full-attention group so far")
     kind = s["group_kinds"][0] if s["group_kinds"] else "FullAttentionSpec"
@@ -239,7 +241,7 @@ LAYOUT_FAULTS = {
 
 def _drafter_group(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.drafter_group(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm)
+    doc, const = _common(s, trace, c, vllm, groups=True)
     words = "\n".join(f"- group {g}: {', '.join(x['layers'])}" + (" (the drafter's)" if x["eagle"] else "")
                        + (", transfers" if x["transfer"] else ", left out of the transfer")
                        for g, x in enumerate(s["groups"]))
@@ -298,9 +300,8 @@ REFUSED = {
 def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
     from pdtrace.detectors import by_severity, run_all
     from pdtrace.detectors.causes import group
-    from pdtrace.tracefile.trace import load
-
     from pdtrace.tracefile.damage import incomplete_reason, warn_problems
+    from pdtrace.tracefile.trace import load
 
     t = load(str(trace), lenient=lenient)
     warn_problems(t)

@@ -352,7 +352,7 @@ def test_d_loads_every_kv_cache_group_it_counts_computed(tmp_path):
     into = [list(x) for x in recv[D_REQ].local_block_ids]
     if into and not isinstance(recv[D_REQ].local_block_ids[0], (list, tuple)):  # (one list before per-group lists)
         into = [list(recv[D_REQ].local_block_ids)]
-    kvc = d.kv_cache_manager.kv_cache_config if hasattr(d.kv_cache_manager, "kv_cache_config") else d.kv_cache_config
+    kvc = d.kv_cache_config
     transfer = list(getattr(kvc, "transfer_group_ids", range(len(kvc.kv_cache_groups))))
     loaded = {g: set(into[i]) for i, g in enumerate(transfer) if i < len(into)}
     _step(d, finished_recving={D_REQ})  # the load lands

@@ -232,14 +232,15 @@ def _import_failure(arch: str, exc: BaseException) -> str:
         return ""
     import importlib
 
+    module = arch
     try:
         from vllm.model_executor.models.registry import ModelRegistry
 
         module = ModelRegistry.models[arch].module_name
         importlib.import_module(module)
     except Exception as err:  # noqa: BLE001 - the reason, said in the output
-        return (f"vLLM's model registry failed to inspect {arch} (importing "
-                f"{locals().get('module', arch)}: {type(err).__name__}: {str(err).splitlines()[0][:120]})")
+        return (f"vLLM's model registry failed to inspect {arch} (importing {module}: {type(err).__name__}: "
+                f"{str(err).splitlines()[0][:120]})")
     return ""
 
 
