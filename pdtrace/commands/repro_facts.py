@@ -225,3 +225,21 @@ def drafter_group(events: list[dict], finding: Any, trace: str, n: int) -> dict[
     add = _added(events, f.req, f.inst, trace, n)
     return {**s, "groups": groups, "req": f.req, "p_req": _p_of(events, f.req, add, (f.data or {}).get("p_req")),
             "prompt_len": int(add["prompt_len"])}
+
+
+def metadata_cleared(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """The KV connector metadata cleared before the drafter's forward on an instance that saves KV (vLLM #34529's
+    order): the recorded drafter, its layers that saved nothing, the target's that did, and the request's prompt."""
+    if finding is None:
+        raise PdtraceError(f"{trace}: cause {n}: its first finding is not in the trace's findings: nothing to rebuild")
+    d = finding.data or {}
+    s = _config(events, finding.inst, trace, n)
+    if not s["spec_method"] or s["spec_method"] in ("ngram", "dflash"):
+        raise PdtraceError(f"{trace}: cause {n}: recorded with speculative method {s['spec_method'] or 'none'!r}: "
+                           f"repro rebuilds the metadata order with an EAGLE-like drafter so far")
+    reqs = list(d.get("reqs") or ([finding.req] if finding.req else []))
+    add = next((a for a in (_first(events, "req.add", req=r, inst=finding.inst) for r in reqs) if a), None) or {}
+    return {**s, "inst": finding.inst or "?", "step": finding.step, "req": reqs[0] if reqs else "?",
+            "prompt_len": int(add.get("prompt_len") or 16), "max_tokens": max(2, int(add.get("max_tokens") or 2)),
+            "target_layers": list(d.get("target_layers_saved") or []),
+            "drafter_layers": list(d.get("drafter_layers_not_saved") or []), "n_save": d.get("n_save")}

