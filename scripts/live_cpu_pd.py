@@ -52,7 +52,7 @@ from live_load import completion_body, request_plan, send_load, warm_decoders  #
 from live_report import CPU_ABSENT_REASONS, format_report, summarize  # noqa: E402,F401
 from live_servers import (  # noqa: E402,F401
     DEVICE, EXTRA_ARGS, MODEL_NAME, MemSampler, Server, _proc_tree, decoder_names, free_port, preflight, server_cmd,
-    server_env, start_pair, wait_ready,
+    server_env, start_pair, stop_all, wait_ready,
 )
 
 
@@ -161,7 +161,7 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
         if proxy is not None:
             proxy.shutdown()
         t = time.monotonic()
-        res["stop"] = {k: s.stop() for k, (s, _) in servers.items()}
+        res["stop"] = stop_all(servers)
         res["stop_s"] = round(time.monotonic() - t, 1)
         # NIXL agents whose idle progress thread got a poll delay (scripts/live_site): one per worker
         res["nixl_pthr_delay_set"] = {k: s.log_path.read_text(errors="replace").count("live_site: NIXL agent ")

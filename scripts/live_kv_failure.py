@@ -66,30 +66,40 @@ def _post(url: str, body: dict) -> dict:
 
 def send_failures(prefill_url: str, decoders: dict[str, tuple[str, str]], block_size: int) -> list[dict]:
     """Each decoder (name -> (url, policy)) gets the plan's requests with a gone P; each result
-    carries D's answer and P's local decode of the same prompt."""
+    carries D's answer and P's local decode of the same prompt. The decoders run at once (each its
+    own requests in order): each failed load waits out D's handshake timeout, which one after the
+    other added up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    per = len(failure_plan(block_size))
+    with ThreadPoolExecutor(max_workers=max(1, len(decoders))) as pool:
+        futures = [pool.submit(_one_decoder, prefill_url, i, name, url, policy, block_size, i * per)
+                   for i, (name, (url, policy)) in enumerate(decoders.items())]
+    return [r for f in futures for r in f.result()]
+
+
+def _one_decoder(prefill_url: str, i: int, name: str, url: str, policy: str, block_size: int, n: int) -> list[dict]:
     out: list[dict] = []
-    n = 0
-    for i, (name, (url, policy)) in enumerate(decoders.items()):
-        for r in failure_plan(block_size):
-            r = {**r, "seed": r["seed"] + i, "decode": name, "policy": policy, "group": "kv-failure"}
-            if r.get("warm_len"):  # its first blocks decoded on D for real (D's prefix cache)
-                warm = {**r, "len": r["warm_len"], "max_tokens": 2}
-                try:
-                    pd_proxy.disaggregated_completion(completion_body(warm), prefill_url, url)
-                    r["warm_ok"] = True
-                except Exception as exc:
-                    r["warm_ok"], r["warm_error"] = False, str(exc)[:300]
-            body = completion_body(r)
-            p = pd_proxy.post_json(prefill_url + "/v1/completions", pd_proxy.prefill_body(body))
-            kvp = p.get("kv_transfer_params") or {}
-            n += 1
-            gone = _gone(kvp, n)
-            r["p_engine_id"], r["gone_engine_id"] = kvp.get("remote_engine_id"), gone["remote_engine_id"]
-            r["remote_block_ids"], r["p_req"] = kvp.get("remote_block_ids"), kvp.get("remote_request_id")
-            r.update(_post(url + "/v1/completions", {**body, "kv_transfer_params": gone}))
-            out.append(_against_local(r, prefill_url, body))
-        if policy == "recompute":  # after the recompute D holds that prompt's blocks: a normal request
-            out.append(_prefix_hit(prefill_url, name, url, policy, block_size, 40 + i))  # that extends it
+    for r in failure_plan(block_size):
+        r = {**r, "seed": r["seed"] + i, "decode": name, "policy": policy, "group": "kv-failure"}
+        if r.get("warm_len"):  # its first blocks decoded on D for real (D's prefix cache)
+            warm = {**r, "len": r["warm_len"], "max_tokens": 2}
+            try:
+                pd_proxy.disaggregated_completion(completion_body(warm), prefill_url, url)
+                r["warm_ok"] = True
+            except Exception as exc:
+                r["warm_ok"], r["warm_error"] = False, str(exc)[:300]
+        body = completion_body(r)
+        p = pd_proxy.post_json(prefill_url + "/v1/completions", pd_proxy.prefill_body(body))
+        kvp = p.get("kv_transfer_params") or {}
+        n += 1
+        gone = _gone(kvp, n)
+        r["p_engine_id"], r["gone_engine_id"] = kvp.get("remote_engine_id"), gone["remote_engine_id"]
+        r["remote_block_ids"], r["p_req"] = kvp.get("remote_block_ids"), kvp.get("remote_request_id")
+        r.update(_post(url + "/v1/completions", {**body, "kv_transfer_params": gone}))
+        out.append(_against_local(r, prefill_url, body))
+    if policy == "recompute":  # after the recompute D holds that prompt's blocks: a normal request
+        out.append(_prefix_hit(prefill_url, name, url, policy, block_size, 40 + i))  # that extends it
     return out
 
 

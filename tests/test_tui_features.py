@@ -351,7 +351,7 @@ async def test_f_goes_through_the_findings_by_their_numbers_whatever_the_groupin
     from gen_trace import generate
 
     path = tmp_path / "g.jsonl"
-    generate(str(path), 30_000, seed=0)
+    generate(str(path), 8_000, seed=0)
     app = PdtraceViewer(TraceIndex(str(path)))
     async with app.run_test(size=(120, 40)) as pilot:
         for _ in range(500):
