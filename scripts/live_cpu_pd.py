@@ -52,7 +52,7 @@ from live_load import completion_body, request_plan, send_load, warm_decoders  #
 from live_report import CPU_ABSENT_REASONS, format_report, summarize  # noqa: E402,F401
 from live_servers import (  # noqa: E402,F401
     DEVICE, EXTRA_ARGS, MODEL_NAME, MemSampler, Server, _proc_tree, decoder_names, free_port, preflight, server_cmd,
-    server_env, start_pair, stop_all, wait_ready,
+    connector_name, server_env, start_pair, stop_all, wait_ready,
 )
 
 
@@ -70,7 +70,7 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
              log=print, decoders: int = 1, kv_failures: dict[str, str] | None = None,
              sliding_window: int | None = None, family: str | None = None, dropped_params: bool = False,
              load: str = "default", expired_lease: float | None = None,
-             labelled_faults: dict[str, str] | None = None) -> dict:
+             labelled_faults: dict[str, str] | None = None, connector: str | None = None) -> dict:
     """``kv_failures``: decoder name -> its kv_load_failure_policy; those decoders start with that
     policy and, after the load, get requests whose P is gone (scripts/live_kv_failure.py).
     ``sliding_window``: the target alternates sliding-window (that many tokens) and full attention
@@ -92,7 +92,7 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
     t_start = time.monotonic()
     res: dict = {"workdir": str(workdir), "spec": spec, "num_spec": num_spec, "block_size": block_size,
                  "decoders": decoder_names(decoders), "status": "failed", "kv_failure_policies": kv_failures,
-                 "sliding_window": sliding_window}
+                 "sliding_window": sliding_window, "connector": connector_name(connector)}
     servers: dict[str, tuple[Server, int]] = {}
     proxy = None
     sampler = None
@@ -110,7 +110,7 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
                                             sliding_window=sliding_window)
         log(f"models: {models}")
         servers = start_pair(workdir, models, spec, num_spec, block_size, record, decoders, kv_failures,
-                             lease=expired_lease or HELD_LEASE, faults=labelled_faults)
+                             lease=expired_lease or HELD_LEASE, faults=labelled_faults, connector=connector)
         sampler = MemSampler({k: s.proc.pid for k, (s, _) in servers.items()})
         sampler.start()
         log("starting P and D concurrently: " + " | ".join(" ".join(s.cmd[-14:]) for s, _ in servers.values()))
@@ -225,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", default="default", metavar="default|boundary:N|none",
                     help="boundary:N: N distinct prompts over every residue of the block size, each sent "
                          "disaggregated and locally on P (the tokens are the oracle: scripts/boundary_oracle.py)")
+    ap.add_argument("--connector", choices=("NixlConnector", "NixlPushConnector"),
+                    help="the KV connector (default: $PDTRACE_LIVE_CONNECTOR, else NixlConnector, pull); "
+                         "NixlPushConnector: P writes into D's blocks (vLLM 0.32+)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON instead of the report")
     a = ap.parse_args(argv)
     why = preflight()
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                    start_timeout=a.start_timeout, decoders=a.decoders,
                    kv_failures=dict(x.split("=", 1) for x in a.kv_failures.split(",")) if a.kv_failures else None,
                    sliding_window=a.sliding_window, family=a.family, dropped_params=a.dropped_params,
-                   load=a.load, expired_lease=a.expired_lease, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
+                   load=a.load, expired_lease=a.expired_lease, connector=a.connector, log=lambda m: print(f"live_cpu_pd: {m}", file=sys.stderr))
     print(json.dumps(res, indent=1, default=str) if a.json else format_report(res))
     print(f"live_cpu_pd: workdir {res['workdir']}", file=sys.stderr)
     return 0 if res["status"] == "served" and res.get("summary") else 1

@@ -203,10 +203,16 @@ class MemSampler(threading.Thread):
 # servers
 # ----------------------------------------------------------------------------------------
 
+def connector_name(connector: str | None = None) -> str:
+    """The KV connector the servers run: ``connector``, else PDTRACE_LIVE_CONNECTOR, else NixlConnector (pull).
+    NixlPushConnector: push mode (P writes into D's blocks; vLLM 0.32+)."""
+    return connector or os.environ.get("PDTRACE_LIVE_CONNECTOR") or "NixlConnector"
+
+
 def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block_size: int,
-               load_failure_policy: str | None = None, lease: float | None = None) -> list[str]:
-    # PDTRACE_LIVE_CONNECTOR=NixlPushConnector: push mode (P writes into D's blocks; vLLM 0.32+)
-    kv = {"kv_connector": os.environ.get("PDTRACE_LIVE_CONNECTOR", "NixlConnector"), "kv_role": kv_role,
+               load_failure_policy: str | None = None, lease: float | None = None,
+               connector: str | None = None) -> list[str]:
+    kv = {"kv_connector": connector_name(connector), "kv_role": kv_role,
           "kv_buffer_device": KV_BUFFER,
           "kv_connector_extra_config": {"backends": ["UCX"]}}
     if lease:  # NIXL's KV lease on P's blocks for D's read (vLLM's default 30 s): live_expired_lease.py
@@ -329,10 +335,13 @@ def decoder_names(n: int) -> list[str]:
 
 def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, block_size: int,
                record: bool, decoders: int = 1, policies: dict[str, str] | None = None,
-               lease: float | None = None, faults: dict[str, str] | None = None) -> dict[str, tuple[Server, int]]:
+               lease: float | None = None, faults: dict[str, str] | None = None,
+               connector: str | None = None) -> dict[str, tuple[Server, int]]:
     """Start P (kv_producer) and `decoders` kv_consumer servers concurrently (1P1D by default);
     ``policies``: a decoder's kv_load_failure_policy, by instance name (vLLM's default if absent);
-    ``faults``: a server's labelled faults, by instance name (live_site/labelled_faults.py)."""
+    ``faults``: a server's labelled faults, by instance name (live_site/labelled_faults.py);
+    ``connector``: the KV connector (``connector_name``)."""
+    push = connector_name(connector) == "NixlPushConnector"
     cfg = spec_config(spec, models, num_spec)
     # EAGLE drafts from the target's hidden states and has its own KV layer, so P runs the same
     # speculative config (its drafter's KV is part of what D reads). ngram has no KV: D only.
@@ -348,11 +357,16 @@ def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, 
         else:  # more servers than halves: one core each, round-robin (P idles once it has prefilled)
             half = [cpus[i % len(cpus)]] if cpus else None
         cpu = ",".join(map(str, half)) if half else None
-        env = server_env(free_port(), cpu)
+        env = server_env(free_port(), None if push else cpu)
+        if push:  # (found 2026-12-07) the push writer thread inherits the worker's pinned core, where the worker's
+            # main thread busy-polls for the next step and the engine steps without pause while a push is due:
+            # pinned, the first push came 53 s after P's prefill and the second not in 5 min (py-spy: the writer
+            # runnable, starved). Unpinned, with one OpenMP thread each (so that they do not spin), it serves.
+            env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
         if (faults or {}).get(name):
             env["PDTRACE_LABELLED_FAULT"] = faults[name]
         srv = Server(name, server_cmd(models["target"], port, role, sc, block_size, (policies or {}).get(name),
-                                      lease if name == "P" else None),
+                                      lease if name == "P" else None, connector),
                      env, workdir / f"{name}.log",
                      workdir / f"{name}.jsonl" if record else None)
         out[name] = (srv, port)

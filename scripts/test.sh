@@ -6,7 +6,8 @@
 #              workers, then the live ones (real `vllm serve` P/D on CPU) one at a time, since their
 #              servers are pinned to the cores.
 #   --all      (.ci/run) also: the live tests marked live_extra (two more zoo families,
-#              tests/test_live_zoo_cpu.py; two labelled faults under --kv-checksum, tests/test_live_labelled_kv_cpu.py),
+#              tests/test_live_zoo_cpu.py; two labelled faults under --kv-checksum, tests/test_live_labelled_kv_cpu.py;
+#              push mode, tests/test_live_push_cpu.py),
 #              the suite again on vLLM 0.33.0 without the live tests (.venv-vllm033),
 #              and the release matrix: the seed bugs on each release's own code (scripts/real_bugs.sh,
 #              its venv from scripts/release_venv.sh, shared by every clone on the machine) and
@@ -50,7 +51,7 @@ run_pytest python -m pytest -q "${XDIST[@]}" -m "not live" "$@" || rc=$?
 phase "the live tests (real vllm serve P/D on CPU, one at a time)"
 run_pytest python -m pytest -q -m "live and not live_extra" "$@" || rc=$?
 if [ $ALL = 1 ]; then
-  phase "more live runs (live_extra: Gemma 3 and gpt-oss; the labelled faults under --kv-checksum)"
+  phase "more live runs (live_extra: Gemma 3 and gpt-oss; the labelled faults under --kv-checksum; push mode)"
   run_pytest python -m pytest -q -m live_extra "$@" || rc=$?
 fi
 deactivate

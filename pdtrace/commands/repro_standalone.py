@@ -285,7 +285,8 @@ def _metadata(events: list, header: dict, c: Any, finding: Any, trace: str, vllm
              "MAX_TOKENS": s["max_tokens"], "TARGET_LAYERS": doc["target_n"], "TARGET": _config("tiny-llama"),
              "DRAFT": _config("tiny-eagle")}
     return (_close(tpl_worker.META_DOC.format(**doc), events, header, c, vllm) + tpl.PREAMBLE
-            + f"# recorded: {trace}, root cause {c.n}\n" + _constants(**const) + tpl_worker.META_TEST)
+            + f"# recorded: {trace}, root cause {c.n}\n" + _constants(**const) + tpl_worker.META_HEAD + tpl.BASIC
+            + tpl_worker.META_TEST)
 
 
 # mechanism (causes.Cause.mechanism), or class, -> builder; a cause of another mechanism gets one line and exit 2

@@ -19,7 +19,8 @@ pytest.importorskip("vllm")
 
 '''
 
-HELPERS = '''
+# the two helpers every written file has (``HELPERS`` starts with them; the metadata test has them alone)
+BASIC = '''
 
 def _cdiv(a, b):
     return -(-a // b)
@@ -30,7 +31,9 @@ def _model_dir(tmp_path, name, cfg):
     d.mkdir(exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg))
     return str(d)
+'''
 
+HELPERS = BASIC + '''
 
 def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_tokens=1024, num_blocks=256,
                max_model_len=2048, max_num_seqs=8, kv_groups=None):

@@ -203,7 +203,7 @@ What runs: this vLLM's own LLM() engine and model runner, in this process (VLLM_
 """
 '''
 
-META_TEST = '''
+META_HEAD = '''
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -212,18 +212,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 # what vLLM's own runner did, as the connector below saw it
 SEEN = {"layers": set(), "steps": []}
+'''
 
-
-def _cdiv(a, b):
-    return -(-a // b)
-
-
-def _model_dir(tmp_path, name, cfg):
-    d = tmp_path / name
-    d.mkdir(exist_ok=True)
-    (d / "config.json").write_text(json.dumps(cfg))
-    return str(d)
-
+META_TEST = '''
 
 class _Metadata(KVConnectorMetadata):
     pass
