@@ -345,13 +345,23 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
     except OSError as exc:
         raise PdtraceError(f"{out}: cannot write the test: {exc.strerror or exc}") from None
     faults = _faults(t.events, t.header)
-    said = (f" (the trace's layout came from a labelled fault, {', '.join(faults)}: the test rebuilds that layout, so "
-            f"it fails on its own vLLM too)" if c.mechanism in LAYOUT_FAULTS else
-            f" (the trace's finding came from a labelled fault, {', '.join(faults)}: its own vLLM has the fix)")
-    print(f"wrote {out}: cause {n} ({c.kind}), request {c.first.get('req')}: a standalone vLLM test (pytest and "
-          f"vLLM only); it fails on the releases whose code has this bug and passes where it is fixed"
-          + (said if faults else ""))
+    said = (f"The trace's layout came from a labelled fault ({', '.join(faults)}): the test rebuilds that layout, so "
+            f"it fails on its own vLLM too." if c.mechanism in LAYOUT_FAULTS else
+            f"The trace's finding came from a labelled fault ({', '.join(faults)}): its own vLLM has the fix.")
+    print(f"wrote {out}: cause {n} ({c.kind}), request {c.first.get('req')}")
+    print(_indented("A standalone vLLM test (pytest and vLLM only): it fails on the releases whose code has this bug "
+                    "and passes where it is fixed." + (" " + said if faults else "")))
     return 0
+
+
+def _indented(text: str) -> str:
+    """``text`` filled to the terminal's width (at most 100), indented under the "wrote" line."""
+    import shutil
+    import textwrap
+
+    width = min(100, shutil.get_terminal_size((80, 24)).columns)
+    return textwrap.fill(text, width, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False,
+                         break_long_words=False)
 
 
 def for_cause(events: list, header: dict, c: Any, trace: str, findings: list | None = None) -> str:
