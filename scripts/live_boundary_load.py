@@ -50,6 +50,8 @@ def _body(r: dict, logprobs: bool = True) -> dict:
 def _post(url: str, r: dict) -> tuple[dict, bool]:
     """The response, and whether it carries logprobs: a server that refuses them (HTTP 400) is asked
     again without, so a release that cannot return logprobs still gives the token oracle."""
+    if r.get("no_logprobs"):
+        return pd_proxy.post_json(url, _body(r, logprobs=False)), False
     try:
         return pd_proxy.post_json(url, _body(r)), True
     except Exception as exc:
@@ -72,8 +74,12 @@ def _near_tie(top: list, i: int) -> bool:
     return len(vals) >= 2 and vals[0] - vals[1] < TIE
 
 
-def send_boundary(proxy_url: str, prefill_url: str, plan: list[dict], concurrency: int = 8) -> list[dict]:
-    """Every request disaggregated (``concurrency`` at a time), then every prompt locally on P."""
+def send_boundary(proxy_url: str, prefill_url: str, plan: list[dict], concurrency: int = 8,
+                  logprobs: bool = True) -> list[dict]:
+    """Every request disaggregated (``concurrency`` at a time), then every prompt locally on P. ``logprobs``
+    False: the tokens alone (no near-tie verdicts)."""
+    if not logprobs:
+        plan = [{**r, "no_logprobs": True} for r in plan]
 
     def pd(r: dict) -> dict:
         t = time.monotonic()

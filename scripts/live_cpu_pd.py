@@ -81,7 +81,9 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
     (scripts/live_dropped_params.py); each decoder's own prompt-token counters are read before the
     servers stop (``d_metrics``). ``load``: "default" (live_load.request_plan) or "boundary:N", N
     distinct prompts over every residue of the block size, each disaggregated and locally on P
-    (scripts/live_boundary_load.py; scripts/boundary_oracle.py reads the result), or "none".
+    (scripts/live_boundary_load.py; scripts/boundary_oracle.py reads the result; "boundary:N:tokens" asks for the
+    tokens alone, no logprobs: the first logprobs request has vLLM's CPU worker torch.compile the sampler's
+    gather_logprobs, 1-3 minutes here, and inductor's vector-ISA probe has hung there), or "none".
     ``expired_lease``: P's NIXL lease in seconds (kv_lease_duration); after the load, the first decoder
     gets prompts of which every other one is handed over only after the lease ran out
     (scripts/live_expired_lease.py); P's log's own lines about it are ``expired_lease["p_log"]``.
@@ -128,9 +130,11 @@ def run_live(workdir: str | os.PathLike | None = None, spec: str = "eagle", num_
         if load.startswith("boundary"):
             from live_boundary_load import boundary_plan, send_boundary
 
-            n = int(load.partition(":")[2] or 128)
+            parts = load.split(":")
+            n = int(parts[1] if len(parts) > 1 and parts[1] else 128)
             res["load"] = load
-            res["requests"] = send_boundary(f"http://127.0.0.1:{pport}", p_url, boundary_plan(block_size, n))
+            res["requests"] = send_boundary(f"http://127.0.0.1:{pport}", p_url, boundary_plan(block_size, n),
+                                            logprobs="tokens" not in parts[2:])
         elif load == "none":
             res["requests"] = []
         else:
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expired-lease", type=float, metavar="S",
                     help="P's NIXL KV lease in seconds; after the load every other prompt reaches D only after it "
                          "ran out (scripts/live_expired_lease.py)")
-    ap.add_argument("--load", default="default", metavar="default|boundary:N|none",
+    ap.add_argument("--load", default="default", metavar="default|boundary:N[:tokens]|none",
                     help="boundary:N: N distinct prompts over every residue of the block size, each sent "
                          "disaggregated and locally on P (the tokens are the oracle: scripts/boundary_oracle.py)")
     ap.add_argument("--connector", choices=("NixlConnector", "NixlPushConnector"),

@@ -12,7 +12,10 @@ every push recorded as push (P's trim and send done, D's load done), no finding 
 Why the servers are not pinned to a core each here (scripts/live_servers.py start_pair): pinned,
 P's push writer thread shares its core with the worker's main thread, which busy-polls for the next
 step while the engine steps without pause; the first push came 53 s after P's prefill and the
-second not in 5 minutes (2026-12-07, py-spy). Marked ``live_extra`` (about 2 minutes).
+second not in 5 minutes (2026-12-07, py-spy). The load asks for tokens alone, no logprobs: the first
+logprobs request has vLLM's CPU worker torch.compile the sampler's gather_logprobs (1-3 minutes here), and
+in a new user's run inductor's vector-ISA probe hung there ("VecISA dlopen probe ... hung after 60s"), D's
+engine timed out on its worker and the run failed. Marked ``live_extra`` (about 2.5 minutes).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ BS = 32
 @pytest.fixture(scope="module")
 def push(live_scripts, tmp_path_factory):
     return served_live(live_scripts, "push", tmp_path_factory, spec="eagle", num_spec=3, block_size=BS,
-                       load=f"boundary:{BS}", connector="NixlPushConnector")
+                       load=f"boundary:{BS}:tokens", connector="NixlPushConnector")
 
 
 def test_every_prompt_served_and_equal_to_ps_local_decode(push):

@@ -26,10 +26,10 @@ def run() -> int:
 
     path = demo_trace_path()
     print(f"pdtrace demo: checking the bundled sample {path.name}")
-    print("  (recorded from real vLLM 0.32.0 scheduler + NIXL connector code on CPU with the")
-    print("   pre-fix 'P reports its lookahead block' rule re-introduced as a labelled fault;")
-    print("   a copy of sample_traces/lookahead_aligned16_k1_buggy.jsonl; its provenance:")
-    print("   sample_traces/README.md)\n")
+    print("  (recorded from real vLLM 0.32.0 scheduler + NIXL connector code on CPU, with")
+    print("   the pre-fix 'P reports its lookahead block' rule put back as a labelled")
+    print("   fault; a copy of sample_traces/lookahead_aligned16_k1_buggy.jsonl; its")
+    print("   provenance: sample_traces/README.md)\n")
     code = check.run(trace=path, format="text", only=[], request=None, what_if=None, output=None, lenient=False)
     rel = str(path)  # absolute: the lines below work from any directory
     # the command as it can be typed here: `pdtrace` when it is on PATH, else the script that ran

@@ -12,10 +12,9 @@ drafter window (seed 003), a KV load rollback that keeps async placeholders (vLL
 of the step in flight, failed blocks shared through D's prefix cache read before they are recomputed, the KV
 invariant's in-flight write and read (vLLM #37285, #47282), the drafter's KV cache group left out of the transfer
 (vLLM #54926's shape), and, worker side: an accepted-token count read after InputBatch row moves (seed 004, vLLM
-#51571; a faithful minimal caller) and the connector metadata cleared before the drafter's forward (vLLM #34529; vLLM's
-own LLM() and model runner with a recording connector, where a GPU or vLLM's CPU build runs a model). Some causes are refused with their
-reason (``REFUSED``). Every other cause gets one line saying so and exit
-2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
+#51571; a faithful minimal caller) and the connector metadata cleared before the drafter's forward (vLLM #34529;
+vLLM's own LLM() and model runner with a recording connector, where a GPU or vLLM's CPU build runs a model). Some
+causes are refused with their reason (``REFUSED``). Every other cause gets one line saying so and exit 2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
 """
 
 from __future__ import annotations
