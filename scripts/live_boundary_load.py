@@ -47,10 +47,11 @@ def _body(r: dict, logprobs: bool = True) -> dict:
     return {**b, "logprobs": 2} if logprobs else b
 
 
-def _post(url: str, r: dict) -> tuple[dict, bool]:
+def _post(url: str, r: dict, logprobs: bool = True) -> tuple[dict, bool]:
     """The response, and whether it carries logprobs: a server that refuses them (HTTP 400) is asked
-    again without, so a release that cannot return logprobs still gives the token oracle."""
-    if r.get("no_logprobs"):
+    again without, so a release that cannot return logprobs still gives the token oracle. ``logprobs``
+    False: asked without from the start."""
+    if not logprobs:
         return pd_proxy.post_json(url, _body(r, logprobs=False)), False
     try:
         return pd_proxy.post_json(url, _body(r)), True
@@ -78,13 +79,11 @@ def send_boundary(proxy_url: str, prefill_url: str, plan: list[dict], concurrenc
                   logprobs: bool = True) -> list[dict]:
     """Every request disaggregated (``concurrency`` at a time), then every prompt locally on P. ``logprobs``
     False: the tokens alone (no near-tie verdicts)."""
-    if not logprobs:
-        plan = [{**r, "no_logprobs": True} for r in plan]
 
     def pd(r: dict) -> dict:
         t = time.monotonic()
         try:
-            resp, lp = _post(proxy_url + "/v1/completions", r)
+            resp, lp = _post(proxy_url + "/v1/completions", r, logprobs)
             kvp = resp.get("pd_proxy", {}).get("prefill_kv_transfer_params", {})
             toks, top = _out(resp)
             return {**r, "ok": True, "s": round(time.monotonic() - t, 2), "tokens": toks, "top": top,
@@ -96,7 +95,8 @@ def send_boundary(proxy_url: str, prefill_url: str, plan: list[dict], concurrenc
 
     def local(r: dict) -> dict:
         try:
-            return {"ok": True, **dict(zip(("tokens", "top"), _out(_post(prefill_url + "/v1/completions", r)[0])))}
+            resp = _post(prefill_url + "/v1/completions", r, logprobs)[0]
+            return {"ok": True, **dict(zip(("tokens", "top"), _out(resp)))}
         except Exception as exc:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
 

@@ -360,8 +360,9 @@ def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, 
         env = server_env(free_port(), None if push else cpu)
         if push:  # (found 2026-12-07) the push writer thread inherits the worker's pinned core, where the worker's
             # main thread busy-polls for the next step and the engine steps without pause while a push is due:
-            # pinned, the first push came 53 s after P's prefill and the second not in 5 min (py-spy: the writer
-            # runnable, starved). Unpinned, with one OpenMP thread each (so that they do not spin), it serves.
+            # pinned, the first push came 53 s after P's prefill and the second not in 5 min (our reading: the
+            # writer starves; docs/live-cpu.md). Unpinned, with one OpenMP thread each (so that they do not spin),
+            # it serves.
             env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
         if (faults or {}).get(name):
             env["PDTRACE_LABELLED_FAULT"] = faults[name]

@@ -78,6 +78,12 @@ def _reflow(doc_text: str) -> str:
     return '"""' + "\n\n".join(out) + '\n"""\n'
 
 
+def _doc_base(trace: str, cause: Any, vllm: str) -> dict[str, Any]:
+    """The docstring fields every written test has: when, from which trace and cause, on which vLLM."""
+    return {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "trace": trace,
+            "n": cause.n, "title": cause.title, "vllm": vllm or "?"}
+
+
 def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str, window: int = 0,
             groups: bool = False) -> tuple[dict, dict]:
     """The docstring fields and the constants every written test has (spec, block size, async, the configs, the
@@ -96,8 +102,7 @@ def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str, window: int = 
         raise PdtraceError(f"{trace}: cause {cause.n} was recorded with a {kind} group; repro rebuilds a "
                            f"full-attention group (a sliding-window one where the finding names its window) so far")
     k = s["num_spec_tokens"] if spec else 0
-    doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "trace": trace,
-           "n": cause.n, "title": cause.title, "vllm": vllm or "?", "bs": s["block_sizes"][0],
+    doc = {**_doc_base(trace, cause, vllm), "bs": s["block_sizes"][0],
            "async_": s["async_scheduling"],
            "method_words": f"{s['spec_method']} with {k} speculative tokens" if spec else "no speculative decoding"}
     const = {"BLOCK_SIZE": s["block_sizes"][0], "SPEC_METHOD": spec, "NUM_SPEC_TOKENS": k,
@@ -258,8 +263,7 @@ def _drafter_group(events: list, header: dict, c: Any, finding: Any, trace: str,
 def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.stale_read(events, finding, trace, c.n, c.mechanism)
     mode = s["mamba_cache_mode"]
-    doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "trace": trace,
-           "n": c.n, "title": c.title, "vllm": vllm or "?", "mechanism": c.mechanism, "async_": s["async_scheduling"],
+    doc = {**_doc_base(trace, c, vllm), "mechanism": c.mechanism, "async_": s["async_scheduling"],
            "method_words": f"{s['spec_method']} with {s['num_spec_tokens']} speculative tokens",
            "mode_words": "mamba_cache_mode 'align': the gather through prev_positions" if mode == "align" else
            "outside align mode", "req": s["req"], "row": s["row"], "value": s["value"], "own": s["own"]}
@@ -273,8 +277,7 @@ def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: s
 def _metadata(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.metadata_cleared(events, finding, trace, c.n)
     k = s["num_spec_tokens"] or 1
-    doc = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "trace": trace,
-           "n": c.n, "title": c.title, "vllm": vllm or "?", "mechanism": c.mechanism, "async_": s["async_scheduling"],
+    doc = {**_doc_base(trace, c, vllm), "mechanism": c.mechanism, "async_": s["async_scheduling"],
            "method_words": f"{s['spec_method']} with {k} speculative tokens", "method": s["spec_method"],
            "inst": s["inst"], "role": s["kv_role"], "step": s["step"], "drafter": s["drafter_layers"] or "?",
            "target": s["target_layers"] or "?", "req": s["req"], "prompt_len": s["prompt_len"],

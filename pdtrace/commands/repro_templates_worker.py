@@ -293,9 +293,8 @@ def test_the_drafters_layers_save_kv_while_the_steps_metadata_is_bound(
     from vllm.config import KVTransferConfig
     from vllm.platforms import current_platform
 
-    monkeypatch.setenv(
-        "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
-    )  # the engine in this process, with the records
+    # the engine in this process, with the records
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     cpu = current_platform.is_cpu()
     block = _cdiv(BLOCK_SIZE, 32) * 32 if cpu else BLOCK_SIZE
