@@ -102,6 +102,9 @@ def _why(why: str) -> str:
     """A family's reason, one line, the same however the release raised it: vLLM's config validators raise
     ValueError, which pydantic sometimes hands on wrapped in a ValidationError ("1 validation error for
     ModelConfig / Value error, ..."; both forms seen for one release on one host): the ValueError's message."""
+    # A path into the release's venv names the venv's hash, which follows release_venv.sh and pyproject.toml:
+    # a matrix must not change when they do, so the path starts at site-packages.
+    why = re.sub(r"[^\s'\"(]*/site-packages/", "site-packages/", why)
     m = re.search(r"Value error, (.*?)(?: \[type=|$)", why, re.S)
     if why.startswith("ValidationError") and m:
         return ("ValueError: " + " ".join(m.group(1).split()))[:200]
