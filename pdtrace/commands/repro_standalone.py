@@ -27,6 +27,7 @@ from typing import Any, Callable
 from pdtrace.commands import repro_facts as facts
 from pdtrace.commands import repro_templates as tpl
 from pdtrace.commands import repro_templates_kv as tpl_kv
+from pdtrace.commands import repro_templates_lease as tpl_lease
 from pdtrace.commands import repro_templates_worker as tpl_worker
 from pdtrace.errors import PdtraceError
 
@@ -260,6 +261,19 @@ def _drafter_group(events: list, header: dict, c: Any, finding: Any, trace: str,
                  tpl_kv.DRAFTER_GROUP_TEST, events, header, c)
 
 
+def _lease(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.expired_lease(events, finding, trace, c.n)
+    doc, const = _common(s, trace, c, vllm)
+    after = s["read_after_s"]
+    doc.update(p_req=s["p_req"], d_req=s["d_req"], held_len=s["held_len"], blocks=s["blocks"], lease=s["lease_s"],
+               retrieved=s["retrieved"], other=s["other"], other_len=s["other_len"], num_blocks=s["num_blocks"],
+               after=f"{after:.2f} s" if isinstance(after, (int, float)) and after > 0 else "(by the trace) ")
+    return _file(tpl_lease.LEASE_DOC, doc, {
+        "HELD": s["p_req"], "OTHER": s["other"], "D_REQ": s["d_req"], "HELD_LEN": s["held_len"],
+        "OTHER_LEN": s["other_len"], "LEASE_S": s["lease_s"], "NUM_BLOCKS": s["num_blocks"], **const},
+        tpl_lease.LEASE_TEST, events, header, c)
+
+
 def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.stale_read(events, finding, trace, c.n, c.mechanism)
     mode = s["mamba_cache_mode"]
@@ -301,6 +315,7 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "kv-invariant/in-flight-write": _reown,
     "kv-invariant/in-flight-read": _prune,
     "never-crossed/drafter-group": _drafter_group,
+    "never-crossed/expired-lease": _lease,
     "metadata-cleared": _metadata,
     "stale-accepted-count-read": _stale,  # (by class: every mechanism is a read after row moves, or refused)
 }
@@ -308,17 +323,13 @@ REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load 
           "step in flight (vLLM #49250), failed blocks shared through the prefix cache, a KV load into blocks a step in flight writes " \
           "(#37285) or reads (#47282), the drafter's KV cache group left out of the transfer (#54926's shape), an " \
           "accepted count read after row moves (seed 004, #51571), the connector metadata cleared before the drafter " \
-          "(#34529)"
+          "(#34529), P's NIXL lease run out before D's read (#52234)"
 
 
 # why a mechanism is not rebuilt, where there is more to say than "not yet" (one line each)
 REFUSED = {
     "never-crossed/no-params": "the params were dropped outside vLLM (a router or proxy between P and D), so no vLLM "
                                "test can fail for it: the fix, and its test, belong to that component",
-    "never-crossed/expired-lease": "P's lease runs out in P's NIXL worker (VLLM_NIXL_ABORT_REQUEST_TIMEOUT) and D's "
-                                   "read lands by RDMA: the worker side with a NIXL agent, which a pytest file with "
-                                   "vLLM alone cannot stand up yet (tests/test_live_expired_lease_cpu.py does it "
-                                   "live)",
 }
 
 

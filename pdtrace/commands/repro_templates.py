@@ -36,11 +36,12 @@ def _model_dir(tmp_path, name, cfg):
 HELPERS = BASIC + '''
 
 def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_tokens=1024, num_blocks=256,
-               max_model_len=2048, max_num_seqs=8, kv_groups=None):
+               max_model_len=2048, max_num_seqs=8, kv_groups=None, extra_config=None):
     """vLLM's own Scheduler (AsyncScheduler when the trace's was async), kv_role ``role``, the NIXL connector's
     scheduler side, one KV cache group of the recorded block size (full attention, or a sliding window of
     SLIDING_WINDOW tokens), or ``kv_groups`` (full attention: each group's layers, whether vLLM marks it the
-    drafter's, whether it transfers); no model weights."""
+    drafter's, whether it transfers); ``extra_config``: the connector's kv_connector_extra_config; no model
+    weights."""
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, SpeculativeConfig, VllmConfig)
@@ -66,6 +67,8 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
         pass
     sched_kw = {"long_prefill_token_threshold": long_prefill} if long_prefill else {}
     kvt_kw = {"kv_load_failure_policy": policy} if policy else {}
+    if extra_config:
+        kvt_kw["kv_connector_extra_config"] = dict(extra_config)
     vc = VllmConfig(model_config=mc, speculative_config=spec,
                     scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs,
                                                      max_num_batched_tokens=max_num_batched_tokens,
