@@ -16,6 +16,8 @@
 #               P, and no finding. Needs nixl (scripts/install.sh --live).
 # --vllm V      on that release's own code (scripts/release_venv.sh; default: .venv's vLLM 0.32.0)
 # --markdown    print docs/architectures.md instead of the JSON lines (> docs/architectures.md to update it)
+# PDTRACE_ZOO_TRACES=DIR (environment): also write each engine-core request's trace there
+#               (FAMILY-PROMPT-released.jsonl / -old_p_block_rule.jsonl), for pdtrace check / repro / view
 # Exit 0 when nothing is mismatched and nothing is found on correct vLLM, 1 otherwise, 4 when nothing
 # is but some family could not be built (or served) here, which the JSON says with vLLM's reason (e.g.
 # Qwen3-Next on 0.24.0: its GDN layer imports compressed_tensors, which the release venvs lack), 2 on bad usage.

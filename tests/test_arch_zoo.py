@@ -36,9 +36,15 @@ KINDS = {  # family -> {group kind: (how many groups, window)} its architecture 
 
 
 @pytest.fixture(scope="module")
-def zoo():
+def zoo_traces(tmp_path_factory):
+    return tmp_path_factory.mktemp("zoo-traces")  # (each request's trace: PDTRACE_ZOO_TRACES)
+
+
+@pytest.fixture(scope="module")
+def zoo(zoo_traces):
     r = subprocess.run([sys.executable, "-m", "pdtrace.testing.zoo"], capture_output=True, text=True, timeout=900,
-                       cwd=ROOT, env={**__import__("os").environ, "VLLM_TARGET_DEVICE": "cpu"})
+                       cwd=ROOT, env={**__import__("os").environ, "VLLM_TARGET_DEVICE": "cpu",
+                                      "PDTRACE_ZOO_TRACES": str(zoo_traces)})
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
     assert lines, r.stderr[-3000:]
     return r.returncode, lines[:-1], lines[-1]
@@ -158,3 +164,39 @@ def test_a_family_vllms_registry_failed_to_inspect_says_why(monkeypatch):
         "vLLM's model registry failed to inspect NoSuchForCausalLM (importing vllm.model_executor.models.no_such_module:"
         " ModuleNotFoundError: No module named 'vllm.model_executor.models.no_such_module')")
     assert _import_failure("NoSuchForCausalLM", ValueError("another reason")) == ""
+
+
+@pytest.mark.parametrize("family, groups", [
+    ("gemma3", "6 KV cache groups as recorded: 0-4 sliding windows of 64 tokens, 5 full attention"),
+    ("llama4", "4 KV cache groups as recorded: 0-2 chunked-local attention, chunks of 64 tokens, 3 full attention"),
+])
+def test_repro_rebuilds_a_hybrid_models_lookahead_with_its_recorded_groups(zoo, zoo_traces, tmp_path, family, groups):
+    """A hybrid layout as vLLM builds it from the model's own layers (Gemma 3: five sliding-window groups and one
+    full-attention group; Llama 4: three chunked-local groups and one full-attention group; each with a draft model),
+    the first prompt the labelled pre-#44151 P rule misaligns that is right as released (vLLM's own block lists say
+    which): `pdtrace repro --cause 1` writes a test that builds those groups. Run with pytest alone (pdtrace off the
+    path) on the pinned vLLM, which has the fix, it passes; beside the old rule put back (a conftest: the same
+    labelled fault as tests/test_repro_standalone.py's) it fails, naming group 0 (a sliding-window or chunked-local
+    group). Per release both fail on 0.23.0 and 0.24.0 only (tried by hand, docs/repro.md)."""
+    import os
+
+    from test_repro_standalone import FAULT
+
+    _rc, fams, _s = zoo
+    fam = next(f for f in fams if f["family"] == family)
+    prompt = next(n for n in fam["misaligned_prompts"]["with_rule"] if n not in fam["misaligned_prompts"]["as_released"])
+    trace = zoo_traces / f"{family}-{prompt}-old_p_block_rule.jsonl"
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "repro", str(trace), "--cause", "1", "-o",
+                        str(tmp_path / "test_fixed.py")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "test_fixed.py").read_text()
+    assert groups in " ".join(text.split()), text[:2000]
+    (tmp_path / "faulted").mkdir()
+    (tmp_path / "faulted" / "test_faulted.py").write_text(text)
+    (tmp_path / "faulted" / "conftest.py").write_text(FAULT)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_TARGET_DEVICE")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace", "-rA",
+                           "."], capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
+    out = proc.stdout
+    assert "PASSED test_fixed.py::" in out and "FAILED faulted/test_faulted.py::" in out, out[-3000:]
+    assert "AssertionError: group 0: P handed D blocks" in out, out[-3000:]  # (group 0: a sliding window)

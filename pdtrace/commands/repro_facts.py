@@ -282,3 +282,21 @@ def expired_lease(events: list[dict], finding: Any, trace: str, n: int) -> dict[
             "other": other["req"], "other_len": int(oadd["prompt_len"]), "lease_s": lease,
             "retrieved": int(exp.get("retrieved") or 0), "read_after_s": d.get("read_after_s"),
             "num_blocks": 1 + max(h, o)}
+
+
+def lookahead_groups(s: dict, trace: str, n: int) -> list[dict] | None:
+    """The recorded KV cache groups where there are several (full attention, sliding windows and chunked-local
+    attention of one block size, as Gemma 3 and Llama 4 have), for the written test to build as recorded (``window``:
+    a sliding window's tokens, ``chunk``: a chunked-local group's); None for one group."""
+    kinds, sizes, windows = s["group_kinds"], s["block_sizes"], s.get("windows") or []
+    if len(kinds) < 2:
+        return None
+    known = {"FullAttentionSpec", "SlidingWindowSpec", "ChunkedLocalAttentionSpec"}
+    if not set(kinds) <= known or len(set(sizes)) != 1 or len(windows) != len(kinds):
+        raise PdtraceError(f"{trace}: cause {n} was recorded with {len(kinds)} KV cache groups ({', '.join(kinds)}; "
+                           f"block sizes {sizes}): repro rebuilds full-attention, sliding-window and "
+                           f"chunked-local groups of one block size, with their windows recorded, so far")
+    drafter = set(s.get("draft_groups") or [])
+    return [{"layers": [f"model.layers.{g}.self_attn.attn"], "window": int(w or 0) if k == "SlidingWindowSpec" else 0,
+             "chunk": int(w or 0) if k == "ChunkedLocalAttentionSpec" else 0, "eagle": g in drafter, "transfer": True}
+            for g, (k, w) in enumerate(zip(kinds, windows))]

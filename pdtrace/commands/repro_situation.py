@@ -54,7 +54,8 @@ def situation(events: list[dict], request: str) -> dict[str, Any]:
         raise PdtraceError(f"no prompt length recorded for {request!r} (no req.add / nixl.request_finished)")
     return {
         "request": request, "p_req": p_req, "d_req": d_req,
-        "block_sizes": block_sizes, "group_kinds": kinds,
+        "block_sizes": block_sizes, "group_kinds": kinds, "windows": list(conf.get("windows") or []),
+        "draft_groups": list(conf.get("draft_groups") or []),
         "hybrid": any("Mamba" in g for g in kinds),
         "spec_method": method, "harness_method": _METHOD_MAP.get(method, "eagle" if k else ""),
         "num_spec_tokens": k,

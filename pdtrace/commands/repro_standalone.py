@@ -31,9 +31,8 @@ from pdtrace.commands import repro_templates_lease as tpl_lease
 from pdtrace.commands import repro_templates_worker as tpl_worker
 from pdtrace.errors import PdtraceError
 
-LOOKAHEAD = "lookahead-block-misalignment"
 _CONFIGS = Path(__file__).resolve().parent.parent / "testing" / "configs"
-_SPEC = {"eagle": "eagle", "eagle3": "eagle", "mtp": "eagle", "draft_model": "eagle", "ngram": "ngram",
+_SPEC = {"eagle": "eagle", "eagle3": "eagle", "mtp": "eagle", "draft_model": "draft_model", "ngram": "ngram",
          "dflash": "dflash", "": ""}
 _DRAFT = {"eagle": "tiny-eagle", "dflash": "tiny-dflash"}
 
@@ -99,7 +98,7 @@ def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str, window: int = 
         raise PdtraceError(f"{trace}: cause {cause.n} was recorded with {len(s['block_sizes'])} KV cache groups "
                            f"({', '.join(s['group_kinds'])}); repro rebuilds one full-attention group so far")
     kind = s["group_kinds"][0] if s["group_kinds"] else "FullAttentionSpec"
-    if kind != "FullAttentionSpec" and not (kind == "SlidingWindowSpec" and window):
+    if not groups and kind != "FullAttentionSpec" and not (kind == "SlidingWindowSpec" and window):
         raise PdtraceError(f"{trace}: cause {cause.n} was recorded with a {kind} group; repro rebuilds a "
                            f"full-attention group (a sliding-window one where the finding names its window) so far")
     k = s["num_spec_tokens"] if spec else 0
@@ -169,10 +168,23 @@ def _lookahead(events: list, header: dict, c: Any, finding: Any, trace: str, vll
     from pdtrace.commands.repro_situation import situation
 
     s = situation(events, str(c.first.get("req")))
-    doc, const = _common(s, trace, c, vllm)
-    doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"])
-    return _file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], **const}, tpl.LOOKAHEAD_TEST, events,
-                 header, c)
+    groups = facts.lookahead_groups(s, trace, c.n)
+    doc, const = _common(s, trace, c, vllm, groups=bool(groups))
+    words = ""
+    if groups:
+        import itertools
+
+        runs, g0 = [], 0
+        for (w, ch), run in itertools.groupby((g["window"], g["chunk"]) for g in groups):
+            n = len(list(run))
+            what = (f"sliding window{'s' if n > 1 else ''} of {w} tokens" if w else
+                    f"chunked-local attention, chunks of {ch} tokens" if ch else "full attention")
+            runs.append(f"{g0}-{g0 + n - 1} {what}" if n > 1 else f"{g0} {what}")
+            g0 += n
+        words = f"; {len(groups)} KV cache groups as recorded: " + ", ".join(runs)
+    doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"], groups_words=words)
+    return _file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "GROUPS": groups, **const},
+                 tpl.LOOKAHEAD_TEST, events, header, c)
 
 
 def _dflash(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
@@ -307,7 +319,10 @@ def _metadata(events: list, header: dict, c: Any, finding: Any, trace: str, vllm
 
 # mechanism (causes.Cause.mechanism), or class, -> builder; a cause of another mechanism gets one line and exit 2
 BUILDERS: dict[str, Callable[..., str]] = {
-    LOOKAHEAD: _lookahead,  # (by class: every lookahead mechanism is P's report)
+    # P's report of lookahead blocks (vLLM #44151): the blocks it hands D. D's own trim (past-p, uneven-trim), a
+    # read of blocks P never reported and an inconclusive trim are not P's report: not rebuilt by this test
+    "lookahead/shifted": _lookahead,
+    "lookahead/latent": _lookahead,
     "drafter-window": _dflash,
     "kv-load/placeholders": _rollback,
     "kv-load/shared-block-read-early": _shared,

@@ -39,8 +39,8 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
                max_model_len=2048, max_num_seqs=8, kv_groups=None, extra_config=None):
     """vLLM's own Scheduler (AsyncScheduler when the trace's was async), kv_role ``role``, the NIXL connector's
     scheduler side, one KV cache group of the recorded block size (full attention, or a sliding window of
-    SLIDING_WINDOW tokens), or ``kv_groups`` (full attention: each group's layers, whether vLLM marks it the
-    drafter's, whether it transfers); ``extra_config``: the connector's kv_connector_extra_config; no model
+    SLIDING_WINDOW tokens), or ``kv_groups`` (each group's layers, its sliding window or chunk (chunked-local
+    attention) or neither for full attention, whether vLLM marks it the drafter's, whether it transfers); ``extra_config``: the connector's kv_connector_extra_config; no model
     weights."""
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
@@ -55,6 +55,9 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
     if SPEC_METHOD == "ngram":
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=NUM_SPEC_TOKENS, prompt_lookup_max=4,
                                  prompt_lookup_min=2)
+    elif SPEC_METHOD == "draft_model":  # (a draft model: the target's own tiny config stands for it)
+        spec = SpeculativeConfig(method="draft_model", model=target, num_speculative_tokens=NUM_SPEC_TOKENS,
+                                 target_model_config=mc, target_parallel_config=ParallelConfig())
     elif SPEC_METHOD:
         spec = SpeculativeConfig(method=SPEC_METHOD, model=_model_dir(tmp_path, "draft", DRAFT),
                                  num_speculative_tokens=NUM_SPEC_TOKENS, target_model_config=mc,
@@ -88,7 +91,14 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
         import dataclasses
 
         has = {f.name for f in dataclasses.fields(KVCacheGroupSpec)}  # (the flags, where this vLLM has them)
-        groups = [KVCacheGroupSpec(list(g["layers"]), FullAttentionSpec(**common), **{
+        def kind(g):
+            if g.get("chunk"):
+                from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
+
+                return ChunkedLocalAttentionSpec(**common, attention_chunk_size=g["chunk"])
+            return SlidingWindowSpec(**common, sliding_window=g["window"]) if g.get("window") else FullAttentionSpec(**common)
+
+        groups = [KVCacheGroupSpec(list(g["layers"]), kind(g), **{
             k: v for k, v in (("is_eagle_group", g["eagle"]), ("enable_kv_transfer", g["transfer"])) if k in has})
             for g in kv_groups]
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
@@ -221,7 +231,7 @@ LOOKAHEAD_DOC = '''"""Regression test for vLLM #44151's class (lookahead-block-m
 Trace: {trace}
 Root cause {n}: {title}
 Recorded: vLLM {vllm}; {method_words}; block size {bs}; async_scheduling={async_}; a prompt of {prompt_len}
-tokens (P request {p_req}).
+tokens (P request {p_req}){groups_words}.
 
 P, a NIXL kv_producer, prefills one prompt for a remote decode. The block ids it hands D
 (kv_transfer_params["remote_block_ids"]) must be exactly the blocks of P's own block table that hold the prompt's
@@ -239,7 +249,7 @@ model weights (a tiny config written to a temporary directory; the sampled token
 LOOKAHEAD_TEST = '''
 
 def test_p_hands_d_only_the_blocks_holding_its_computed_tokens(tmp_path):
-    sched = _scheduler(tmp_path, "kv_producer")
+    sched = _scheduler(tmp_path, "kv_producer", kv_groups=GROUPS)
     params = _prefill_on_p(sched, "p-req", _prompt(PROMPT_LEN))
     table = [list(g) for g in sched.kv_cache_manager.get_block_ids("p-req")]  # P's own block table, held for D
     reported = params["remote_block_ids"]
@@ -248,7 +258,9 @@ def test_p_hands_d_only_the_blocks_holding_its_computed_tokens(tmp_path):
     n = _cdiv(params.get("remote_num_tokens") or PROMPT_LEN, BLOCK_SIZE)
     for g, ids in enumerate(reported):
         want = table[g][:n]
-        extra = [b for b in ids if b not in want]
+        if GROUPS and GROUPS[g].get("window"):  # (a sliding window: P hands D the blocks still in it, the tail)
+            want = [b for b in want if b][-len(ids):] if ids else []
+        extra = [b for b in ids if b not in table[g][:n]]
         assert list(ids) == want, (
             f"group {g}: P handed D blocks {list(ids)} for {PROMPT_LEN} computed tokens; the blocks holding them "
             f"in P's block table are {want} (block size {BLOCK_SIZE}). Block(s) {extra} are {SPEC_METHOD} "

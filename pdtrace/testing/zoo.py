@@ -21,6 +21,8 @@ with the labelled pre-#44151 P rule, exactly the requests the oracle calls misal
 and by the KV invariant alone: ``invariant``).
 
     python -m pdtrace.testing.zoo [FAMILY ...]      # one JSON line per family, then a summary line
+With PDTRACE_ZOO_TRACES=DIR set, each request's trace is written there too (FAMILY-PROMPT-released.jsonl, or
+-old_p_block_rule.jsonl with the labelled fault), for `pdtrace check` / `repro` / `view` on a family's own layout.
 Runs in its own process (it initialises torch.distributed with one gloo rank, as a worker does)."""
 
 from __future__ import annotations
@@ -285,6 +287,8 @@ def run_family(name: str, workdir: Path) -> dict:
             r.state_groups = ["Mamba" in k or "State" in k for k in groups]
             evs = [dict(e, id=i) for i, e in enumerate(r.events)]
             fs = detectors.run_all(evs, {})
+            if os.environ.get("PDTRACE_ZOO_TRACES"):
+                _save(os.environ["PDTRACE_ZOO_TRACES"], name, n, faults, evs)
             runs.append({"prompt": n, "faults": list(faults), "misaligned": oracle(r),
                          "findings": [{"kind": f.kind, "severity": f.severity, "req": f.req, "title": f.title}
                                       for f in fs]})
@@ -304,6 +308,18 @@ def run_family(name: str, workdir: Path) -> dict:
     res["misaligned_prompts"] = {"as_released": [x["prompt"] for x in runs if not x["faults"] and x.get("misaligned")],
                                  "with_rule": [x["prompt"] for x in runs if x["faults"] and x.get("misaligned")]}
     return res
+
+
+def _save(where: str, name: str, prompt: int, faults: tuple, events: list) -> None:
+    """One request's P/D run as a trace (PDTRACE_ZOO_TRACES), its origin and labelled fault in the header."""
+    from pdtrace.tracefile.writer import make_header, write_trace
+
+    tag = "-".join(faults) or "released"
+    os.makedirs(where, exist_ok=True)
+    write_trace(os.path.join(where, f"{name}-{prompt}-{tag}.jsonl"), make_header(
+        origin="zoo", scenario=f"the architecture zoo's {name}, a {prompt}-token prompt, {tag}",
+        provenance={"made_by": "python -m pdtrace.testing.zoo (PDTRACE_ZOO_TRACES)", "faults": list(faults)}),
+        [{k: v for k, v in e.items() if k != "id"} for e in events])
 
 
 def cpu_platform() -> str:
