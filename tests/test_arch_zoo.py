@@ -200,3 +200,53 @@ def test_repro_rebuilds_a_hybrid_models_lookahead_with_its_recorded_groups(zoo, 
     out = proc.stdout
     assert "PASSED test_fixed.py::" in out and "FAILED faulted/test_faulted.py::" in out, out[-3000:]
     assert "AssertionError: group 0: P handed D blocks" in out, out[-3000:]  # (group 0: a sliding window)
+
+
+EMPTY_GROUP_FIX = '''"""LABELLED FIX (a fixture, not in any vLLM release): _apply_prefix_caching gives a group D loads nothing into an
+empty P list, the guard vLLM 0.32.0's own _apply_prefix_caching_by_region has (`if decode_region else []`)."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def empty_group_reads_nothing(monkeypatch):
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker
+
+    orig = NixlBaseConnectorWorker._apply_prefix_caching
+
+    def fixed(self, decode_block_ids, prefill_block_ids, *a, **kw):
+        local, remote = orig(self, decode_block_ids, prefill_block_ids, *a, **kw)[:2]
+        return local, [list(r) if len(d) else [] for d, r in zip(local, remote)]
+
+    monkeypatch.setattr(NixlBaseConnectorWorker, "_apply_prefix_caching", fixed)
+'''
+
+
+def test_repro_rebuilds_llama4s_chunk_boundary_as_released(zoo, zoo_traces, tmp_path):
+    """Llama 4 as released (no fault), a prompt that ends on a chunk boundary (the zoo's oracle: vLLM's own block
+    lists misalign it as released): `check`'s cause is D's uneven trim (lookahead/uneven-trim), and `pdtrace repro
+    --cause 1` writes a test that runs the release's own _apply_prefix_caching on D's read plan and P's report from
+    vLLM's own Schedulers. With pytest alone on the pinned vLLM (the bug is open there) it fails naming the
+    chunked-local groups; beside a labelled fix (an empty P list for a group D loads nothing into) it passes. Per
+    release it fails on 0.22.1, 0.25.0-0.33.0, passes on 0.23.0 and 0.24.0 (P's #44151 lookahead block gives every
+    group one block to load there) and skips on 0.19.1-0.20.0 (no _apply_prefix_caching): by hand, docs/repro.md."""
+    import os
+
+    _rc, fams, _s = zoo
+    fam = next(f for f in fams if f["family"] == "llama4")
+    prompt = fam["misaligned_prompts"]["as_released"][0]
+    trace = zoo_traces / f"llama4-{prompt}-released.jsonl"
+    r = subprocess.run([sys.executable, "-m", "pdtrace", "repro", str(trace), "--cause", "1", "-o",
+                        str(tmp_path / "test_released.py")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "cause 1 (lookahead-block-misalignment)" in r.stdout, r.stderr
+    text = (tmp_path / "test_released.py").read_text()
+    assert "def test_d_trims_its_and_ps_block_lists_to_one_length_in_every_group" in text
+    (tmp_path / "fixed").mkdir()
+    (tmp_path / "fixed" / "test_fixed.py").write_text(text)
+    (tmp_path / "fixed" / "conftest.py").write_text(EMPTY_GROUP_FIX)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_TARGET_DEVICE")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace", "-rA",
+                           "."], capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
+    out = proc.stdout
+    assert "FAILED test_released.py::" in out and "PASSED fixed/test_fixed.py::" in out, out[-3000:]
+    assert ("group 0 (ChunkedLocalAttentionSpec) (and 1, 2, the same): D's _apply_prefix_caching paired 0 of D's "
+            "blocks [] with") in out, out[-3000:]

@@ -28,6 +28,7 @@ from pdtrace.commands import repro_facts as facts
 from pdtrace.commands import repro_templates as tpl
 from pdtrace.commands import repro_templates_kv as tpl_kv
 from pdtrace.commands import repro_templates_lease as tpl_lease
+from pdtrace.commands import repro_templates_trim as tpl_trim
 from pdtrace.commands import repro_templates_worker as tpl_worker
 from pdtrace.errors import PdtraceError
 
@@ -170,19 +171,7 @@ def _lookahead(events: list, header: dict, c: Any, finding: Any, trace: str, vll
     s = situation(events, str(c.first.get("req")))
     groups = facts.lookahead_groups(s, trace, c.n)
     doc, const = _common(s, trace, c, vllm, groups=bool(groups))
-    words = ""
-    if groups:
-        import itertools
-
-        runs, g0 = [], 0
-        for (w, ch), run in itertools.groupby((g["window"], g["chunk"]) for g in groups):
-            n = len(list(run))
-            what = (f"sliding window{'s' if n > 1 else ''} of {w} tokens" if w else
-                    f"chunked-local attention, chunks of {ch} tokens" if ch else "full attention")
-            runs.append(f"{g0}-{g0 + n - 1} {what}" if n > 1 else f"{g0} {what}")
-            g0 += n
-        words = f"; {len(groups)} KV cache groups as recorded: " + ", ".join(runs)
-    doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"], groups_words=words)
+    doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"], groups_words=_groups_words(groups))
     return _file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "GROUPS": groups, **const},
                  tpl.LOOKAHEAD_TEST, events, header, c)
 
@@ -273,6 +262,36 @@ def _drafter_group(events: list, header: dict, c: Any, finding: Any, trace: str,
                  tpl_kv.DRAFTER_GROUP_TEST, events, header, c)
 
 
+def _groups_words(groups: list[dict] | None) -> str:
+    """"; 6 KV cache groups as recorded: 0-4 sliding windows of 64 tokens, 5 full attention" ("" for one group)."""
+    import itertools
+
+    if not groups:
+        return ""
+    runs, g0 = [], 0
+    for (w, ch), run in itertools.groupby((g["window"], g["chunk"]) for g in groups):
+        n = len(list(run))
+        what = (f"sliding window{'s' if n > 1 else ''} of {w} tokens" if w else
+                f"chunked-local attention, chunks of {ch} tokens" if ch else "full attention")
+        runs.append(f"{g0}-{g0 + n - 1} {what}" if n > 1 else f"{g0} {what}")
+        g0 += n
+    return f"; {len(groups)} KV cache groups as recorded: " + ", ".join(runs)
+
+
+def _uneven_trim(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    from pdtrace.commands.repro_situation import situation
+
+    d = (finding.data or {}) if finding is not None else {}
+    s = situation(events, str(d.get("d_req") or c.first.get("req")))
+    groups = facts.lookahead_groups(s, trace, c.n)
+    doc, const = _common(s, trace, c, vllm, groups=bool(groups))
+    doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"], d_req=s["d_req"], groups_words=_groups_words(groups),
+               uneven=", ".join(str(u[0]) for u in d.get("uneven_trim") or []) or "?")
+    return _file(tpl_trim.UNEVEN_TRIM_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["d_req"],
+                                                 "PROMPT_LEN": s["prompt_len"], "GROUPS": groups, **const},
+                 tpl_trim.UNEVEN_TRIM_TEST, events, header, c)
+
+
 def _lease(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.expired_lease(events, finding, trace, c.n)
     doc, const = _common(s, trace, c, vllm)
@@ -323,6 +342,7 @@ BUILDERS: dict[str, Callable[..., str]] = {
     # read of blocks P never reported and an inconclusive trim are not P's report: not rebuilt by this test
     "lookahead/shifted": _lookahead,
     "lookahead/latent": _lookahead,
+    "lookahead/uneven-trim": _uneven_trim,
     "drafter-window": _dflash,
     "kv-load/placeholders": _rollback,
     "kv-load/shared-block-read-early": _shared,
@@ -338,7 +358,8 @@ REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load 
           "step in flight (vLLM #49250), failed blocks shared through the prefix cache, a KV load into blocks a step in flight writes " \
           "(#37285) or reads (#47282), the drafter's KV cache group left out of the transfer (#54926's shape), an " \
           "accepted count read after row moves (seed 004, #51571), the connector metadata cleared before the drafter " \
-          "(#34529), P's NIXL lease run out before D's read (#52234)"
+          "(#34529), P's NIXL lease run out before D's read (#52234), D's uneven trim of a chunked-local group (the " \
+          "Llama 4 chunk boundary)"
 
 
 # why a mechanism is not rebuilt, where there is more to say than "not yet" (one line each)
