@@ -51,3 +51,15 @@ def group_layout(groups: list, kv_cache_config: Any, conn: Any) -> dict:
         else:
             out["exchange_blocks"] = [0] * len(bps)
     return out
+
+
+def step_budget(sched_cfg: Any) -> dict:
+    """The scheduler's per-step token budget and its long-prefill chunk (``SchedulerConfig.max_num_batched_tokens``,
+    ``long_prefill_token_threshold``: 0 = no chunking of a long prefill), where the release has them: what a rebuilt
+    situation needs to chunk a recompute as the recording did (`pdtrace repro`)."""
+    out: dict[str, int] = {}
+    for name in ("max_num_batched_tokens", "long_prefill_token_threshold"):
+        v = getattr(sched_cfg, name, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            out[name] = int(v)
+    return out

@@ -9,10 +9,9 @@ Targets (all verified against the installed 0.32.0):
 - ``Scheduler._free_request_blocks``     -> ``sched.free`` (immediate and deferred frees)
 - ``KVCacheManager.allocate_slots``      -> ``sched.alloc``
 
-Two schedulers (P and D) may live in one process (tests, the harness), so every event names its
-scheduler's instance (``inst=``, from its kv_role) and step (``step=``, ``_pdtrace_step`` kept on
-the scheduler). The KV cache manager and the connector get a back reference ``_pdtrace_sched`` to
-their scheduler so hooks on them (here and in ``hooks/nixl.py``) can do the same.
+Two schedulers (P and D) may live in one process (tests, the harness), so every event names its scheduler's
+instance (``inst=``, from its kv_role) and step (``step=``, ``_pdtrace_step`` kept on the scheduler). The KV cache
+manager and the connector get a back reference ``_pdtrace_sched`` so hooks on them (``hooks/nixl.py``) can too.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from pdtrace.record.recorder import GROW, PROMPT
 from pdtrace.record.redact import summarize_kv_params, token_digest
 
 from . import after, around, before, register
-from .kv_layout import group_layout
+from .kv_layout import group_layout, step_budget
 
 SCHED_MOD = "vllm.v1.core.sched.scheduler"
 KVM_MOD = "vllm.v1.core.kv_cache_manager"
@@ -110,6 +109,7 @@ def _init_after(rec: Any, _result: Any, self: Any, vllm_config: Any, kv_cache_co
         sched=self._pdtrace_sid,
         **({"engine": self._pdtrace_engine} if self._pdtrace_engine is not None else {}),
         **group_layout(groups, kv_cache_config, conn),
+        **step_budget(sched_cfg),
     )
 
 

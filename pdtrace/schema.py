@@ -173,6 +173,10 @@ _KINDS: tuple[Kind, ...] = (
         F("exchange_blocks", "list[int]", "per transfer group, the in-window tail the NIXL connector keeps "
           "when it exchanges block lists (its own blocks_per_sw: 0 = the whole list), read from the connector",
           required=False),
+        F("max_num_batched_tokens", "int", "scheduler_config.max_num_batched_tokens: the step's token budget",
+          required=False),
+        F("long_prefill_token_threshold", "int", "scheduler_config.long_prefill_token_threshold: the most tokens "
+          "of a long prefill one step schedules (0 = no limit)", required=False),
     ), hook="scheduler"),
     Kind("sched.step", "One Scheduler.schedule() call returned.", (
         F("num_reqs", "int", "requests scheduled this step"),
