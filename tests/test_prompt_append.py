@@ -85,3 +85,36 @@ def test_on_this_release_the_two_outcomes_of_the_report():
         assert got == ("raised", "misplaced")
     else:  # (older releases: other outcomes, as their lists say; never right)
         assert "clean" not in got
+
+
+def test_repro_writes_a_vllm_test_that_fails_on_both_outcomes(tmp_path):
+    """`pdtrace repro --cause 1` on each outcome's trace (P's 64 tokens, D sent 65; D's prefix cache empty or
+    holding 3 blocks) writes a test that runs with pytest and vLLM alone: it fails on this release (#50558 is open
+    in every release pdtrace installs; by hand: 0.22.1-0.33.0 fail, 0.19.1 and 0.20.0 skip, having no
+    _apply_prefix_caching), and the same file with D's prompt cut back to P's (no appended token) passes: the test
+    can pass, and what it catches is the longer prompt. Oracle: vLLM's own block lists, in the written test."""
+    import os
+    import subprocess
+    import sys
+
+    from pdtrace.tracefile.writer import make_header, write_trace
+
+    for name, cached in (("nocache", 0), ("cached", 3)):
+        r = appended_first_token(SPECS[0], 64, d_cached_blocks=cached)
+        write_trace(str(tmp_path / f"{name}.jsonl"), make_header(origin="scenario", scenario=f"prompt_append {name}"),
+                    [{k: v for k, v in e.items() if k != "id"} for e in r.events])
+        out = subprocess.run([sys.executable, "-m", "pdtrace", "repro", str(tmp_path / f"{name}.jsonl"), "--cause",
+                              "1", "-o", str(tmp_path / f"test_{name}.py")], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr
+        text = (tmp_path / f"test_{name}.py").read_text()
+        assert "P_LEN = 64" in text and "D_LEN = 65" in text and f"D_CACHED_BLOCKS = {cached}" in text
+        (tmp_path / f"test_{name}_no_append.py").write_text(text.replace("D_LEN = 65", "D_LEN = 64"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_TARGET_DEVICE")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace", "-rA",
+                           "."], capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
+    out = proc.stdout
+    for name in ("nocache", "cached"):
+        assert f"FAILED test_{name}.py::" in out and f"PASSED test_{name}_no_append.py::" in out, out[-3000:]
+    assert "D's _apply_prefix_caching asserts (num_decode_blocks <= len(prefill))" in out, out[-3000:]
+    assert "D's block 4 holds token block 3 of" in out and "reads P's block 3, token block 2" in out, out[-3000:]

@@ -305,3 +305,23 @@ def lookahead_groups(s: dict, trace: str, n: int) -> list[dict] | None:
     return [{"layers": [f"model.layers.{g}.self_attn.attn"], "window": int(w or 0) if k == "SlidingWindowSpec" else 0,
              "chunk": int(w or 0) if k == "ChunkedLocalAttentionSpec" else 0, "eagle": g in drafter, "transfer": True}
             for g, (k, w) in enumerate(zip(kinds, windows))]
+
+
+def past_p(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, Any]:
+    """D's blocks to load reach past the tokens P computed (vLLM #50558): D's prompt longer than P's (a proxy
+    appended P's first token), and the blocks D's own prefix cache held (its first allocation's computed tokens)."""
+    f = _need(finding, trace, n)
+    d = f.data or {}
+    p_req, d_req = d.get("p_req"), d.get("d_req")
+    if not p_req or not d_req:
+        raise PdtraceError(f"{trace}: cause {n}: the finding names no P and D request")
+    pa, da = _added(events, p_req, None, trace, n), _added(events, d_req, None, trace, n)
+    p_len, d_len = int(pa["prompt_len"]), int(da["prompt_len"])
+    if d_len <= p_len:
+        raise PdtraceError(f"{trace}: cause {n}: D's prompt ({d_len} tokens) is not longer than P's ({p_len}): repro "
+                           f"rebuilds D's blocks past P's tokens from a longer D prompt (vLLM #50558) so far")
+    s = _config(events, da.get("inst"), trace, n)
+    alloc = _first(events, "sched.alloc", req=d_req) or {}
+    cached = int(alloc.get("num_new_computed_tokens") or 0) // s["block_sizes"][0]
+    return {**s, "p_req": p_req, "d_req": d_req, "p_len": p_len, "d_len": d_len, "d_cached_blocks": cached,
+            "windows": [], "draft_groups": []}

@@ -292,6 +292,17 @@ def _uneven_trim(events: list, header: dict, c: Any, finding: Any, trace: str, v
                  tpl_trim.UNEVEN_TRIM_TEST, events, header, c)
 
 
+def _past_p(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
+    s = facts.past_p(events, finding, trace, c.n)
+    doc, const = _common(s, trace, c, vllm)
+    k = s["d_cached_blocks"]
+    doc.update(p_len=s["p_len"], d_len=s["d_len"], p_req=s["p_req"], d_req=s["d_req"], groups_words="",
+               cached_words=f"; D's prefix cache held the prompt's first {k} block(s)" if k else "")
+    return _file(tpl_trim.PAST_P_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["d_req"], "P_LEN": s["p_len"],
+                                            "D_LEN": s["d_len"], "D_CACHED_BLOCKS": k, "GROUPS": None, **const},
+                 tpl_trim.UNEVEN_TRIM_TEST.split("\n\n\ndef test_")[0] + tpl_trim.PAST_P_TEST, events, header, c)
+
+
 def _lease(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.expired_lease(events, finding, trace, c.n)
     doc, const = _common(s, trace, c, vllm)
@@ -343,6 +354,7 @@ BUILDERS: dict[str, Callable[..., str]] = {
     "lookahead/shifted": _lookahead,
     "lookahead/latent": _lookahead,
     "lookahead/uneven-trim": _uneven_trim,
+    "lookahead/past-p": _past_p,
     "drafter-window": _dflash,
     "kv-load/placeholders": _rollback,
     "kv-load/shared-block-read-early": _shared,
@@ -359,7 +371,7 @@ REBUILT = "lookahead blocks (vLLM #44151), the DFlash drafter window, a KV-load 
           "(#37285) or reads (#47282), the drafter's KV cache group left out of the transfer (#54926's shape), an " \
           "accepted count read after row moves (seed 004, #51571), the connector metadata cleared before the drafter " \
           "(#34529), P's NIXL lease run out before D's read (#52234), D's uneven trim of a chunked-local group (the " \
-          "Llama 4 chunk boundary)"
+          "Llama 4 chunk boundary), D's blocks past P's tokens from a longer D prompt (#50558)"
 
 
 # why a mechanism is not rebuilt, where there is more to say than "not yet" (one line each)

@@ -91,3 +91,73 @@ def test_d_trims_its_and_ps_block_lists_to_one_length_in_every_group(tmp_path):
                 f"length, so D's worker raises and its engine core dies")
     assert not uneven, said
 '''
+
+PAST_P_DOC = '''"""Regression test for vLLM #50558's class (lookahead-block-misalignment: D's blocks to load reach past
+the tokens P computed), written by `pdtrace repro` on {created}.
+
+Trace: {trace}
+Root cause {n}: {title}
+Recorded: vLLM {vllm}; {method_words}; block size {bs}; async_scheduling={async_}; P computed a prompt of {p_len}
+tokens (P request {p_req}); D was sent {d_len} (D request {d_req}){cached_words}{groups_words}.
+
+A proxy that hands D the prompt plus P's first sampled token (vLLM's toy proxy since PR #50559) makes D's prompt
+longer than what P computed. D's connector plans to load every prompt block D does not hold, and D's worker pairs
+them with P's reported blocks by count from the end (NixlConnectorWorker._apply_prefix_caching: prefill[-n:]).
+Where the longer prompt needs one block more than P reported, the trim asserts (num_decode_blocks <= len(prefill))
+and D's worker dies; where D's prefix cache already holds the first blocks, the pairing by count is one block off and
+D reads the KV of other positions, silently (https://github.com/vllm-project/vllm/issues/50558: a fix proposed,
+not in any release pdtrace installs). Must hold: every block D loads receives P's block of the same token
+positions (by vLLM's own block lists: D's block list for the request, P's reported blocks). The test builds P's and
+D's Schedulers on the recorded layout, warms D's prefix cache as recorded, and runs the release's own
+_apply_prefix_caching (0.22.0 on; before it the trim is inside _read_blocks, which needs a NIXL agent, and the test
+skips) on a worker given only what that method reads.
+"""
+'''
+
+PAST_P_TEST = '''
+
+def test_d_reads_each_of_ps_blocks_into_the_block_of_its_positions(tmp_path):
+    import inspect
+
+    cls = _trim_worker_cls()
+    p = _scheduler(tmp_path, "kv_producer", kv_groups=GROUPS)
+    d = _scheduler(tmp_path, "kv_consumer", kv_groups=GROUPS)
+    prompt = _prompt(P_LEN)
+    if D_CACHED_BLOCKS:  # D computed the prompt's first blocks itself: its prefix cache holds them
+        d.add_request(_request("warm", prompt[:D_CACHED_BLOCKS * BLOCK_SIZE], 1))
+        for _ in range(4):
+            _step(d, {"warm": 7})
+            if "warm" not in d.requests:
+                break
+    params = _prefill_on_p(p, P_REQ, prompt)
+    reported = _per_group(params["remote_block_ids"])
+    d.add_request(_request(D_REQ, prompt + [100] * (D_LEN - P_LEN), 4, dict(params)))  # (P sampled 100)
+    out, _ = _step(d)
+    recv = getattr(out.kv_connector_metadata, "reqs_to_recv", None) or {}
+    assert D_REQ in recv, "D's connector planned no read for the request: the situation was not rebuilt"
+    meta = recv[D_REQ]
+    remote_meta = getattr(meta, "remote", None)
+    local = _per_group(meta.local_block_ids)
+    remote = _per_group(remote_meta.block_ids if remote_meta is not None else meta.remote_block_ids)
+    table = _per_group(d.kv_cache_manager.get_block_ids(D_REQ))
+    w = object.__new__(cls)  # (what _apply_prefix_caching reads, as vLLM's own unit tests build workers)
+    w._physical_blocks_per_logical_kv_block = 1
+    w._has_mamba = False
+    w._group_spec_types = tuple(type(g.kv_cache_spec) for g in d.kv_cache_config.kv_cache_groups)
+    extra = len(inspect.signature(w._apply_prefix_caching).parameters) - 2
+    try:
+        got = w._apply_prefix_caching(local, remote, *([1] * extra))
+    except AssertionError:
+        pytest.fail(f"D was sent {D_LEN} prompt tokens where P computed {P_LEN}: D plans to load blocks {local} "
+                    f"and P reported {remote}; D's _apply_prefix_caching asserts (num_decode_blocks <= "
+                    f"len(prefill)) and D's worker dies (vLLM #50558)")
+    wrong = [(g, a, table[g].index(a), b, reported[g].index(b)) for g, (lo, re) in enumerate(zip(got[0], got[1]))
+             for a, b in zip(lo, re) if a and b and table[g].index(a) != reported[g].index(b)]
+    said = ""
+    if wrong:
+        g, a, i, b, j = wrong[0]
+        said = (f"group {g}: D's block {a} holds token block {i} of {D_REQ} but reads P's block {b}, token block {j} "
+                f"(D's blocks {table[g]}, P's report {reported[g]}; {len(wrong)} pair(s) so): D was sent {D_LEN} "
+                f"prompt tokens where P computed {P_LEN}, and the trim pairs by count from the end (vLLM #50558)")
+    assert not wrong, said
+'''
