@@ -7,20 +7,22 @@ block size, speculative method and k, async setting, prompt lengths and step ord
 what the finding says was broken, never on pdtrace's verdict. It fails on the release whose bug the trace shows and
 passes where that bug is fixed.
 
-Rebuilt so far (``BUILDERS``, by the root cause's mechanism): lookahead-block-misalignment (vLLM #44151), the DFlash
-drafter window (seed 003), a KV load rollback that keeps async placeholders (vLLM #49250 / #45138) or keeps the token
-of the step in flight, failed blocks shared through D's prefix cache read before they are recomputed, the KV
-invariant's in-flight write and read (vLLM #37285, #47282), the drafter's KV cache group left out of the transfer
-(vLLM #54926's shape), and, worker side: an accepted-token count read after InputBatch row moves (seed 004, vLLM
+Rebuilt so far (``BUILDERS``, by the root cause's mechanism): P's lookahead report (vLLM #44151) on the recorded KV
+cache groups, D's uneven trim of a chunked-local group (the Llama 4 chunk boundary) and D's blocks past P's tokens
+(vLLM #50558; the release's own _apply_prefix_caching), the DFlash drafter window (seed 003), a KV load rollback
+that keeps async placeholders (vLLM #49250 / #45138) or keeps the token of the step in flight, failed blocks shared
+through D's prefix cache read before they are recomputed, the KV invariant's in-flight write and read (vLLM #37285,
+#47282), the drafter's KV cache group left out of the transfer (vLLM #54926's shape), P's NIXL lease run out before
+D's read (vLLM #52234), and, worker side: an accepted-token count read after InputBatch row moves (seed 004, vLLM
 #51571; a faithful minimal caller) and the connector metadata cleared before the drafter's forward (vLLM #34529;
 vLLM's own LLM() and model runner with a recording connector, where a GPU or vLLM's CPU build runs a model). Some
-causes are refused with their reason (``REFUSED``). Every other cause gets one line saying so and exit 2. The facts come from ``repro_facts``; the text from ``repro_templates``. This module never imports vLLM.
+causes are refused with their reason (``REFUSED``). Every other cause gets one line saying so and exit 2. The facts
+come from ``repro_facts``; the text from ``repro_templates*`` and the shared parts (constants, docstring,
+provenance) from ``repro_text``. This module never imports vLLM.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,176 +32,45 @@ from pdtrace.commands import repro_templates_kv as tpl_kv
 from pdtrace.commands import repro_templates_lease as tpl_lease
 from pdtrace.commands import repro_templates_trim as tpl_trim
 from pdtrace.commands import repro_templates_worker as tpl_worker
+from pdtrace.commands.repro_text import (LAYOUT_FAULTS, close_doc, common, constants, doc_base, faults_of, short,
+                                         tiny_config, write_file)
 from pdtrace.errors import PdtraceError
-
-_CONFIGS = Path(__file__).resolve().parent.parent / "testing" / "configs"
-_SPEC = {"eagle": "eagle", "eagle3": "eagle", "mtp": "eagle", "draft_model": "draft_model", "ngram": "ngram",
-         "dflash": "dflash", "": ""}
-_DRAFT = {"eagle": "tiny-eagle", "dflash": "tiny-dflash"}
-
-
-def _config(name: str) -> Any:
-    """A tiny HF config (the test writes it as config.json)."""
-    return json.loads((_CONFIGS / name / "config.json").read_text())
-
-
-WIDTH = 88  # vLLM's line length (ruff): the written file's docstring and constants keep to it
-
-
-def _constants(**kv: Any) -> str:
-    import pprint
-
-    out = []
-    for k, v in kv.items():
-        lead = f"{k} = "
-        text = pprint.pformat(v, width=WIDTH - len(lead), compact=True, sort_dicts=False)
-        out.append(lead + text.replace("\n", "\n" + " " * len(lead)) + "\n")
-    return "".join(out)
-
-
-_ITEM = ("Trace:", "Root cause", "Recorded:", "- ")
-
-
-def _reflow(doc_text: str) -> str:
-    """The written docstring filled to WIDTH: each paragraph, and within one each labelled line (Trace:, Root cause,
-    Recorded:) and list item on its own, URLs and paths kept whole."""
-    import textwrap
-
-    head = doc_text.partition('"""')[2].rpartition('"""')[0]  # (between the opening and closing quotes)
-    out = []
-    for para in head.strip("\n").split("\n\n"):
-        items: list[str] = []
-        for line in para.split("\n"):
-            if not items or line.startswith(_ITEM):
-                items.append(line.strip())
-            else:
-                items[-1] += " " + line.strip()
-        out.append("\n".join(textwrap.fill(x, WIDTH, subsequent_indent="  " if x.startswith("- ") else "",
-                                            break_on_hyphens=False, break_long_words=False) for x in items))
-    return '"""' + "\n\n".join(out) + '\n"""\n'
-
-
-def _doc_base(trace: str, cause: Any, vllm: str) -> dict[str, Any]:
-    """The docstring fields every written test has: when, from which trace and cause, on which vLLM."""
-    return {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "trace": trace,
-            "n": cause.n, "title": cause.title, "vllm": vllm or "?"}
-
-
-def _common(s: dict[str, Any], trace: str, cause: Any, vllm: str, window: int = 0,
-            groups: bool = False) -> tuple[dict, dict]:
-    """The docstring fields and the constants every written test has (spec, block size, async, the configs, the
-    group's kind). ``window``: a sliding-window group's window, where the finding names it. ``groups``: the builder
-    writes the recorded KV cache groups itself (full attention, one block size: its facts checked them)."""
-    spec = _SPEC.get(s["spec_method"])
-    if spec is None:
-        raise PdtraceError(f"{trace}: cause {cause.n} was recorded with speculative method {s['spec_method']!r}, "
-                           f"which repro cannot rebuild yet (eagle-like methods, DFlash and ngram); attach the trace "
-                           f"instead")
-    if not groups and (len(s["block_sizes"]) > 1 or s["hybrid"]):
-        raise PdtraceError(f"{trace}: cause {cause.n} was recorded with {len(s['block_sizes'])} KV cache groups "
-                           f"({', '.join(s['group_kinds'])}); repro rebuilds one full-attention group so far")
-    kind = s["group_kinds"][0] if s["group_kinds"] else "FullAttentionSpec"
-    if not groups and kind != "FullAttentionSpec" and not (kind == "SlidingWindowSpec" and window):
-        raise PdtraceError(f"{trace}: cause {cause.n} was recorded with a {kind} group; repro rebuilds a "
-                           f"full-attention group (a sliding-window one where the finding names its window) so far")
-    k = s["num_spec_tokens"] if spec else 0
-    doc = {**_doc_base(trace, cause, vllm), "bs": s["block_sizes"][0],
-           "async_": s["async_scheduling"],
-           "method_words": f"{s['spec_method']} with {k} speculative tokens" if spec else "no speculative decoding"}
-    const = {"BLOCK_SIZE": s["block_sizes"][0], "SPEC_METHOD": spec, "NUM_SPEC_TOKENS": k,
-             "ASYNC_SCHEDULING": s["async_scheduling"], "TARGET": _config("tiny-llama"),
-             "DRAFT": _config(_DRAFT[spec]) if spec in _DRAFT else None,
-             "SLIDING_WINDOW": window if kind == "SlidingWindowSpec" else 0}
-    return doc, const
-
-
-def _provenance(header: dict, c: Any, faults: list[str], vllm: str, fault_words: str = "") -> str:
-    """Where the trace came from, the upstream links `check` names, and a labelled fault's warning: the paragraph
-    that closes a written test's docstring."""
-    import textwrap
-
-    said = [f"The trace: {header.get('origin') or 'a recording'}"
-            + (f" {header['scenario']!r}" if header.get("scenario") else "")
-            + (f", written {header['created']}" if header.get("created") else "")
-            + (f" on host {header['host']!r}" if header.get("host") else "") + "."]
-    if header.get("_damaged"):
-        said.append(f"The trace was damaged ({header['_damaged']}) and read with --lenient: the facts above are those "
-                    f"of the events that survived.")
-    if c.upstream:
-        said.append("Upstream, as `pdtrace check` names it: " + ", ".join(c.upstream) + ".")
-    if faults and fault_words:  # (a class whose fault made the recorded layout, which the test rebuilds)
-        said.append(f"The trace's layout came from a LABELLED FAULT put on vLLM {vllm or '?'} ({', '.join(faults)}): "
-                    + fault_words)
-    elif faults:
-        said.append(f"The trace's finding came from a LABELLED FAULT put on vLLM {vllm or '?'} ({', '.join(faults)}): "
-                    f"that vLLM's own code has the fix, so this test passes on it; it fails on the releases whose own "
-                    f"code has the bug (above).")
-    return "\n" + textwrap.fill(" ".join(said), WIDTH, break_on_hyphens=False, break_long_words=False) + "\n"
-
-
-def _short(link: str) -> str:
-    """'https://github.com/vllm-project/vllm/issues/51571' -> 'vLLM #51571' (other text as it is)."""
-    return f"vLLM #{link.rsplit('/', 1)[-1]}" if link.startswith("https://github.com/vllm-project/vllm/") else link
-
-
-def _faults(events: list, header: dict | None = None) -> list[str]:
-    """The labelled faults the trace was made with: its fault.inject events' rules, and the rule names its header's
-    provenance lists (a scenario whose fault is not an injected event: the metadata order, the racy read)."""
-    named = [str(f).split(":", 1)[0] for f in ((header or {}).get("provenance") or {}).get("faults") or []]
-    return sorted({str(e.get("rule")) for e in events if e["ev"] == "fault.inject"}
-                  | {f for f in named if f and " " not in f})
-
-
-def _close(doc_text: str, events: list, header: dict, c: Any, vllm: str) -> str:
-    """The docstring with the provenance paragraph before its closing quotes."""
-    head, _, _ = doc_text.rstrip().rpartition('"""')
-    return _reflow(head + _provenance(header, c, _faults(events, header), vllm, LAYOUT_FAULTS.get(c.mechanism, "")) + '"""')
-
-
-def _file(doc_tpl: str, doc: dict[str, Any], const: dict[str, Any], test: str, events: list = (), header: Any = None,
-          c: Any = None) -> str:
-    text = doc_tpl.format(**doc)
-    if c is not None:
-        text = _close(text, list(events), header or {}, c, doc["vllm"])
-    return (text + tpl.PREAMBLE + f"# recorded: {doc['trace']}, root cause {doc['n']}\n"
-            + _constants(**const) + tpl.HELPERS + test)
-
 
 def _lookahead(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     from pdtrace.commands.repro_situation import situation
 
     s = situation(events, str(c.first.get("req")))
     groups = facts.lookahead_groups(s, trace, c.n)
-    doc, const = _common(s, trace, c, vllm, groups=bool(groups))
+    doc, const = common(s, trace, c, vllm, groups=bool(groups))
     doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"], groups_words=_groups_words(groups))
-    return _file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "GROUPS": groups, **const},
+    return write_file(tpl.LOOKAHEAD_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "GROUPS": groups, **const},
                  tpl.LOOKAHEAD_TEST, events, header, c)
 
 
 def _dflash(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.drafter_window(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm)
+    doc, const = common(s, trace, c, vllm)
     doc.update(prompt_len=s["prompt_len"], req=s["req"], inst=s["inst"], role=s["kv_role"])
-    return _file(tpl.DFLASH_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "KV_ROLE": s["kv_role"], **const},
+    return write_file(tpl.DFLASH_DOC, doc, {"PROMPT_LEN": s["prompt_len"], "KV_ROLE": s["kv_role"], **const},
                  tpl.DFLASH_TEST, events, header, c)
 
 
 def _rollback(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.rollback(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm)
+    doc, const = common(s, trace, c, vllm)
     doc.update(req=s["req"], prompt_len=s["prompt_len"], max_tokens=s["max_tokens"], failed=s["failed_indexes"],
                n_blocks=s["n_blocks"], placeholders=s["placeholders"])
-    return _file(tpl_kv.ROLLBACK_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["req"], "PROMPT_LEN": s["prompt_len"],
+    return write_file(tpl_kv.ROLLBACK_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["req"], "PROMPT_LEN": s["prompt_len"],
                                             "MAX_TOKENS": s["max_tokens"], "FAILED_BLOCK_INDEXES": s["failed_indexes"],
                                             **const}, tpl_kv.ROLLBACK_TEST, events, header, c)
 
 
 def _inflight(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.in_flight_token(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm)
+    doc, const = common(s, trace, c, vllm)
     doc.update(req=s["req"], prompt_len=s["prompt_len"], max_tokens=s["max_tokens"], failed=s["failed_indexes"],
                report_step=s["report_step"], in_flight=s["in_flight"])
-    return _file(tpl_kv.INFLIGHT_DOC, doc, {
+    return write_file(tpl_kv.INFLIGHT_DOC, doc, {
         "P_REQ": s["p_req"], "D_REQ": s["req"], "PROMPT_LEN": s["prompt_len"], "MAX_TOKENS": s["max_tokens"],
         "FAILED_BLOCK_INDEXES": s["failed_indexes"], "REPORT_AT": s["report_at"], "FIRST_STEP": s["first_step"], "STEPS": s["steps"],
         **const},
@@ -208,10 +79,10 @@ def _inflight(events: list, header: dict, c: Any, finding: Any, trace: str, vllm
 
 def _shared(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.shared_block(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm)
+    doc, const = common(s, trace, c, vllm)
     doc.update(r1=s["r1"], r2=s["r2"], r1_len=s["r1_len"], r2_len=s["r2_len"], shared=s["shared_tokens"],
                failed=s["failed_indexes"], chunk=s["chunk"], budget=s["max_num_batched_tokens"])
-    return _file(tpl_kv.SHARED_DOC, doc, {
+    return write_file(tpl_kv.SHARED_DOC, doc, {
         "R1": s["r1"], "R2": s["r2"], "R1_LEN": s["r1_len"], "R2_LEN": s["r2_len"], "SHARED_TOKENS": s["shared_tokens"],
         "R1_MAX_TOKENS": s["r1_max_tokens"], "R2_MAX_TOKENS": s["r2_max_tokens"],
         "FAILED_BLOCK_INDEXES": s["failed_indexes"], "CHUNK": s["chunk"],
@@ -221,10 +92,10 @@ def _shared(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: 
 
 def _reown(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.in_flight_write(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm)
+    doc, const = common(s, trace, c, vllm)
     doc.update(a=s["a"], b=s["b"], p=s["p"], a_len=s["a_len"], b_len=s["b_len"], stop_at=s["stop_at"],
                num_blocks=s["num_blocks"])
-    return _file(tpl_kv.REOWN_DOC, doc, {
+    return write_file(tpl_kv.REOWN_DOC, doc, {
         "A_REQ": s["a"], "B_REQ": s["b"], "P_REQ": s["p"], "A_LEN": s["a_len"], "A_MAX_TOKENS": s["a_max_tokens"],
         "STOP_AT": s["stop_at"], "B_LEN": s["b_len"], "NUM_BLOCKS": s["num_blocks"],
         "MAX_MODEL_LEN": s["max_model_len"], **const}, tpl_kv.REOWN_TEST, events, header, c)
@@ -232,32 +103,24 @@ def _reown(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: s
 
 def _prune(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.in_flight_read(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm, window=s["window"])
+    doc, const = common(s, trace, c, vllm, window=s["window"])
     doc.update(a=s["a"], b=s["b"], p=s["p"], a_len=s["a_len"], b_len=s["b_len"], window=s["window"],
                num_blocks=s["num_blocks"])
-    return _file(tpl_kv.PRUNE_DOC, doc, {
+    return write_file(tpl_kv.PRUNE_DOC, doc, {
         "A_REQ": s["a"], "B_REQ": s["b"], "P_REQ": s["p"], "A_LEN": s["a_len"], "A_MAX_TOKENS": s["a_max_tokens"],
         "B_LEN": s["b_len"], "NUM_BLOCKS": s["num_blocks"], **const}, tpl_kv.PRUNE_TEST, events, header, c)
 
 
-# mechanism -> what a labelled fault in its trace means, where the fault made the layout the test rebuilds (so the
-# test fails on the trace's own vLLM too)
-LAYOUT_FAULTS = {
-    "never-crossed/drafter-group": "vLLM 0.32.0's and 0.33.0's own builders leave no drafter group out of the transfer (vLLM main's "
-                                   "layouts for draft-model groups do, #54926). This test rebuilds the recorded layout, "
-                                   "so it fails on that vLLM too: what it tests is how the scheduler and the connector "
-                                   "treat such a layout.",
-}
 
 
 def _drafter_group(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.drafter_group(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm, groups=True)
+    doc, const = common(s, trace, c, vllm, groups=True)
     words = "\n".join(f"- group {g}: {', '.join(x['layers'])}" + (" (the drafter's)" if x["eagle"] else "")
                        + (", transfers" if x["transfer"] else ", left out of the transfer")
                        for g, x in enumerate(s["groups"]))
     doc.update(req=s["req"], p_req=s["p_req"], prompt_len=s["prompt_len"], groups_words=words)
-    return _file(tpl_kv.DRAFTER_GROUP_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["req"], "PROMPT_LEN": s["prompt_len"],
+    return write_file(tpl_kv.DRAFTER_GROUP_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["req"], "PROMPT_LEN": s["prompt_len"],
                                                  "GROUPS": s["groups"], **const},
                  tpl_kv.DRAFTER_GROUP_TEST, events, header, c)
 
@@ -284,33 +147,33 @@ def _uneven_trim(events: list, header: dict, c: Any, finding: Any, trace: str, v
     d = (finding.data or {}) if finding is not None else {}
     s = situation(events, str(d.get("d_req") or c.first.get("req")))
     groups = facts.lookahead_groups(s, trace, c.n)
-    doc, const = _common(s, trace, c, vllm, groups=bool(groups))
+    doc, const = common(s, trace, c, vllm, groups=bool(groups))
     doc.update(prompt_len=s["prompt_len"], p_req=s["p_req"], d_req=s["d_req"], groups_words=_groups_words(groups),
                uneven=", ".join(str(u[0]) for u in d.get("uneven_trim") or []) or "?")
-    return _file(tpl_trim.UNEVEN_TRIM_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["d_req"],
+    return write_file(tpl_trim.UNEVEN_TRIM_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["d_req"],
                                                  "PROMPT_LEN": s["prompt_len"], "GROUPS": groups, **const},
                  tpl_trim.UNEVEN_TRIM_TEST, events, header, c)
 
 
 def _past_p(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.past_p(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm)
+    doc, const = common(s, trace, c, vllm)
     k = s["d_cached_blocks"]
     doc.update(p_len=s["p_len"], d_len=s["d_len"], p_req=s["p_req"], d_req=s["d_req"], groups_words="",
                cached_words=f"; D's prefix cache held the prompt's first {k} block(s)" if k else "")
-    return _file(tpl_trim.PAST_P_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["d_req"], "P_LEN": s["p_len"],
+    return write_file(tpl_trim.PAST_P_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["d_req"], "P_LEN": s["p_len"],
                                             "D_LEN": s["d_len"], "D_CACHED_BLOCKS": k, "GROUPS": None, **const},
                  tpl_trim.UNEVEN_TRIM_TEST.split("\n\n\ndef test_")[0] + tpl_trim.PAST_P_TEST, events, header, c)
 
 
 def _lease(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.expired_lease(events, finding, trace, c.n)
-    doc, const = _common(s, trace, c, vllm)
+    doc, const = common(s, trace, c, vllm)
     after = s["read_after_s"]
     doc.update(p_req=s["p_req"], d_req=s["d_req"], held_len=s["held_len"], blocks=s["blocks"], lease=s["lease_s"],
                retrieved=s["retrieved"], other=s["other"], other_len=s["other_len"], num_blocks=s["num_blocks"],
                after=f"{after:.2f} s" if isinstance(after, (int, float)) and after > 0 else "(by the trace) ")
-    return _file(tpl_lease.LEASE_DOC, doc, {
+    return write_file(tpl_lease.LEASE_DOC, doc, {
         "HELD": s["p_req"], "OTHER": s["other"], "D_REQ": s["d_req"], "HELD_LEN": s["held_len"],
         "OTHER_LEN": s["other_len"], "LEASE_S": s["lease_s"], "NUM_BLOCKS": s["num_blocks"], **const},
         tpl_lease.LEASE_TEST, events, header, c)
@@ -319,31 +182,31 @@ def _lease(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: s
 def _stale(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.stale_read(events, finding, trace, c.n, c.mechanism)
     mode = s["mamba_cache_mode"]
-    doc = {**_doc_base(trace, c, vllm), "mechanism": c.mechanism, "async_": s["async_scheduling"],
+    doc = {**doc_base(trace, c, vllm), "mechanism": c.mechanism, "async_": s["async_scheduling"],
            "method_words": f"{s['spec_method']} with {s['num_spec_tokens']} speculative tokens",
            "mode_words": "mamba_cache_mode 'align': the gather through prev_positions" if mode == "align" else
            "outside align mode", "req": s["req"], "row": s["row"], "value": s["value"], "own": s["own"]}
     const = {"BLOCK_SIZE": s["block_size"], "NUM_SPEC_TOKENS": s["num_spec_tokens"],
              "ASYNC_SCHEDULING": s["async_scheduling"], "MAMBA_CACHE_MODE": mode,
-             "UPSTREAM": ", ".join(_short(u) for u in c.upstream) or "seed 004 / vLLM #51571"}
-    return (_close(tpl_worker.STALE_DOC.format(**doc), events, header, c, vllm) + tpl.PREAMBLE + f"# recorded: {trace}, root cause {c.n}\n"
-            + _constants(**const) + "\n\ndef _cdiv(a, b):\n    return -(-a // b)\n" + tpl_worker.stale_test_text())
+             "UPSTREAM": ", ".join(short(u) for u in c.upstream) or "seed 004 / vLLM #51571"}
+    return (close_doc(tpl_worker.STALE_DOC.format(**doc), events, header, c, vllm) + tpl.PREAMBLE + f"# recorded: {trace}, root cause {c.n}\n"
+            + constants(**const) + "\n\ndef _cdiv(a, b):\n    return -(-a // b)\n" + tpl_worker.stale_test_text())
 
 
 def _metadata(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:
     s = facts.metadata_cleared(events, finding, trace, c.n)
     k = s["num_spec_tokens"] or 1
-    doc = {**_doc_base(trace, c, vllm), "mechanism": c.mechanism, "async_": s["async_scheduling"],
+    doc = {**doc_base(trace, c, vllm), "mechanism": c.mechanism, "async_": s["async_scheduling"],
            "method_words": f"{s['spec_method']} with {k} speculative tokens", "method": s["spec_method"],
            "inst": s["inst"], "role": s["kv_role"], "step": s["step"], "drafter": s["drafter_layers"] or "?",
            "target": s["target_layers"] or "?", "req": s["req"], "prompt_len": s["prompt_len"],
            "target_n": max(1, len(s["target_layers"]))}
     const = {"BLOCK_SIZE": s["block_sizes"][0], "SPEC_METHOD": s["spec_method"], "NUM_SPEC_TOKENS": k,
              "ASYNC_SCHEDULING": s["async_scheduling"], "KV_ROLE": s["kv_role"], "PROMPT_LEN": s["prompt_len"],
-             "MAX_TOKENS": s["max_tokens"], "TARGET_LAYERS": doc["target_n"], "TARGET": _config("tiny-llama"),
-             "DRAFT": _config("tiny-eagle")}
-    return (_close(tpl_worker.META_DOC.format(**doc), events, header, c, vllm) + tpl.PREAMBLE
-            + f"# recorded: {trace}, root cause {c.n}\n" + _constants(**const) + tpl_worker.META_HEAD + tpl.BASIC
+             "MAX_TOKENS": s["max_tokens"], "TARGET_LAYERS": doc["target_n"], "TARGET": tiny_config("tiny-llama"),
+             "DRAFT": tiny_config("tiny-eagle")}
+    return (close_doc(tpl_worker.META_DOC.format(**doc), events, header, c, vllm) + tpl.PREAMBLE
+            + f"# recorded: {trace}, root cause {c.n}\n" + constants(**const) + tpl_worker.META_HEAD + tpl.BASIC
             + tpl_worker.META_TEST)
 
 
@@ -405,7 +268,7 @@ def run(trace: Any, n: int, output: Any, lenient: bool = False) -> int:
         out.write_text(text)
     except OSError as exc:
         raise PdtraceError(f"{out}: cannot write the test: {exc.strerror or exc}") from None
-    faults = _faults(t.events, t.header)
+    faults = faults_of(t.events, t.header)
     said = (f"The trace's layout came from a labelled fault ({', '.join(faults)}): the test rebuilds that layout, so "
             f"it fails on its own vLLM too." if c.mechanism in LAYOUT_FAULTS else
             f"The trace's finding came from a labelled fault ({', '.join(faults)}): its own vLLM has the fix.")
