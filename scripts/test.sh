@@ -47,7 +47,7 @@ if [ -z "${PDTRACE_STRICT_SKIPS:-}" ] && [ "$(uname -s)" = Linux ] && [ "$(uname
 fi
 rc=0
 phase "the suite on vLLM 0.32.0, live tests apart (${XDIST[*]:-one process})"
-run_pytest python -m pytest -q "${XDIST[@]}" -m "not live" "$@" || rc=$?
+run_pytest python -m pytest -q "${XDIST[@]}" -m "not live" --durations=15 "$@" || rc=$?
 phase "the live tests (real vllm serve P/D on CPU, one at a time)"
 run_pytest python -m pytest -q -m "live and not live_extra" "$@" || rc=$?
 if [ $ALL = 1 ]; then

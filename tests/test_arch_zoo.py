@@ -166,42 +166,6 @@ def test_a_family_vllms_registry_failed_to_inspect_says_why(monkeypatch):
     assert _import_failure("NoSuchForCausalLM", ValueError("another reason")) == ""
 
 
-@pytest.mark.parametrize("family, groups", [
-    ("gemma3", "6 KV cache groups as recorded: 0-4 sliding windows of 64 tokens, 5 full attention"),
-    ("llama4", "4 KV cache groups as recorded: 0-2 chunked-local attention, chunks of 64 tokens, 3 full attention"),
-])
-def test_repro_rebuilds_a_hybrid_models_lookahead_with_its_recorded_groups(zoo, zoo_traces, tmp_path, family, groups):
-    """A hybrid layout as vLLM builds it from the model's own layers (Gemma 3: five sliding-window groups and one
-    full-attention group; Llama 4: three chunked-local groups and one full-attention group; each with a draft model),
-    the first prompt the labelled pre-#44151 P rule misaligns that is right as released (vLLM's own block lists say
-    which): `pdtrace repro --cause 1` writes a test that builds those groups. Run with pytest alone (pdtrace off the
-    path) on the pinned vLLM, which has the fix, it passes; beside the old rule put back (a conftest: the same
-    labelled fault as tests/test_repro_standalone.py's) it fails, naming group 0 (a sliding-window or chunked-local
-    group). Per release both fail on 0.23.0 and 0.24.0 only (tried by hand, docs/repro.md)."""
-    import os
-
-    from test_repro_standalone import FAULT
-
-    _rc, fams, _s = zoo
-    fam = next(f for f in fams if f["family"] == family)
-    prompt = next(n for n in fam["misaligned_prompts"]["with_rule"] if n not in fam["misaligned_prompts"]["as_released"])
-    trace = zoo_traces / f"{family}-{prompt}-old_p_block_rule.jsonl"
-    r = subprocess.run([sys.executable, "-m", "pdtrace", "repro", str(trace), "--cause", "1", "-o",
-                        str(tmp_path / "test_fixed.py")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    text = (tmp_path / "test_fixed.py").read_text()
-    assert groups in " ".join(text.split()), text[:2000]
-    (tmp_path / "faulted").mkdir()
-    (tmp_path / "faulted" / "test_faulted.py").write_text(text)
-    (tmp_path / "faulted" / "conftest.py").write_text(FAULT)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_TARGET_DEVICE")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace", "-rA",
-                           "."], capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
-    out = proc.stdout
-    assert "PASSED test_fixed.py::" in out and "FAILED faulted/test_faulted.py::" in out, out[-3000:]
-    assert "AssertionError: group 0: P handed D blocks" in out, out[-3000:]  # (group 0: a sliding window)
-
-
 EMPTY_GROUP_FIX = '''"""LABELLED FIX (a fixture, not in any vLLM release): _apply_prefix_caching gives a group D loads nothing into an
 empty P list, the guard vLLM 0.32.0's own _apply_prefix_caching_by_region has (`if decode_region else []`)."""
 import pytest
@@ -221,32 +185,73 @@ def empty_group_reads_nothing(monkeypatch):
 '''
 
 
-def test_repro_rebuilds_llama4s_chunk_boundary_as_released(zoo, zoo_traces, tmp_path):
-    """Llama 4 as released (no fault), a prompt that ends on a chunk boundary (the zoo's oracle: vLLM's own block
-    lists misalign it as released): `check`'s cause is D's uneven trim (lookahead/uneven-trim), and `pdtrace repro
-    --cause 1` writes a test that runs the release's own _apply_prefix_caching on D's read plan and P's report from
-    vLLM's own Schedulers. With pytest alone on the pinned vLLM (the bug is open there) it fails naming the
+HYBRID = {"gemma3": "6 KV cache groups as recorded: 0-4 sliding windows of 64 tokens, 5 full attention",
+          "llama4": "4 KV cache groups as recorded: 0-2 chunked-local attention, chunks of 64 tokens, 3 full attention"}
+
+
+@pytest.fixture(scope="module")
+def written(zoo, zoo_traces, tmp_path_factory):
+    """The tests `pdtrace repro --cause 1` writes from the zoo's own traces, each beside a labelled fault or fix (a
+    conftest of its own), run once with pytest alone (pdtrace off the path, no VLLM_TARGET_DEVICE): (the texts, the
+    run's output).
+    - gemma3 / llama4 with the old P rule: the first prompt it misaligns that is right as released (vLLM's own block
+      lists say which); beside it the same file with the old rule put back (the FAULT conftest of
+      tests/test_repro_standalone.py);
+    - llama4 as released: a prompt on a chunk boundary (the zoo's oracle misaligns it as released); beside it the
+      file with EMPTY_GROUP_FIX."""
+    import os
+
+    from pdtrace.commands import repro
+    from test_repro_standalone import FAULT
+
+    _rc, fams, _s = zoo
+    root = tmp_path_factory.mktemp("zoo-repro")
+    texts = {}
+    for family, kind in (("gemma3", "rule"), ("llama4", "rule"), ("llama4", "released")):
+        fam = next(f for f in fams if f["family"] == family)
+        said = fam["misaligned_prompts"]
+        if kind == "rule":
+            prompt = next(n for n in said["with_rule"] if n not in said["as_released"])
+            trace, conftest = zoo_traces / f"{family}-{prompt}-old_p_block_rule.jsonl", FAULT
+        else:
+            prompt = said["as_released"][0]
+            trace, conftest = zoo_traces / f"{family}-{prompt}-released.jsonl", EMPTY_GROUP_FIX
+        name = f"{family}_{kind}"
+        assert repro.run(str(trace), cause=1, output=str(root / f"test_{name}.py")) == 0
+        texts[name] = (root / f"test_{name}.py").read_text()
+        (root / name).mkdir()
+        (root / name / f"test_{name}_beside.py").write_text(texts[name])
+        (root / name / "conftest.py").write_text(conftest)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_TARGET_DEVICE")}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace", "-rA",
+                           "."], capture_output=True, text=True, timeout=600, cwd=str(root), env=env)
+    return texts, proc.stdout
+
+
+@pytest.mark.parametrize("family", sorted(HYBRID))
+def test_repro_rebuilds_a_hybrid_models_lookahead_with_its_recorded_groups(written, family):
+    """A hybrid layout as vLLM builds it from the model's own layers (Gemma 3: five sliding-window groups and one
+    full-attention group; Llama 4: three chunked-local groups and one full-attention group; each with a draft model),
+    with the labelled pre-#44151 P rule: the written test builds those groups. On the pinned vLLM, which has the fix,
+    it passes; beside the old rule put back it fails, naming group 0 (a sliding-window or chunked-local group). Per
+    release both fail on 0.23.0 and 0.24.0 only (tried by hand, docs/repro.md)."""
+    texts, out = written
+    name = f"{family}_rule"
+    assert HYBRID[family] in " ".join(texts[name].split()), texts[name][:2000]
+    assert f"PASSED test_{name}.py::" in out and f"FAILED {name}/test_{name}_beside.py::" in out, out[-3000:]
+    assert "AssertionError: group 0: P handed D blocks" in out, out[-3000:]
+
+
+def test_repro_rebuilds_llama4s_chunk_boundary_as_released(written):
+    """Llama 4 as released (no fault), a prompt that ends on a chunk boundary: `check`'s cause is D's uneven trim
+    (lookahead/uneven-trim), and the written test runs the release's own _apply_prefix_caching on D's read plan and
+    P's report from vLLM's own Schedulers. On the pinned vLLM (the bug is open there) it fails naming the
     chunked-local groups; beside a labelled fix (an empty P list for a group D loads nothing into) it passes. Per
     release it fails on 0.22.1, 0.25.0-0.33.0, passes on 0.23.0 and 0.24.0 (P's #44151 lookahead block gives every
     group one block to load there) and skips on 0.19.1-0.20.0 (no _apply_prefix_caching): by hand, docs/repro.md."""
-    import os
-
-    _rc, fams, _s = zoo
-    fam = next(f for f in fams if f["family"] == "llama4")
-    prompt = fam["misaligned_prompts"]["as_released"][0]
-    trace = zoo_traces / f"llama4-{prompt}-released.jsonl"
-    r = subprocess.run([sys.executable, "-m", "pdtrace", "repro", str(trace), "--cause", "1", "-o",
-                        str(tmp_path / "test_released.py")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "cause 1 (lookahead-block-misalignment)" in r.stdout, r.stderr
-    text = (tmp_path / "test_released.py").read_text()
-    assert "def test_d_trims_its_and_ps_block_lists_to_one_length_in_every_group" in text
-    (tmp_path / "fixed").mkdir()
-    (tmp_path / "fixed" / "test_fixed.py").write_text(text)
-    (tmp_path / "fixed" / "conftest.py").write_text(EMPTY_GROUP_FIX)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_TARGET_DEVICE")}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:pdtrace", "-rA",
-                           "."], capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env)
-    out = proc.stdout
-    assert "FAILED test_released.py::" in out and "PASSED fixed/test_fixed.py::" in out, out[-3000:]
+    texts, out = written
+    assert "def test_d_trims_its_and_ps_block_lists_to_one_length_in_every_group" in texts["llama4_released"]
+    assert ("FAILED test_llama4_released.py::" in out
+            and "PASSED llama4_released/test_llama4_released_beside.py::" in out), out[-3000:]
     assert ("group 0 (ChunkedLocalAttentionSpec) (and 1, 2, the same): D's _apply_prefix_caching paired 0 of D's "
             "blocks [] with") in out, out[-3000:]

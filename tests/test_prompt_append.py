@@ -97,16 +97,14 @@ def test_repro_writes_a_vllm_test_that_fails_on_both_outcomes(tmp_path):
     import subprocess
     import sys
 
+    from pdtrace.commands import repro
     from pdtrace.tracefile.writer import make_header, write_trace
 
     for name, cached in (("nocache", 0), ("cached", 3)):
         r = appended_first_token(SPECS[0], 64, d_cached_blocks=cached)
         write_trace(str(tmp_path / f"{name}.jsonl"), make_header(origin="scenario", scenario=f"prompt_append {name}"),
                     [{k: v for k, v in e.items() if k != "id"} for e in r.events])
-        out = subprocess.run([sys.executable, "-m", "pdtrace", "repro", str(tmp_path / f"{name}.jsonl"), "--cause",
-                              "1", "-o", str(tmp_path / f"test_{name}.py")], capture_output=True, text=True,
-                             timeout=300)
-        assert out.returncode == 0, out.stderr
+        assert repro.run(str(tmp_path / f"{name}.jsonl"), cause=1, output=str(tmp_path / f"test_{name}.py")) == 0
         text = (tmp_path / f"test_{name}.py").read_text()
         assert "P_LEN = 64" in text and "D_LEN = 65" in text and f"D_CACHED_BLOCKS = {cached}" in text
         (tmp_path / f"test_{name}_no_append.py").write_text(text.replace("D_LEN = 65", "D_LEN = 64"))

@@ -37,6 +37,7 @@ are inline in the worker's get_finished, which needs a NIXL agent, so the test r
 passed as they do), and D's Scheduler planning the read. No NIXL agent, no model: the read is the plan D's
 connector hands its worker. P's pool holds {num_blocks} blocks, so that the next request can be scheduled only on
 the blocks the release frees (P's pool in the trace was larger; under load the next request takes them as well).
+The block ids the test names are its own P's, not the trace's.
 """
 '''
 
