@@ -107,8 +107,9 @@ def line(r: dict) -> str:
         head += ("; not a transfer group: D's scheduler counts them as done, yet no load and no forward on D "
                  "wrote them" + (" (the drafter's group: flagged, vLLM #54926's shape)" if r.get("draft") else ""))
     if r["not_loaded"]:
-        head += (f"; {r['not_loaded']} before its loaded tail" + (" (outside the window: never read again)"
-                                                                  if r.get("tail") else ""))
+        head += (f"; {r['not_loaded']} before its loaded tail" + (" (outside the window the connector moves; "
+                                                                  "whether a step still reads them, the KV "
+                                                                  "invariant judges)" if r.get("tail") else ""))
     if r["inexact"]:
         head += f"; {r['inexact']} request(s) with a tail cut the trace does not say (counted whole)"
     return head
