@@ -56,9 +56,31 @@ def _per_group(ids):
     return ids if ids and isinstance(ids[0], list) else [ids]
 
 
-def test_d_trims_its_and_ps_block_lists_to_one_length_in_every_group(tmp_path):
+def _read_plan(out, rid):
+    """D's read plan for ``rid`` in a scheduler output: (the blocks D loads into, P's blocks), per group."""
+    recv = getattr(out.kv_connector_metadata, "reqs_to_recv", None) or {}
+    assert rid in recv, "D's connector planned no read for the request: the situation was not rebuilt"
+    meta = recv[rid]
+    remote = getattr(meta, "remote", None)
+    return (_per_group(meta.local_block_ids),
+            _per_group(remote.block_ids if remote is not None else meta.remote_block_ids))
+
+
+def _trim(cls, d, local, remote):
+    """The release's own _apply_prefix_caching on D's read plan and P's report, on a worker given only what that
+    method reads (as vLLM's own unit tests build workers): (D's lists, P's lists) as it pairs them."""
     import inspect
 
+    w = object.__new__(cls)
+    w._physical_blocks_per_logical_kv_block = 1
+    w._has_mamba = False
+    w._group_spec_types = tuple(type(g.kv_cache_spec) for g in d.kv_cache_config.kv_cache_groups)
+    extra = len(inspect.signature(w._apply_prefix_caching).parameters) - 2  # (physical-per-logical ratios)
+    got = w._apply_prefix_caching(local, remote, *([1] * extra))
+    return got[0], got[1]
+
+
+def test_d_trims_its_and_ps_block_lists_to_one_length_in_every_group(tmp_path):
     cls = _trim_worker_cls()
     p = _scheduler(tmp_path, "kv_producer", kv_groups=GROUPS)
     d = _scheduler(tmp_path, "kv_consumer", kv_groups=GROUPS)
@@ -66,18 +88,8 @@ def test_d_trims_its_and_ps_block_lists_to_one_length_in_every_group(tmp_path):
     params = _prefill_on_p(p, P_REQ, prompt)
     d.add_request(_request(D_REQ, prompt, 4, dict(params)))
     out, _ = _step(d)  # D allocates the blocks the load fills and plans the read
-    recv = getattr(out.kv_connector_metadata, "reqs_to_recv", None) or {}
-    assert D_REQ in recv, "D's connector planned no read for the request: the situation was not rebuilt"
-    meta = recv[D_REQ]
-    remote_meta = getattr(meta, "remote", None)
-    local = _per_group(meta.local_block_ids)
-    remote = _per_group(remote_meta.block_ids if remote_meta is not None else meta.remote_block_ids)
-    w = object.__new__(cls)  # (what _apply_prefix_caching reads, as vLLM's own unit tests build workers)
-    w._physical_blocks_per_logical_kv_block = 1
-    w._has_mamba = False
-    w._group_spec_types = tuple(type(g.kv_cache_spec) for g in d.kv_cache_config.kv_cache_groups)
-    extra = len(inspect.signature(w._apply_prefix_caching).parameters) - 2  # (physical-per-logical ratios)
-    got = w._apply_prefix_caching(local, remote, *([1] * extra))
+    local, remote = _read_plan(out, D_REQ)
+    got = _trim(cls, d, local, remote)
     kinds = [type(g.kv_cache_spec).__name__ for g in d.kv_cache_config.kv_cache_groups]
     uneven = [(g, list(lo), list(re)) for g, (lo, re) in enumerate(zip(got[0], got[1])) if len(lo) != len(re)]
     said = ""
@@ -117,8 +129,6 @@ skips) on a worker given only what that method reads.
 PAST_P_TEST = '''
 
 def test_d_reads_each_of_ps_blocks_into_the_block_of_its_positions(tmp_path):
-    import inspect
-
     cls = _trim_worker_cls()
     p = _scheduler(tmp_path, "kv_producer", kv_groups=GROUPS)
     d = _scheduler(tmp_path, "kv_consumer", kv_groups=GROUPS)
@@ -133,20 +143,10 @@ def test_d_reads_each_of_ps_blocks_into_the_block_of_its_positions(tmp_path):
     reported = _per_group(params["remote_block_ids"])
     d.add_request(_request(D_REQ, prompt + [100] * (D_LEN - P_LEN), 4, dict(params)))  # (P sampled 100)
     out, _ = _step(d)
-    recv = getattr(out.kv_connector_metadata, "reqs_to_recv", None) or {}
-    assert D_REQ in recv, "D's connector planned no read for the request: the situation was not rebuilt"
-    meta = recv[D_REQ]
-    remote_meta = getattr(meta, "remote", None)
-    local = _per_group(meta.local_block_ids)
-    remote = _per_group(remote_meta.block_ids if remote_meta is not None else meta.remote_block_ids)
+    local, remote = _read_plan(out, D_REQ)
     table = _per_group(d.kv_cache_manager.get_block_ids(D_REQ))
-    w = object.__new__(cls)  # (what _apply_prefix_caching reads, as vLLM's own unit tests build workers)
-    w._physical_blocks_per_logical_kv_block = 1
-    w._has_mamba = False
-    w._group_spec_types = tuple(type(g.kv_cache_spec) for g in d.kv_cache_config.kv_cache_groups)
-    extra = len(inspect.signature(w._apply_prefix_caching).parameters) - 2
     try:
-        got = w._apply_prefix_caching(local, remote, *([1] * extra))
+        got = _trim(cls, d, local, remote)
     except AssertionError:
         pytest.fail(f"D was sent {D_LEN} prompt tokens where P computed {P_LEN}: D plans to load blocks {local} "
                     f"and P reported {remote}; D's _apply_prefix_caching asserts (num_decode_blocks <= "
