@@ -116,13 +116,12 @@ def shared_block(events: list[dict], finding: Any, trace: str, n: int) -> dict[s
     after = [(e.get("tokens") or {}).get(r1, 0) for e in steps if e.get("step", 0) > step]
     left = int(k1.get("num_tokens") or 0) - int(k1.get("computed") or 0)
     conf = _first(events, "sched.config", inst=f.inst) or {}
-    if "long_prefill_token_threshold" in conf and "max_num_batched_tokens" in conf:  # (recorded since 2026-12-07)
-        chunk, budget = int(conf["long_prefill_token_threshold"]), int(conf["max_num_batched_tokens"])
-        chunk = chunk if 0 < chunk < left else 0
-    else:  # (older traces: as the steps show them, the recompute's chunk and the most tokens a step took)
-        chunk = max(after, default=0)
-        chunk = chunk if 0 < chunk < left else 0  # recomputed in one step: vLLM's default, no threshold
-        budget = max([int(e.get("num_tokens") or 0) for e in steps] + [chunk, 16])
+    recorded = "long_prefill_token_threshold" in conf and "max_num_batched_tokens" in conf  # (since 2026-12-07)
+    # (older traces: as the steps show them, the recompute's chunk and the most tokens a step took)
+    chunk = int(conf["long_prefill_token_threshold"]) if recorded else max(after, default=0)
+    chunk = chunk if 0 < chunk < left else 0  # recomputed in one step: vLLM's default, no threshold
+    budget = (int(conf["max_num_batched_tokens"]) if recorded
+              else max([int(e.get("num_tokens") or 0) for e in steps] + [chunk, 16]))
     return {**_config(events, f.inst, trace, n), "r1": r1, "r2": r2, "r1_len": int(a1["prompt_len"]),
             "r2_len": int(a2["prompt_len"]), "r1_max_tokens": int(a1.get("max_tokens") or 16),
             "r2_max_tokens": int(a2.get("max_tokens") or 16), "shared_tokens": shared, "failed_indexes": failed,
@@ -323,5 +322,4 @@ def past_p(events: list[dict], finding: Any, trace: str, n: int) -> dict[str, An
     s = _config(events, da.get("inst"), trace, n)
     alloc = _first(events, "sched.alloc", req=d_req) or {}
     cached = int(alloc.get("num_new_computed_tokens") or 0) // s["block_sizes"][0]
-    return {**s, "p_req": p_req, "d_req": d_req, "p_len": p_len, "d_len": d_len, "d_cached_blocks": cached,
-            "windows": [], "draft_groups": []}
+    return {**s, "p_req": p_req, "d_req": d_req, "p_len": p_len, "d_len": d_len, "d_cached_blocks": cached}

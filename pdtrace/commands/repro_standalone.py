@@ -163,7 +163,7 @@ def _past_p(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: 
                cached_words=f"; D's prefix cache held the prompt's first {k} block(s)" if k else "")
     return write_file(tpl_trim.PAST_P_DOC, doc, {"P_REQ": s["p_req"], "D_REQ": s["d_req"], "P_LEN": s["p_len"],
                                             "D_LEN": s["d_len"], "D_CACHED_BLOCKS": k, "GROUPS": None, **const},
-                 tpl_trim.UNEVEN_TRIM_TEST.split("\n\n\ndef test_")[0] + tpl_trim.PAST_P_TEST, events, header, c)
+                 tpl_trim.PAST_P_TEST, events, header, c)
 
 
 def _lease(events: list, header: dict, c: Any, finding: Any, trace: str, vllm: str) -> str:

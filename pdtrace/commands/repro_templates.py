@@ -40,8 +40,8 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
     """vLLM's own Scheduler (AsyncScheduler when the trace's was async), kv_role ``role``, the NIXL connector's
     scheduler side, one KV cache group of the recorded block size (full attention, or a sliding window of
     SLIDING_WINDOW tokens), or ``kv_groups`` (each group's layers, its sliding window or chunk (chunked-local
-    attention) or neither for full attention, whether vLLM marks it the drafter's, whether it transfers); ``extra_config``: the connector's kv_connector_extra_config; no model
-    weights."""
+    attention) or neither for full attention, whether vLLM marks it the drafter's, whether it transfers);
+    ``extra_config``: the connector's kv_connector_extra_config; no model weights."""
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, SpeculativeConfig, VllmConfig)
@@ -96,7 +96,9 @@ def _scheduler(tmp_path, role, policy=None, long_prefill=0, max_num_batched_toke
                 from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec
 
                 return ChunkedLocalAttentionSpec(**common, attention_chunk_size=g["chunk"])
-            return SlidingWindowSpec(**common, sliding_window=g["window"]) if g.get("window") else FullAttentionSpec(**common)
+            if g.get("window"):
+                return SlidingWindowSpec(**common, sliding_window=g["window"])
+            return FullAttentionSpec(**common)
 
         groups = [KVCacheGroupSpec(list(g["layers"]), kind(g), **{
             k: v for k, v in (("is_eagle_group", g["eagle"]), ("enable_kv_transfer", g["transfer"])) if k in has})

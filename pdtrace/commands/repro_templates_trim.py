@@ -32,7 +32,8 @@ skips) on a worker given only what that method reads (one physical block per log
 """
 '''
 
-UNEVEN_TRIM_TEST = '''
+# the helpers both trim tests share (the written file has them once, before its test)
+TRIM_HELPERS = '''
 
 def _trim_worker_cls():
     """D's NIXL worker class (the pull worker from 0.24.0; the one worker class before), with _apply_prefix_caching."""
@@ -78,7 +79,9 @@ def _trim(cls, d, local, remote):
     extra = len(inspect.signature(w._apply_prefix_caching).parameters) - 2  # (physical-per-logical ratios)
     got = w._apply_prefix_caching(local, remote, *([1] * extra))
     return got[0], got[1]
+'''
 
+UNEVEN_TRIM_TEST = TRIM_HELPERS + '''
 
 def test_d_trims_its_and_ps_block_lists_to_one_length_in_every_group(tmp_path):
     cls = _trim_worker_cls()
@@ -126,7 +129,7 @@ skips) on a worker given only what that method reads.
 """
 '''
 
-PAST_P_TEST = '''
+PAST_P_TEST = TRIM_HELPERS + '''
 
 def test_d_reads_each_of_ps_blocks_into_the_block_of_its_positions(tmp_path):
     cls = _trim_worker_cls()
