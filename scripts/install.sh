@@ -29,7 +29,12 @@ resolver_note() {
        { skip = 0; print }
        END { if (n) printf "install.sh: pip lists %d requirement(s) of the packages installed --no-deps as missing or other versions: left out on purpose (see this script'"'"'s header)\n", n }' >&2
 }
-pip() { command pip "$@" 2> >(resolver_note); }
+# --no-compile: pip byte-compiles every module of every wheel, one file after the other (torch alone: 28 s of the
+# 112 s install here); Python compiles what is imported instead, once, on first import. Without: 58 s (2026-12-07).
+pip() {
+  if [ "$1" = install ]; then shift; set -- install --no-compile "$@"; fi
+  command pip "$@" 2> >(resolver_note)
+}
 pip install -q --upgrade pip
 if [ "${1:-}" = "--light" ]; then
   pip install -q -e .

@@ -354,15 +354,17 @@ def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, 
         port = free_port()
         if len(sides) == 2:  # one half of the cores per side
             half = cpus[i * len(cpus) // 2:(i + 1) * len(cpus) // 2] if len(cpus) >= 2 else None
-        else:  # more servers than halves: one core each, round-robin (P idles once it has prefilled)
-            half = [cpus[i % len(cpus)]] if cpus else None
+        else:  # more servers than halves: unpinned, below
+            half = None
         cpu = ",".join(map(str, half)) if half else None
         env = server_env(free_port(), None if push else cpu)
-        if push:  # (found 2026-12-07) the push writer thread inherits the worker's pinned core, where the worker's
-            # main thread busy-polls for the next step and the engine steps without pause while a push is due:
-            # pinned, the first push came 53 s after P's prefill and the second not in 5 min (our reading: the
-            # writer starves; docs/live-cpu.md). Unpinned, with one OpenMP thread each (so that they do not spin),
-            # it serves.
+        # Unpinned, with one OpenMP thread each (so that they do not spin): push mode, and more servers than cores.
+        # A server's engine steps without pause while it holds a request (P, until D's read or push is done), and
+        # pinned servers cannot move off that core. Push (found 2026-12-07): the writer thread inherits the worker's
+        # core; pinned, the first push came 53 s after P's prefill and the second not in 5 min (our reading: the
+        # writer starves; docs/live-cpu.md). 1P2D (2026-12-07): D2 pinned to P's core waited 44 s for its first
+        # read while P stepped 26,000 times; unpinned the 1P2D run took 88 s instead of 157 s (docs/live-cpu.md).
+        if push or half is None:
             env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
         if (faults or {}).get(name):
             env["PDTRACE_LABELLED_FAULT"] = faults[name]

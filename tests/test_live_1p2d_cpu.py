@@ -14,9 +14,10 @@ out, vLLM's worker reports the request's blocks failed and its scheduler fails o
 oracles are vLLM's answers (HTTP 500 under "fail"; under "recompute" the tokens of P's own local
 decode of the same prompt) and vLLM's block lists (the blocks D already held before the failed
 ones come back from its prefix cache), not pdtrace's detectors.
-~4 min, ~8.5 GB RAM on 2 cores (three servers, one core each, round-robin; the servers start
-with scripts/live_site on PYTHONPATH, which gives NIXL's idle progress thread a poll delay so
-that it does not spin on the core D2 shares with P).
+~1.5 min, ~5.5 GB RAM on 2 cores (three servers, unpinned with one OpenMP thread each: pinned,
+D2 on P's core waited 44 s for its first read while P's engine stepped without pause, holding
+that request's KV; the servers start with scripts/live_site on PYTHONPATH, which gives NIXL's
+idle progress thread a poll delay so that it does not spin; docs/live-cpu.md).
 
 Run: pytest -m live tests/test_live_1p2d_cpu.py -q. Without nixl or vLLM's CPU kernels it skips
 with the reason; under PDTRACE_STRICT_SKIPS=1 that is a failure (tests/conftest.py).

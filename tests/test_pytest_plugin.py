@@ -9,6 +9,7 @@ vLLM's own kv_connector tests under the plugin: tests/test_upstream_vllm.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -61,6 +62,17 @@ def test_children():
     p.join()
     assert p.exitcode == 0
 '''
+
+
+VLLM_CACHE_ROOT = os.environ.get("VLLM_CACHE_ROOT") or os.path.expanduser("~/.cache/vllm")  # (before pytester's HOME)
+
+
+@pytest.fixture(autouse=True)
+def _vllm_cache_kept(monkeypatch):
+    """pytester gives each inner run a HOME of its own, so vLLM's model-info cache (~/.cache/vllm/modelinfos) is
+    empty there and vLLM inspects the target and drafter classes in a `python -m vllm.model_executor.models.registry`
+    subprocess each (~6 s apiece on 2 cores, every inner run). The inner runs share the outer one's cache root."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", VLLM_CACHE_ROOT)
 
 
 def _run(pytester, *args):
