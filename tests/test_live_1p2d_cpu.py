@@ -52,6 +52,11 @@ def test_three_instances_in_one_trace(xpyd):
     # each worker's NIXL agent polled with a delay (scripts/live_site/sitecustomize.py); without
     # it the idle P and D progress threads spin and starve D2 on this 2-core host
     assert xpyd["nixl_pthr_delay_set"] == {"P": 1, "D": 1, "D2": 1}, xpyd["nixl_pthr_delay_set"]
+    # and unpinned (scripts/live_servers.py start_pair): pinned round-robin, D2 on P's core waited 44 s for its first
+    # read while P's engine stepped without pause (docs/live-cpu.md); vLLM's own start-up line says which binding
+    bind = {k: "VLLM_CPU_OMP_THREADS_BIND='nobind'" in (Path(xpyd["workdir"]) / f"{k}.log").read_text(errors="replace")
+            for k in ("P", "D", "D2")}
+    assert bind == {"P": True, "D": True, "D2": True}, bind
     s = xpyd["summary"]
     assert s["complete"] and not s["problems"] and not s["hook_errors"]
     assert {"P", "D", "D2"} <= set(s["pids_by_inst"])
