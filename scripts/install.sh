@@ -26,7 +26,10 @@ if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
   awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
   exit 0
 fi
-case "${1:-}" in ""|--light|--live) ;; *) echo "install.sh: unknown option $1 (--light, --live or none; --help)" >&2; exit 2;; esac
+case "${1:-}" in
+  ""|--light|--live) ;;
+  *) echo "install.sh: unknown option $1 (--light, --live or none; --help)" >&2; exit 2;;
+esac
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV:-.venv}
@@ -52,7 +55,9 @@ pip() {
 }
 # (-qq: the few modules written for a newer Python, such as torch's testing/_internal/py312_intrinsics.py, stay
 # uncompiled, as pip leaves them; a no-op on an installed venv, ~4 s)
-compile_venv() { python -m compileall -qq -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true; }
+compile_venv() {
+  python -m compileall -qq -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" || true
+}
 pip install -q --upgrade pip
 if [ "${1:-}" = "--light" ]; then
   pip install -q -e .

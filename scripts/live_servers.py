@@ -350,21 +350,19 @@ def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, 
     ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(ncpu))
     sides = [("P", "kv_producer", p_spec)] + [(d, "kv_consumer", cfg) for d in decoder_names(decoders)]
+    pinned = len(sides) == 2 and len(cpus) >= 2 and not push
     for i, (name, role, sc) in enumerate(sides):
         port = free_port()
-        if len(sides) == 2:  # one half of the cores per side
-            half = cpus[i * len(cpus) // 2:(i + 1) * len(cpus) // 2] if len(cpus) >= 2 else None
-        else:  # more servers than halves: unpinned, below
-            half = None
-        cpu = ",".join(map(str, half)) if half else None
-        env = server_env(free_port(), None if push else cpu)
-        # Unpinned, with one OpenMP thread each (so that they do not spin): push mode, and more servers than cores.
-        # A server's engine steps without pause while it holds a request (P, until D's read or push is done), and
-        # pinned servers cannot move off that core. Push (found 2026-12-07): the writer thread inherits the worker's
-        # core; pinned, the first push came 53 s after P's prefill and the second not in 5 min (our reading: the
-        # writer starves; docs/live-cpu.md). 1P2D (2026-12-07): D2 pinned to P's core waited 44 s for its first
-        # read while P stepped 26,000 times; unpinned the 1P2D run took 88 s instead of 157 s (docs/live-cpu.md).
-        if push or half is None:
+        # 1P1D: one half of the cores per side. Otherwise unpinned, with one OpenMP thread each (so that they do not
+        # spin): push mode, and more servers than halves. A server's engine steps without pause while it holds a
+        # request (P, until D's read or push is done), and pinned servers cannot move off that core. Push (found
+        # 2026-12-07): the writer thread inherits the worker's core; pinned, the first push came 53 s after P's
+        # prefill and the second not in 5 min (our reading: the writer starves; docs/live-cpu.md). 1P2D
+        # (2026-12-07): D2 pinned to P's core waited 44 s for its first read while P stepped 26,000 times; unpinned
+        # the 1P2D run took 88 s instead of 157 s (docs/live-cpu.md).
+        half = cpus[i * len(cpus) // 2:(i + 1) * len(cpus) // 2]
+        env = server_env(free_port(), ",".join(map(str, half)) if pinned else None)
+        if not pinned:
             env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1")
         if (faults or {}).get(name):
             env["PDTRACE_LABELLED_FAULT"] = faults[name]
