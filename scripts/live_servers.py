@@ -229,11 +229,14 @@ def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block
            "--num-gpu-blocks-override", str(max(256, 8192 // block_size)),
            # vLLM's default shutdown_timeout is 0: on SIGTERM the API server force-kills the
            # engine core and worker at once (vllm/v1/utils.py shutdown), so their recorders
-           # cannot write their last events and proc.exit. 10 s lets them exit cleanly: a server
-           # with nothing in flight drains and exits in 1-3 s here; a P still holding KV for a D
-           # read that will not come (the KV-failure requests, under the 300 s held lease) never
-           # drains and is killed at the timeout however long it is (it was 20 s: 10 s more per run).
-           "--shutdown-timeout", "10",
+           # cannot write their last events and proc.exit. 10 s lets a D exit cleanly: it drains
+           # at once, its worker exits ~3 s later and its engine core ~3 s after that (each
+           # interpreter's last garbage collection, py-spy: gc_collect_main). P gets 2 s: at the
+           # stop it still holds KV for D reads that will not come (requests D served from its
+           # own prefix cache, the KV-failure requests), under the lease (30 s, vLLM's default),
+           # so it never drains and is killed at the timeout however long it is; 10 s made every
+           # stop wait 10 s for P.
+           "--shutdown-timeout", "2" if kv_role == "kv_producer" else "10",
            "--kv-transfer-config", json.dumps(kv)]
     if DEVICE == "cuda":  # fp16 attention backends; two servers share one GPU
         cmd[cmd.index("--dtype") + 1] = "float16"

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).parent))
+import repro_table  # noqa: E402  (where each sample's written test fails, per release)
+
 SAMPLE = ROOT / "pdtrace" / "samples" / "demo_lookahead_misalignment.jsonl"
 
 FAULT = '''"""LABELLED FAULT (a fixture, never vLLM): the pre-#44151 P rule. vLLM 0.32.0's Scheduler._connector_finished
@@ -50,6 +53,7 @@ def test_the_written_test_passes_on_fixed_vllm_and_fails_with_the_old_rule_put_b
                            "-rA", "test_fixed.py", "faulted"], capture_output=True, text=True, timeout=600,
                           cwd=str(tmp_path))
     out = proc.stdout
+    assert repro_table.expected(SAMPLE.name.split(".")[0], _vllm_version()) == "PASSED"
     assert "1 failed, 1 passed" in out, out[-3000:]
     assert "PASSED test_fixed.py::" in out and "FAILED faulted/test_faulted.py::" in out
     assert "P handed D blocks [1, 2] for 16 computed tokens; the blocks holding them in P's block table are [1]" in out
@@ -295,16 +299,31 @@ def test_each_class_fails_with_the_bug_and_passes_without_it(tmp_path):
                            "."], capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=env)
     out = proc.stdout
     runs = _vllm_runs_a_model_here()
+    v = _vllm_version()
+    # every sample of the per-release table runs here as it is (the lookahead one in the test above)
+    assert {s for s, how, *_ in CLASSES if how == "plain"} | {SAMPLE.name.split(".")[0]} == \
+        {p.rsplit("/", 1)[-1].split(".")[0] for p in repro_table.REPRO}
     for sample, how, _conftest, want, says in CLASSES:
         node = f"{sample}_{how}/test_{sample}_{how}.py::"
         if sample in RUNS_A_MODEL and not runs:  # (a CUDA wheel on this GPU-less host: the test says why it skips)
             line = f"SKIPPED [1] {sample}_{how}/test_{sample}_{how}.py:"  # (-rA: "SKIPPED [1] path:line: reason")
             assert any(x.startswith(line) and "this vLLM cannot run a model on this host" in x
                        for x in out.splitlines()), (line, out[-4000:])
+            assert how != "plain" or repro_table.expected(sample, v) == "SKIPPED", (sample, v)
             continue
         assert f"{want.upper()} {node}" in out, (node, out[-4000:])
         if says:
             assert says in out, (says, out[-4000:])
+        if how == "plain":  # the per-release table test_real_releases.py holds other releases to (left out here)
+            assert repro_table.expected(sample, v) == want.upper(), (sample, v, want)
+            if want == "failed":
+                assert repro_table.REPRO_SAYS[sample] in out, (sample, out[-4000:])
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__.split("+")[0]
 
 
 # the samples whose written test runs vLLM's own LLM() engine (the metadata lifecycle): a model must run here

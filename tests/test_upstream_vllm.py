@@ -10,7 +10,8 @@ whole test requirements (tblib, anthropic, ...), so the tests that use its fixtu
 (``default_vllm_config``, ``dist_init``: the NIXL worker tests) error at setup, in the plain
 run and the recorded run alike; a few others fail on this host in both runs (no
 accelerator, Hugging Face models other than the config-only ``facebook/opt-125m``). Their
-outcomes are compared like every other; the plain run must pass at least MIN_PASSED.
+outcomes are compared like every other; the plain run must pass at least MIN_PASSED. One test
+is left out of every run (DESELECT, with why).
 
 1. Unmodified, plainly and under ``pytest --pdtrace`` (pdtrace's pytest plugin: each test its
    own trace, checked when it ends): identical outcomes per test, a trace per test, no error
@@ -51,6 +52,12 @@ FILES = [  # scheduler side of the P/D connectors, plus the NIXL connector modul
     "test_cache_pollution_prevention.py", "test_tp_mapping.py", "test_nixl_connector.py",
 ]
 MIN_PASSED = 300  # 337 passed on vLLM 0.32.0 here (2026-11-24)
+# Not run: vLLM's test_abort_timeout_on_prefiller (both parametrizations) builds LLM("Qwen/Qwen3-0.6B"), whose
+# weights are not here (the runs are HF_HUB_OFFLINE: the fetched tree's hf/ holds one config.json), so it fails at the
+# model lookup before any code pdtrace hooks runs, plainly and recorded alike; its [ray] case first starts a Ray
+# cluster, 11 s in each of the five runs below (measured 2026-12-07, vLLM 0.32.0). It fails rather than skips here, so
+# it counted in no run's passes (MIN_PASSED).
+DESELECT = ["test_nixl_connector.py::test_abort_timeout_on_prefiller"]
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +102,8 @@ def _run(src: Path, tmp: Path, name: str, record: bool | str, *args: str, **env_
     returned) or under `pytest --pdtrace` ("plugin": a trace per test, kept under the returned dir)."""
     junit, trace = tmp / f"{name}.xml", tmp / f"{name}.jsonl"
     pytest_cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pdtrace.testing.upstream_fault",
-                  "--confcutdir", UNIT, f"--junitxml={junit}", *[f"{UNIT}/{f}" for f in FILES]]
+                  "--confcutdir", UNIT, f"--junitxml={junit}", *[f"{UNIT}/{f}" for f in FILES],
+                  *[f"--deselect={UNIT}/{d}" for d in DESELECT]]
     if record == "plugin":
         trace = tmp / f"{name}-traces"
         pytest_cmd += ["--pdtrace", f"--pdtrace-dir={trace}", "--pdtrace-keep=all", "-o", "junit_family=xunit1",
