@@ -231,11 +231,13 @@ def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block
            # engine core and worker at once (vllm/v1/utils.py shutdown), so their recorders
            # cannot write their last events and proc.exit. 10 s lets a D exit cleanly: it drains
            # at once, its worker exits ~3 s later and its engine core ~3 s after that (each
-           # interpreter's last garbage collection, py-spy: gc_collect_main). P gets 2 s: at the
-           # stop it still holds KV for D reads that will not come (requests D served from its
-           # own prefix cache, the KV-failure requests), under the lease (30 s, vLLM's default),
-           # so it never drains and is killed at the timeout however long it is; 10 s made every
-           # stop wait 10 s for P.
+           # interpreter's last garbage collection, py-spy: gc_collect_main). P gets 2 s: in most
+           # runs it still holds KV at the stop for D reads that will not come (the prompts whose
+           # params the dropped-params fault kept from D, the KV-failure requests, the expired
+           # lease), under the lease (30 s, vLLM's default), so it never drains and was killed at
+           # the 10 s every stop waited for. Where it holds nothing (the sliding run), its engine
+           # core is now killed during that last collection: its proc.exit is lost, nothing else
+           # (its recorder flushed the drain; the worker's proc.exit is written before).
            "--shutdown-timeout", "2" if kv_role == "kv_producer" else "10",
            "--kv-transfer-config", json.dumps(kv)]
     if DEVICE == "cuda":  # fp16 attention backends; two servers share one GPU
