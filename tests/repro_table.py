@@ -8,6 +8,8 @@ the written tests per session."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 # `pdtrace repro --cause N` (issue 61): the test written from each bundled sample, and where the release's own code
 # makes it fail (from the sources and real_bugs/VERSION.json, never from the written test):
 # - the lookahead sample (a 16-token prompt, EAGLE k=1, blocks of 16): 0.23.0 and 0.24.0 reserve a lookahead block
@@ -77,9 +79,14 @@ REPRO_SAYS = {
 }
 
 
+def name(path) -> str:
+    """A sample's name: its file name without the suffixes (the written test is test_NAME.py)."""
+    return Path(path).name.split(".")[0]
+
+
 def expected(sample: str, version: str) -> str:
-    """The outcome the written test from `sample` (its file name without the suffix) has on `version`."""
+    """The outcome the written test from `sample` (its name) has on `version`."""
     for path, (fails, skips) in REPRO.items():
-        if path.rsplit("/", 1)[-1].split(".")[0] == sample:
+        if name(path) == sample:
             return "FAILED" if version in fails or "ALL" in fails else "SKIPPED" if version in skips else "PASSED"
     raise KeyError(sample)

@@ -18,6 +18,7 @@ Two oracles, neither from a detector: per request, the release's own block lists
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ pytest.importorskip("vllm")
 
 from pdtrace.testing import real_release  # noqa: E402
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import repro_table  # noqa: E402  (REPRO: where each sample's written test fails, per release)
 
 # From the released sources (../shared/vllm-releases.md), not from a run: the families a release's
@@ -190,9 +191,9 @@ def test_the_standalone_repro_fails_exactly_where_the_release_carries_the_bug(tm
     directory of their own, pdtrace off the path (the release venvs have no pdtrace: the files run with pytest and
     vLLM alone): each fails, naming the blocks, on a release that carries its bug for that situation, skips (saying
     why) where the release cannot reach it, and passes on the others. On the suites' own vLLM this test is left out
-    (tests/conftest.py) when tests/test_repro_standalone.py's test_each_class is in the session: that one runs the
-    same written tests, holds them to the same table (tests/repro_table.py) and puts each beside its fault or fix."""
-    import os
+    (tests/conftest.py ONE_REPRO_RUN) where tests/test_repro_standalone.py's test_each_class is selected: that one
+    runs the same written tests, holds them to the same table (tests/repro_table.py) and puts each beside its fault
+    or fix."""
     from pathlib import Path
 
     from pdtrace.commands import repro
@@ -200,7 +201,7 @@ def test_the_standalone_repro_fails_exactly_where_the_release_carries_the_bug(tm
     root = Path(__file__).resolve().parent.parent
     v = _version()
     for sample in repro_table.REPRO:
-        name = Path(sample).name.split(".")[0]
+        name = repro_table.name(sample)
         assert repro.run(str(root / sample), cause=1, output=str(tmp_path / f"test_{name}.py")) == 0
     # as a maintainer runs it: no PYTHONPATH to pdtrace, no VLLM_TARGET_DEVICE
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_TARGET_DEVICE")}
@@ -208,7 +209,7 @@ def test_the_standalone_repro_fails_exactly_where_the_release_carries_the_bug(tm
                            "."], capture_output=True, text=True, timeout=900, cwd=str(tmp_path), env=env)
     out = proc.stdout
     for sample in repro_table.REPRO:
-        name = Path(sample).name.split(".")[0]
+        name = repro_table.name(sample)
         want = repro_table.expected(name, v)
         seen = [ln for ln in out.splitlines() if f"test_{name}.py" in ln and ln.split(" ")[0] in
                 ("PASSED", "FAILED", "SKIPPED", "ERROR")]

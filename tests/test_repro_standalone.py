@@ -53,7 +53,7 @@ def test_the_written_test_passes_on_fixed_vllm_and_fails_with_the_old_rule_put_b
                            "-rA", "test_fixed.py", "faulted"], capture_output=True, text=True, timeout=600,
                           cwd=str(tmp_path))
     out = proc.stdout
-    assert repro_table.expected(SAMPLE.name.split(".")[0], _vllm_version()) == "PASSED"
+    assert repro_table.expected(repro_table.name(SAMPLE), _vllm_version()) == "PASSED"
     assert "1 failed, 1 passed" in out, out[-3000:]
     assert "PASSED test_fixed.py::" in out and "FAILED faulted/test_faulted.py::" in out
     assert "P handed D blocks [1, 2] for 16 computed tokens; the blocks holding them in P's block table are [1]" in out
@@ -301,8 +301,8 @@ def test_each_class_fails_with_the_bug_and_passes_without_it(tmp_path):
     runs = _vllm_runs_a_model_here()
     v = _vllm_version()
     # every sample of the per-release table runs here as it is (the lookahead one in the test above)
-    assert {s for s, how, *_ in CLASSES if how == "plain"} | {SAMPLE.name.split(".")[0]} == \
-        {p.rsplit("/", 1)[-1].split(".")[0] for p in repro_table.REPRO}
+    assert {s for s, how, *_ in CLASSES if how == "plain"} | {repro_table.name(SAMPLE)} == \
+        {repro_table.name(p) for p in repro_table.REPRO}
     for sample, how, _conftest, want, says in CLASSES:
         node = f"{sample}_{how}/test_{sample}_{how}.py::"
         if sample in RUNS_A_MODEL and not runs:  # (a CUDA wheel on this GPU-less host: the test says why it skips)
